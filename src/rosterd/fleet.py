@@ -1,0 +1,505 @@
+"""The fleet: the node inventory rosterd plans across (layer 2; reading is the only I/O).
+
+A fleet file is YAML::
+
+    nodes:
+      - name: studio
+        memory_gb: 192          # total RAM, GiB (2^30 bytes); may be fractional
+        reserved_gb: 16         # kept free for the OS; default: see default_reserved_bytes
+        platform: macos-arm64   # macos-arm64 | linux-x86_64 | linux-arm64
+        flavors: [mlx_lm, llamacpp, ollama]   # default: what the platform runs
+        address: 127.0.0.1      # where the node's backends are reached from the router
+        labels: {room: lab}
+    models:                     # optional: where each model's weights are
+      gemma-3-270m: models/gemma.gguf           # key: roster model name or role id
+      big-coder: {path: /srv/coder.gguf, ctx_size: 8192, parallel: 2, extra_args: [--mlock]}
+    model_roots: [models]       # optional: folders searched for weights
+
+Without a fleet file the fleet is this machine alone (:func:`local_fleet`).
+
+PyYAML's ``compose`` is used rather than ``safe_load`` because the node tree keeps
+line and column marks, so every :class:`FleetError` names the file, the field
+path (``nodes[1].memory_gb``), the line and column, the value found and what was
+expected. psutil gives the local machine's memory portably.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import platform as _platform
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import psutil
+import yaml
+from yaml.constructor import SafeConstructor
+
+from rosterd.errors import FleetError
+from rosterd.spec import InferFlavor
+from rosterd.tokens import GB, valid_token
+
+#: Largest fleet file read, in bytes; a fleet is a short hand-written file.
+MAX_FLEET_BYTES: Final[int] = 1_048_576
+#: At most this many nodes in one fleet.
+MAX_NODES: Final[int] = 1024
+
+
+class Platform(enum.Enum):
+    """A node's operating system and CPU architecture; decides which flavors it can run."""
+
+    MACOS_ARM64 = "macos-arm64"
+    LINUX_X86_64 = "linux-x86_64"
+    LINUX_ARM64 = "linux-arm64"
+
+    def supported_flavors(self) -> frozenset[InferFlavor]:
+        """Flavors this platform can run: ``mlx_lm`` only on ``macos-arm64``; llama.cpp and
+        ollama everywhere. Also the default ``flavors`` of a node."""
+        if self is Platform.MACOS_ARM64:
+            return frozenset(InferFlavor)
+        return frozenset({InferFlavor.LLAMACPP, InferFlavor.OLLAMA})
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the fleet.
+
+    ``memory_bytes`` is total RAM, ``reserved_bytes`` what rosterd leaves free for the
+    OS and other work; ``capacity_bytes`` (memory - reserved) is the budget residency
+    and placement count against. ``flavors`` are the adapters it runs; ``address`` is
+    where its backends are reached from the router.
+    """
+
+    name: str
+    memory_bytes: int
+    reserved_bytes: int
+    platform: Platform
+    flavors: frozenset[InferFlavor]
+    address: str = "127.0.0.1"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """``memory_bytes - reserved_bytes``: the bytes roles may hold on this node."""
+        return self.memory_bytes - self.reserved_bytes
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights are, and how to serve them.
+
+    ``path`` is absolute (relative paths in the fleet file resolve against the file's
+    folder); ``ctx_size`` and ``parallel`` are positive or ``None`` (adapter default);
+    ``extra_args`` are appended to the backend's argv as given.
+    """
+
+    path: Path
+    ctx_size: int | None = None
+    parallel: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The node inventory plus where model weights are.
+
+    ``models`` is keyed by roster model name or role id; ``model_roots`` are folders
+    searched for weights (default: the fleet file's folder; none for :func:`local_fleet`).
+    """
+
+    nodes: tuple[Node, ...]
+    models: Mapping[str, ModelSource] = field(default_factory=dict)
+    model_roots: tuple[Path, ...] = ()
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``.
+
+        Raises:
+            KeyError: no node has that name.
+        """
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+
+def default_reserved_bytes(memory_bytes: int) -> int:
+    """The reserve when a node gives no ``reserved_gb``: ``max(10% of memory, 2 GiB)``.
+
+    On a machine with less than 2 GiB the 2 GiB floor would leave nothing, so there the
+    reserve is 10% of memory alone. Result in bytes, always below ``memory_bytes``.
+    """
+    tenth = memory_bytes // 10
+    if memory_bytes < 2 * GB:
+        return tenth
+    return min(max(tenth, 2 * GB), memory_bytes - 1)
+
+
+def detect_platform() -> Platform:
+    """This machine's :class:`Platform` (from :mod:`platform`).
+
+    Raises:
+        FleetError: the OS/architecture is not one rosterd supports.
+    """
+    system = _platform.system().lower()
+    machine = _platform.machine().lower()
+    if system == "darwin" and machine in {"arm64", "aarch64"}:
+        return Platform.MACOS_ARM64
+    if system == "linux" and machine in {"x86_64", "amd64"}:
+        return Platform.LINUX_X86_64
+    if system == "linux" and machine in {"arm64", "aarch64"}:
+        return Platform.LINUX_ARM64
+    raise FleetError(
+        f"this machine ({system} {machine}) is not a supported platform; "
+        f"expected one of {', '.join(p.value for p in Platform)}; write a fleet file"
+    )
+
+
+def local_fleet() -> Fleet:
+    """The fleet when no fleet file is given: this machine alone.
+
+    One node ``local`` at 127.0.0.1 with total memory from psutil, the default reserve
+    (:func:`default_reserved_bytes`), the detected platform and its default flavors;
+    no ``models`` and no ``model_roots``.
+
+    Raises:
+        FleetError: unsupported platform.
+    """
+    memory = int(psutil.virtual_memory().total)
+    plat = detect_platform()
+    node = Node(
+        name="local",
+        memory_bytes=memory,
+        reserved_bytes=default_reserved_bytes(memory),
+        platform=plat,
+        flavors=plat.supported_flavors(),
+    )
+    return Fleet(nodes=(node,))
+
+
+def load_fleet(path: Path) -> Fleet:
+    """Read and validate the fleet file at ``path`` (opened read-only).
+
+    Relative model paths and ``model_roots`` resolve against the file's folder.
+
+    Raises:
+        FleetError: the file cannot be read, is not valid YAML, or a field is wrong;
+            the error names the file, field path, line and column.
+    """
+    file = str(path)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_FLEET_BYTES + 1)
+    except OSError as err:
+        raise FleetError(f"cannot read the fleet file: {err.strerror or err}", file=file) from None
+    if len(data) > MAX_FLEET_BYTES:
+        raise FleetError(f"the fleet file is larger than {MAX_FLEET_BYTES} bytes", file=file)
+    return parse_fleet(data, file=file, base_dir=path.resolve().parent)
+
+
+def parse_fleet(
+    text: str | bytes, *, file: str | None = None, base_dir: Path | None = None
+) -> Fleet:
+    """Validate fleet YAML given as text; ``base_dir`` (default: the current folder)
+    anchors relative paths. See :func:`load_fleet`.
+
+    Raises:
+        FleetError: as :func:`load_fleet`.
+    """
+    base = (base_dir or Path.cwd()).resolve()
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise FleetError(f"the fleet file is not UTF-8 (byte {err.start})", file=file) from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        raise FleetError(
+            f"not valid YAML: {err.problem or err.context}",
+            file=file,
+            line=mark.line + 1 if mark else None,
+            column=mark.column + 1 if mark else None,
+        ) from None
+    except yaml.YAMLError as err:
+        raise FleetError(f"not valid YAML: {err}", file=file) from None
+    return _FleetReader(file, base).read(root)
+
+
+_TOP_KEYS: Final = ("nodes", "models", "model_roots")
+_NODE_KEYS: Final = ("name", "memory_gb", "reserved_gb", "platform", "flavors", "address", "labels")
+_MODEL_KEYS: Final = ("path", "ctx_size", "parallel", "extra_args")
+
+
+class _FleetReader:
+    """Walks the composed YAML tree, raising FleetError at the first wrong field."""
+
+    def __init__(self, file: str | None, base: Path) -> None:
+        self.file = file
+        self.base = base
+        self._constructor = SafeConstructor()
+
+    # -- helpers ---------------------------------------------------------------
+
+    def fail(self, node: yaml.Node | None, path: str | None, message: str) -> FleetError:
+        mark = node.start_mark if node is not None else None
+        return FleetError(
+            message,
+            file=self.file,
+            path=path,
+            line=mark.line + 1 if mark else None,
+            column=mark.column + 1 if mark else None,
+        )
+
+    def found(self, node: yaml.Node) -> str:
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        return repr(self.scalar(node))
+
+    def scalar(self, node: yaml.Node) -> object:
+        return self._constructor.construct_object(node, deep=True)
+
+    def mapping(
+        self, node: yaml.Node, path: str | None, allowed: tuple[str, ...] | None, what: str
+    ) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, path, f"expected {what}, found {self.found(node)}")
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            key = self.scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key, str):
+                raise self.fail(
+                    key_node, path, f"expected text keys, found key {self.found(key_node)}"
+                )
+            sub = f"{path}.{key}" if path else key
+            if allowed is not None and key not in allowed:
+                raise self.fail(
+                    key_node,
+                    sub,
+                    f"unknown key {key!r}; allowed keys are {', '.join(allowed)}",
+                )
+            if key in out:
+                raise self.fail(key_node, sub, f"duplicate key {key!r}")
+            out[key] = (key_node, value_node)
+        return out
+
+    def number(self, node: yaml.Node, path: str, *, minimum_exclusive: float | None) -> float:
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or (minimum_exclusive is not None and value <= minimum_exclusive)
+            or (minimum_exclusive is None and value < 0)
+        ):
+            want = "a number > 0" if minimum_exclusive is not None else "a number >= 0"
+            raise self.fail(node, path, f"expected {want} (GiB), found {self.found(node)}")
+        return float(value)
+
+    def positive_int(self, node: yaml.Node, path: str) -> int:
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(node, path, f"expected a whole number > 0, found {self.found(node)}")
+        return value
+
+    def text(self, node: yaml.Node, path: str, what: str = "text") -> str:
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if not isinstance(value, str) or not value:
+            raise self.fail(node, path, f"expected {what}, found {self.found(node)}")
+        return value
+
+    def sequence(self, node: yaml.Node, path: str, what: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, path, f"expected {what}, found {self.found(node)}")
+        return list(node.value)
+
+    def resolve(self, raw: str) -> Path:
+        candidate = Path(raw).expanduser()
+        return candidate if candidate.is_absolute() else (self.base / candidate)
+
+    # -- the file --------------------------------------------------------------
+
+    def read(self, root: yaml.Node | None) -> Fleet:
+        if root is None:
+            raise self.fail(None, None, "the fleet file is empty; expected a mapping with `nodes:`")
+        top = self.mapping(root, None, _TOP_KEYS, "a mapping with `nodes:`")
+        if "nodes" not in top:
+            raise self.fail(root, "nodes", "missing `nodes:` (a list of at least one node)")
+        nodes_node = top["nodes"][1]
+        items = self.sequence(nodes_node, "nodes", "a list of nodes")
+        if not items:
+            raise self.fail(nodes_node, "nodes", "expected at least one node, found an empty list")
+        if len(items) > MAX_NODES:
+            raise self.fail(nodes_node, "nodes", f"expected at most {MAX_NODES} nodes")
+        nodes: list[Node] = []
+        seen: dict[str, int] = {}
+        for index, item in enumerate(items):
+            node = self.read_node(item, f"nodes[{index}]")
+            if node.name in seen:
+                raise self.fail(
+                    item,
+                    f"nodes[{index}].name",
+                    f"duplicate node name {node.name!r} (first at nodes[{seen[node.name]}])",
+                )
+            seen[node.name] = index
+            nodes.append(node)
+        models: dict[str, ModelSource] = {}
+        if "models" in top:
+            models = self.read_models(top["models"][1])
+        roots: tuple[Path, ...] = (self.base,)
+        if "model_roots" in top:
+            roots_node = top["model_roots"][1]
+            roots = tuple(
+                self.resolve(self.text(entry, f"model_roots[{i}]", "a folder path"))
+                for i, entry in enumerate(
+                    self.sequence(roots_node, "model_roots", "a list of paths")
+                )
+            )
+        return Fleet(nodes=tuple(nodes), models=models, model_roots=roots)
+
+    def read_node(self, item: yaml.Node, path: str) -> Node:
+        fields = self.mapping(item, path, _NODE_KEYS, "a node mapping")
+        for required in ("name", "memory_gb", "platform"):
+            if required not in fields:
+                raise self.fail(item, f"{path}.{required}", f"missing required key {required!r}")
+        name_node = fields["name"][1]
+        name = self.text(name_node, f"{path}.name", "a plain token (letters, digits, . _ -)")
+        if not valid_token(name, 64):
+            raise self.fail(
+                name_node,
+                f"{path}.name",
+                f"expected a plain token of at most 64 bytes (letters, digits, . _ -; "
+                f"starting with a letter or digit), found {name!r}",
+            )
+        memory_node = fields["memory_gb"][1]
+        memory_gb = self.number(memory_node, f"{path}.memory_gb", minimum_exclusive=0.0)
+        memory = round(memory_gb * GB)
+        if memory <= 0:
+            raise self.fail(memory_node, f"{path}.memory_gb", "expected at least one byte")
+        if "reserved_gb" in fields:
+            reserved_node = fields["reserved_gb"][1]
+            reserved_gb = self.number(reserved_node, f"{path}.reserved_gb", minimum_exclusive=None)
+            reserved = round(reserved_gb * GB)
+            if reserved >= memory:
+                raise self.fail(
+                    reserved_node,
+                    f"{path}.reserved_gb",
+                    f"expected less than memory_gb ({memory_gb:g}), found {reserved_gb:g}: "
+                    "the node would have no capacity",
+                )
+        else:
+            reserved = default_reserved_bytes(memory)
+        platform_node = fields["platform"][1]
+        platform_text = self.text(platform_node, f"{path}.platform", "a platform")
+        try:
+            plat = Platform(platform_text)
+        except ValueError:
+            raise self.fail(
+                platform_node,
+                f"{path}.platform",
+                f"expected one of {', '.join(p.value for p in Platform)}, found {platform_text!r}",
+            ) from None
+        flavors = plat.supported_flavors()
+        if "flavors" in fields:
+            flavors = self.read_flavors(fields["flavors"][1], f"{path}.flavors", plat)
+        address = "127.0.0.1"
+        if "address" in fields:
+            address_node = fields["address"][1]
+            address = self.text(address_node, f"{path}.address", "a host name or IP address")
+            if len(address) > 253 or any(ch.isspace() or ch in "/?#@" for ch in address):
+                raise self.fail(
+                    address_node,
+                    f"{path}.address",
+                    f"expected a host name or IP address, found {address!r}",
+                )
+        labels: dict[str, str] = {}
+        if "labels" in fields:
+            labels = self.read_labels(fields["labels"][1], f"{path}.labels")
+        return Node(
+            name=name,
+            memory_bytes=memory,
+            reserved_bytes=reserved,
+            platform=plat,
+            flavors=flavors,
+            address=address,
+            labels=labels,
+        )
+
+    def read_flavors(self, node: yaml.Node, path: str, plat: Platform) -> frozenset[InferFlavor]:
+        allowed = ", ".join(f.value for f in InferFlavor)
+        out: set[InferFlavor] = set()
+        for i, entry in enumerate(self.sequence(node, path, f"a list of flavors ({allowed})")):
+            text = self.text(entry, f"{path}[{i}]", f"one of {allowed}")
+            try:
+                flavor = InferFlavor(text)
+            except ValueError:
+                raise self.fail(
+                    entry, f"{path}[{i}]", f"expected one of {allowed}, found {text!r}"
+                ) from None
+            if flavor not in plat.supported_flavors():
+                runs = ", ".join(sorted(f.value for f in plat.supported_flavors()))
+                raise self.fail(
+                    entry,
+                    f"{path}[{i}]",
+                    f"{plat.value} cannot run {text!r}; expected one of {runs}",
+                )
+            if flavor in out:
+                raise self.fail(entry, f"{path}[{i}]", f"duplicate flavor {text!r}")
+            out.add(flavor)
+        if not out:
+            raise self.fail(node, path, "expected at least one flavor, found an empty list")
+        return frozenset(out)
+
+    def read_labels(self, node: yaml.Node, path: str) -> dict[str, str]:
+        labels: dict[str, str] = {}
+        for key, (key_node, value_node) in self.mapping(node, path, None, "a mapping").items():
+            if not valid_token(key, 64):
+                raise self.fail(
+                    key_node, f"{path}.{key}", f"expected a plain token as label key, found {key!r}"
+                )
+            value = self.scalar(value_node) if isinstance(value_node, yaml.ScalarNode) else None
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise self.fail(
+                    value_node,
+                    f"{path}.{key}",
+                    f"expected text or a number, found {self.found(value_node)}",
+                )
+            labels[key] = str(value)
+        return labels
+
+    def read_models(self, node: yaml.Node) -> dict[str, ModelSource]:
+        models: dict[str, ModelSource] = {}
+        for key, (_key_node, value_node) in self.mapping(
+            node, "models", None, "a mapping of model name -> path"
+        ).items():
+            path = f"models.{key}"
+            if isinstance(value_node, yaml.ScalarNode):
+                models[key] = ModelSource(path=self.resolve(self.text(value_node, path, "a path")))
+                continue
+            fields = self.mapping(value_node, path, _MODEL_KEYS, "a path or a mapping with `path:`")
+            if "path" not in fields:
+                raise self.fail(value_node, f"{path}.path", "missing required key 'path'")
+            source_path = self.resolve(self.text(fields["path"][1], f"{path}.path", "a path"))
+            ctx_size = parallel = None
+            if "ctx_size" in fields:
+                ctx_size = self.positive_int(fields["ctx_size"][1], f"{path}.ctx_size")
+            if "parallel" in fields:
+                parallel = self.positive_int(fields["parallel"][1], f"{path}.parallel")
+            extra: tuple[str, ...] = ()
+            if "extra_args" in fields:
+                args_node = fields["extra_args"][1]
+                extra = tuple(
+                    self.text(arg, f"{path}.extra_args[{i}]", "text")
+                    for i, arg in enumerate(
+                        self.sequence(args_node, f"{path}.extra_args", "a list of text")
+                    )
+                )
+            models[key] = ModelSource(
+                path=source_path, ctx_size=ctx_size, parallel=parallel, extra_args=extra
+            )
+        return models
