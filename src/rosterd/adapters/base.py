@@ -1,0 +1,165 @@
+"""The adapter Protocol and the values adapters build (layer 4, pure).
+
+An adapter turns one role's inference spec plus its resolved weights into a
+``Launch``: the argv and environment of the backend server, where it listens,
+and how to tell it is ready. It also builds the generation probe (a one-token
+completion that tells a wedged server from a healthy one) and rewrites a
+request's ``model`` field to the name the backend answers to.
+
+Adapters do no I/O: they build values; the supervisor (layer 5) runs them.
+Plain frozen dataclasses, because these are our own values with no parsing to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from rosterd.errors import RosterdError
+from rosterd.spec import InferenceSpec, InferFlavor
+
+
+class AdapterError(RosterdError):
+    """A role cannot be served by its flavor's adapter; the message says why and what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class HttpProbe:
+    """One HTTP request whose answer says whether a backend is ready or alive.
+
+    ``method`` is ``GET`` or ``POST``; ``path`` starts with ``/``; ``json`` is
+    the request body (``None`` for none); the probe passes when the status is in
+    ``ok_status`` and, when ``expect_json_key`` is set, the JSON answer has that
+    top-level key (a generation probe expects ``choices``).
+    """
+
+    method: str
+    path: str
+    json: Mapping[str, object] | None = None
+    ok_status: frozenset[int] = frozenset({200})
+    expect_json_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How to start one backend server: everything the supervisor needs.
+
+    ``argv`` is an argument list (never a shell string); ``env`` holds variables
+    set on top of rosterd's own environment; the server listens on
+    ``host``:``port``; ``readiness`` passes once it can serve; ``served_model``
+    is the model name the backend answers to (what requests are rewritten to);
+    ``weights_bytes`` (bytes on disk, 0 if unknown) lets the supervisor grow the
+    readiness deadline with the weights' size.
+    """
+
+    argv: tuple[str, ...]
+    host: str
+    port: int
+    readiness: HttpProbe
+    served_model: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    weights_bytes: int = 0
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` (IPv6 hosts in brackets), no trailing slash."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@runtime_checkable
+class WeightsSource(Protocol):
+    """Where a role's weights are and how to serve them (``rosterd.fleet.ModelSource`` fits).
+
+    ``path`` is absolute (a GGUF file for llama.cpp, a model folder for mlx_lm);
+    ``ctx_size`` (tokens) and ``parallel`` (slots) are ``None`` for the
+    adapter's default; ``extra_args`` are appended to the argv as given.
+    """
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def ctx_size(self) -> int | None: ...
+    @property
+    def parallel(self) -> int | None: ...
+    @property
+    def extra_args(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedWeights:
+    """A ``WeightsSource`` built by ``rosterd.weights`` (e.g. from the Hugging Face cache).
+
+    ``size_bytes`` is the weights' size on disk (0 if unknown).
+    """
+
+    path: Path
+    ctx_size: int | None = None
+    parallel: int | None = None
+    extra_args: tuple[str, ...] = ()
+    size_bytes: int = 0
+
+
+class Adapter(Protocol):
+    """One flavor's pure builders (DESIGN.md layer 4).
+
+    ``launch`` raises ``AdapterError`` when the spec or weights cannot be
+    served by this flavor (wrong kind of file, no port, …).
+    """
+
+    @property
+    def flavor(self) -> InferFlavor: ...
+
+    @property
+    def shared_server(self) -> bool:
+        """Whether one server per node serves every role (ollama) instead of one per role."""
+        ...
+
+    def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
+        """The argv, environment and readiness probe serving ``spec`` on ``host``:``port``."""
+        ...
+
+    def generation_probe(self, served_model: str) -> HttpProbe:
+        """A one-token completion: passes only if the backend really generates."""
+        ...
+
+    def rewrite_request(self, body: Mapping[str, object], served_model: str) -> dict[str, object]:
+        """A copy of an OpenAI request ``body`` whose ``model`` is ``served_model``."""
+        ...
+
+
+def one_token_completion(served_model: str) -> HttpProbe:
+    """A ``POST /v1/completions`` for one token at temperature 0, expecting ``choices``.
+
+    Shared by every OpenAI-compatible backend: it passes only if the server
+    really runs the model, so it tells a wedged server (HTTP up, generation
+    dead) from a healthy one.
+    """
+    return HttpProbe(
+        method="POST",
+        path="/v1/completions",
+        json={"model": served_model, "prompt": "Hi", "max_tokens": 1, "temperature": 0.0},
+        ok_status=frozenset({200}),
+        expect_json_key="choices",
+    )
+
+
+def rewrite_model_field(body: Mapping[str, object], served_model: str) -> dict[str, object]:
+    """A shallow copy of ``body`` with ``model`` set to ``served_model``."""
+    out = dict(body)
+    out["model"] = served_model
+    return out
+
+
+def weights_size_hint(spec: InferenceSpec, source: WeightsSource) -> int:
+    """The weights' size in bytes for the readiness deadline, without touching the disk.
+
+    ``source.size_bytes`` when the source carries it (``ResolvedWeights``), else
+    the spec's ``memory.weights_bytes`` (from the roster's ``ram_gb``).
+    """
+    size = getattr(source, "size_bytes", 0)
+    if isinstance(size, int) and size > 0:
+        return size
+    return spec.memory.weights_bytes

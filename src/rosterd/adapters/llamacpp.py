@@ -1,0 +1,194 @@
+"""The ``llamacpp`` flavor: llama.cpp's ``llama-server`` or llama-cpp-python's server.
+
+Two modes, one adapter:
+
+- ``llama-server`` (default): ``llama-server -m FILE --host H --port P -c CTX
+  -np N --alias NAME``. Its port opens before the model is loaded and answers
+  ``503`` meanwhile, so readiness is ``GET /health`` returning ``200``.
+- ``llama-cpp-python``: ``python -m llama_cpp.server --model FILE --host H
+  --port P --n_ctx CTX --model_alias NAME``. It has no ``/health`` and opens its
+  port only after the load, so readiness is ``GET /v1/models`` returning 200.
+
+Flags are chosen from the built binary's ``--help``; memory-locking flags
+changed between llama.cpp versions, so none are passed (operators add theirs
+through ``extra_args``). The binary comes from ``scripts/build-llama-server``
+(llama.cpp vendored in the llama-cpp-python sdist, cached per version) and is
+found by ``find_llama_server``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from rosterd.adapters.base import (
+    AdapterError,
+    HttpProbe,
+    Launch,
+    WeightsSource,
+    one_token_completion,
+    rewrite_model_field,
+    weights_size_hint,
+)
+from rosterd.spec import InferenceSpec, InferFlavor
+
+#: The llama-cpp-python release whose vendored llama.cpp ``scripts/build-llama-server`` builds.
+LLAMA_CPP_PYTHON_VERSION: Final[str] = "0.3.36"
+
+#: Context size (tokens) when neither the fleet file nor the operator gives one.
+DEFAULT_CTX_SIZE: Final[int] = 4096
+
+#: Parallel slots when neither the fleet file nor the operator gives a number.
+DEFAULT_PARALLEL: Final[int] = 1
+
+LlamaCppMode = Literal["llama-server", "llama-cpp-python"]
+
+
+def llama_server_cache_path(env: Mapping[str, str] | None = None) -> Path:
+    """Where ``scripts/build-llama-server`` installs the binary.
+
+    ``${XDG_CACHE_HOME:-$HOME/.cache}/rosterd/llama.cpp-<version>/bin/llama-server``;
+    ``env`` defaults to ``os.environ``.
+    """
+    env = os.environ if env is None else env
+    cache = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".cache")
+    return (
+        Path(cache) / "rosterd" / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}" / "bin" / "llama-server"
+    )
+
+
+def find_llama_server(env: Mapping[str, str] | None = None) -> Path:
+    """The ``llama-server`` binary to run.
+
+    Looks at ``$ROSTERD_LLAMA_SERVER``, then the build cache
+    (``llama_server_cache_path``), then ``llama-server`` on ``PATH``.
+
+    Raises:
+        AdapterError: none found (or ``$ROSTERD_LLAMA_SERVER`` is not an
+            executable file); the message says to run ``scripts/build-llama-server``.
+    """
+    env = os.environ if env is None else env
+    override = env.get("ROSTERD_LLAMA_SERVER")
+    if override:
+        path = Path(override)
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+        raise AdapterError(
+            f"ROSTERD_LLAMA_SERVER={override} is not an executable file; "
+            "point it at a llama-server binary or unset it"
+        )
+    cached = llama_server_cache_path(env)
+    if cached.is_file() and os.access(cached, os.X_OK):
+        return cached
+    on_path = shutil.which("llama-server", path=env.get("PATH"))
+    if on_path:
+        return Path(on_path)
+    raise AdapterError(
+        f"llama-server not found (looked at $ROSTERD_LLAMA_SERVER, {cached} and PATH); "
+        "run scripts/build-llama-server to build it"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppAdapter:
+    """Builds launches for the ``llamacpp`` flavor.
+
+    ``mode`` picks the server (see the module docstring); ``server_binary`` is
+    the ``llama-server`` to run (``None``: ``find_llama_server()`` at launch
+    time); ``python`` is the interpreter for the llama-cpp-python mode.
+    """
+
+    mode: LlamaCppMode = "llama-server"
+    server_binary: Path | None = None
+    python: str = sys.executable
+
+    @property
+    def flavor(self) -> InferFlavor:
+        """Always ``InferFlavor.LLAMACPP``."""
+        return InferFlavor.LLAMACPP
+
+    @property
+    def shared_server(self) -> bool:
+        """``False``: one server process per role."""
+        return False
+
+    def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
+        """The launch serving ``source.path`` (a ``.gguf`` file) under the role's model name.
+
+        The served name (``--alias`` / ``--model_alias``) is ``spec.model`` or,
+        without one, the role id. ``ctx_size``/``parallel`` default to
+        ``DEFAULT_CTX_SIZE``/``DEFAULT_PARALLEL``.
+
+        Raises:
+            AdapterError: the weights are not a ``.gguf`` file path, or the
+                llama-server binary cannot be found.
+        """
+        if spec.flavor is not InferFlavor.LLAMACPP:
+            raise AdapterError(f"role {spec.role} is {spec.flavor.id}, not llamacpp")
+        weights = source.path
+        if weights.suffix.lower() != ".gguf":
+            raise AdapterError(
+                f"role {spec.role}: llama.cpp needs a .gguf file, got {weights}; "
+                "set its path in the fleet file's models: map"
+            )
+        served = spec.model or spec.role
+        ctx = source.ctx_size or DEFAULT_CTX_SIZE
+        parallel = source.parallel or DEFAULT_PARALLEL
+        if self.mode == "llama-server":
+            binary = self.server_binary or find_llama_server()
+            argv: tuple[str, ...] = (
+                str(binary),
+                "-m",
+                str(weights),
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "-c",
+                str(ctx),
+                "-np",
+                str(parallel),
+                "--alias",
+                served,
+                *source.extra_args,
+            )
+            readiness = HttpProbe(method="GET", path="/health")
+        else:
+            argv = (
+                self.python,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(weights),
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--n_ctx",
+                str(ctx),
+                "--model_alias",
+                served,
+                *source.extra_args,
+            )
+            readiness = HttpProbe(method="GET", path="/v1/models")
+        return Launch(
+            argv=argv,
+            host=host,
+            port=port,
+            readiness=readiness,
+            served_model=served,
+            weights_bytes=weights_size_hint(spec, source),
+        )
+
+    def generation_probe(self, served_model: str) -> HttpProbe:
+        """A one-token ``/v1/completions`` (both modes speak the OpenAI API)."""
+        return one_token_completion(served_model)
+
+    def rewrite_request(self, body: Mapping[str, object], served_model: str) -> dict[str, object]:
+        """``body`` with ``model`` set to the alias the server was launched with."""
+        return rewrite_model_field(body, served_model)

@@ -1,0 +1,100 @@
+"""The ``mlx_lm`` flavor: ``mlx_lm.server`` serving one MLX model folder.
+
+``python -m mlx_lm server --model PATH --host H --port P``. On Linux it runs on
+the CPU through the ``mlx-lm[cpu]`` extra (plain ``mlx-lm`` installs no mlx
+there). Its ``/health`` answers 200 before the model is loaded, so readiness is
+a one-token completion. The server would download any other model a request
+names, so requests are rewritten to the path it was launched with, and it runs
+with ``HF_HUB_OFFLINE=1`` (and the operator's ``HF_HUB_CACHE`` when given):
+nothing is downloaded at serve time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rosterd.adapters.base import (
+    AdapterError,
+    HttpProbe,
+    Launch,
+    WeightsSource,
+    one_token_completion,
+    rewrite_model_field,
+    weights_size_hint,
+)
+from rosterd.spec import InferenceSpec, InferFlavor
+
+
+@dataclass(frozen=True, slots=True)
+class MlxLmAdapter:
+    """Builds launches for the ``mlx_lm`` flavor.
+
+    ``python`` is the interpreter that has ``mlx_lm`` installed; ``hf_hub_cache``
+    (a folder, or ``None``) is passed to the server as ``HF_HUB_CACHE``.
+    """
+
+    python: str = sys.executable
+    hf_hub_cache: str | None = None
+
+    @property
+    def flavor(self) -> InferFlavor:
+        """Always ``InferFlavor.MLX_LM``."""
+        return InferFlavor.MLX_LM
+
+    @property
+    def shared_server(self) -> bool:
+        """``False``: one ``mlx_lm.server`` process per role."""
+        return False
+
+    def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
+        """The launch serving the model folder ``source.path``; served name is that path.
+
+        ``ctx_size``/``parallel`` do not apply to mlx_lm.server and are ignored;
+        ``extra_args`` are appended.
+
+        Raises:
+            AdapterError: the spec is not ``mlx_lm``, or the weights path is a
+                single file (mlx_lm needs a model folder with ``config.json``).
+        """
+        if spec.flavor is not InferFlavor.MLX_LM:
+            raise AdapterError(f"role {spec.role} is {spec.flavor.id}, not mlx_lm")
+        if source.path.suffix.lower() in {".gguf", ".bin", ".safetensors"}:
+            raise AdapterError(
+                f"role {spec.role}: mlx_lm needs a model folder, got the file {source.path}"
+            )
+        served = str(source.path)
+        env = {"HF_HUB_OFFLINE": "1"}
+        if self.hf_hub_cache:
+            env["HF_HUB_CACHE"] = self.hf_hub_cache
+        argv = (
+            self.python,
+            "-m",
+            "mlx_lm",
+            "server",
+            "--model",
+            served,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *source.extra_args,
+        )
+        return Launch(
+            argv=argv,
+            host=host,
+            port=port,
+            readiness=one_token_completion(served),
+            served_model=served,
+            env=env,
+            weights_bytes=weights_size_hint(spec, source),
+        )
+
+    def generation_probe(self, served_model: str) -> HttpProbe:
+        """A one-token ``/v1/completions`` against the launched model path."""
+        return one_token_completion(served_model)
+
+    def rewrite_request(self, body: Mapping[str, object], served_model: str) -> dict[str, object]:
+        """``body`` with ``model`` set to the launched path, so the server never fetches another."""
+        return rewrite_model_field(body, served_model)
