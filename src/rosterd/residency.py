@@ -1,0 +1,282 @@
+"""The residency policy: per node, which role to load, which to evict, or why to wait
+(layer 3: pure; no I/O, clock, logging or environment; ties broken by sorting).
+
+:func:`decide` answers one question: "make role R resident on this node". It never
+plans beyond that one step; the scheduler applies the decision (evictions first,
+then the load) and asks again when something changes.
+
+Rules, in the order they are checked:
+
+1. R must be one of the node's roles (``state.specs``); if R is resident already the
+   answer is :class:`AlreadyResident`.
+2. R alone bigger than the capacity → :class:`Refuse` with the numbers.
+3. **Exclusions** (symmetric: it does not matter which of the two roles declared
+   it). Each resident role E that excludes R or that R excludes is settled by a
+   fixed *precedence* between the two roles, not by the order the requests came
+   in: interactive before batch, then sticky before non-sticky, then the smaller
+   role id. If R takes precedence, E is evicted (or R waits while E has requests
+   in flight). If E takes precedence, R is refused while E is resident: E stays
+   until it is unloaded (by the operator, or evicted to make room for some other
+   role), and then R may load.
+
+   Why precedence rather than "the latest request wins": with X excluding Y,
+   last-wins leaves {Y} after requests X, Y and {X} after Y, X, so the resident
+   set would depend on request timing and two clients alternating would swap
+   the pair forever. With precedence both orders end with the same resident set,
+   the one the operator can predict from the overlay: if X takes precedence,
+   X then Y ends {X} (Y refused, naming X), Y then X ends {X} (Y evicted). To
+   choose which of a pair wins, set ``latency_class`` or ``sticky`` in the overlay.
+   An interactive role that excludes a batch role always wins, as the issue asks
+   (interactive roles are never evicted for batch roles).
+4. **Memory**: the resident bytes after the load never exceed the capacity. If
+   memory is short, idle resident roles are evicted in this order: (for an
+   interactive R) batch roles before interactive ones, then non-sticky before
+   sticky, then least recently used first (``recency``), then role id. Never
+   evicted: roles with requests in flight, interactive roles when R is batch, and
+   (when R is batch) roles in ``recently_loaded``, which stops two batch roles
+   swapping each other out in a loop; an interactive R may evict them. Evictions
+   that turn out unnecessary (a later, bigger one made room alone) are dropped.
+5. If idle candidates are not enough but waiting for busy or recently loaded roles
+   would be → :class:`Wait` naming them. If even evicting every role R may ever
+   evict is not enough → :class:`Refuse` with bytes and GiB.
+
+Memory per role is ``InferenceSpec.memory.resident_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rosterd.spec import InferenceSpec
+from rosterd.tokens import GB
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What :func:`decide` knows about one node.
+
+    ``capacity_bytes``: the node's budget (memory - reserved). ``specs``: the roles
+    placed on this node by id; every resident role must be among them.
+    ``resident``: roles loaded or loading (both hold memory). ``in_flight``: requests
+    being served per role (missing = 0). ``recency``: resident roles, least recently
+    used first (a resident role missing from it counts as least recent).
+    ``recently_loaded``: resident roles too new to evict for a batch role.
+    """
+
+    capacity_bytes: int
+    specs: Mapping[str, InferenceSpec]
+    resident: frozenset[str]
+    in_flight: Mapping[str, int]
+    recency: tuple[str, ...]
+    recently_loaded: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class AlreadyResident:
+    """``role`` is resident (or loading) already; nothing to do."""
+
+    role: str
+
+
+@dataclass(frozen=True)
+class Load:
+    """Evict ``evict`` (in this order, each one gone before the next step), then load
+    ``role``. ``reason`` says why these evictions."""
+
+    role: str
+    evict: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """``role`` cannot load until ``blocking`` roles (busy, or too recently loaded)
+    become evictable; ask again when one of them changes."""
+
+    role: str
+    blocking: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """``role`` cannot be made resident on this node in its present state (or ever, if
+    the reason says so); ``reason`` names the rule and the numbers."""
+
+    role: str
+    reason: str
+
+
+Decision = AlreadyResident | Load | Wait | Refuse
+
+
+def gib(n_bytes: int) -> str:
+    """``n_bytes`` as ``"1.5 GiB (1610612736 bytes)"`` for reasons people read."""
+    return f"{n_bytes / GB:.2f} GiB ({n_bytes} bytes)"
+
+
+def precedence_key(spec: InferenceSpec) -> tuple[int, int, str]:
+    """Sort key of exclusion precedence: smaller wins. Interactive before batch, sticky
+    before non-sticky, then role id."""
+    return (0 if spec.interactive else 1, 0 if spec.sticky else 1, spec.role)
+
+
+def excludes_each_other(a: InferenceSpec, b: InferenceSpec) -> bool:
+    """Whether ``a`` and ``b`` must never be resident together (either one's
+    ``excludes`` names the other)."""
+    return b.role in a.excluded_roles() or a.role in b.excluded_roles()
+
+
+def _why_precedence(winner: InferenceSpec, loser: InferenceSpec) -> str:
+    if winner.interactive != loser.interactive:
+        return f"{winner.role} is interactive and {loser.role} is batch"
+    if winner.sticky != loser.sticky:
+        return f"{winner.role} is sticky and {loser.role} is not"
+    return (
+        f"both are {winner.latency_class.value} and "
+        f"{'sticky' if winner.sticky else 'non-sticky'}, so the smaller role id wins"
+    )
+
+
+def _has(names: list[str]) -> str:
+    return "has" if len(names) == 1 else "have"
+
+
+def decide(state: NodeState, role: str) -> Decision:
+    """Decide how to make ``role`` resident on the node described by ``state``.
+
+    Returns one of :class:`AlreadyResident`, :class:`Load` (with the evictions, in
+    order), :class:`Wait` (naming the blocking roles) or :class:`Refuse` (with the
+    rule and the numbers). See the module docstring for the rules. Deterministic:
+    the same state always gives the same decision.
+
+    Raises:
+        ValueError: a resident role is not in ``state.specs`` (the caller's
+            bookkeeping is broken; its memory cannot be counted).
+    """
+    unknown = sorted(state.resident - state.specs.keys())
+    if unknown:
+        raise ValueError(f"resident roles without a spec: {', '.join(unknown)}")
+    spec = state.specs.get(role)
+    if spec is None:
+        return Refuse(role, f"{role} is not placed on this node")
+    if role in state.resident:
+        return AlreadyResident(role)
+    need = spec.memory.resident_bytes
+    capacity = state.capacity_bytes
+    if need > capacity:
+        return Refuse(
+            role,
+            f"{role} needs {gib(need)} but the node's capacity is {gib(capacity)}; "
+            "it can never be resident here",
+        )
+
+    def busy(name: str) -> bool:
+        return state.in_flight.get(name, 0) > 0
+
+    # 3. Exclusions, settled by precedence (never by request order).
+    conflict_evict: list[str] = []
+    conflict_wait: list[str] = []
+    for other in sorted(state.resident):
+        other_spec = state.specs[other]
+        if not excludes_each_other(spec, other_spec):
+            continue
+        if precedence_key(other_spec) < precedence_key(spec):
+            return Refuse(
+                role,
+                f"{role} and {other} exclude each other and {other} is resident; "
+                f"{other} takes precedence ({_why_precedence(other_spec, spec)}), so "
+                f"{role} can load only after {other} is unloaded",
+            )
+        if busy(other):
+            conflict_wait.append(other)
+        else:
+            conflict_evict.append(other)
+    if conflict_wait:
+        names = ", ".join(conflict_wait)
+        return Wait(
+            role,
+            tuple(conflict_wait),
+            f"{role} excludes {names}, which {'has' if len(conflict_wait) == 1 else 'have'} "
+            "requests in flight; it loads once they finish",
+        )
+
+    # 4. Memory.
+    remaining = sorted(state.resident - set(conflict_evict))
+    used = sum(state.specs[r].memory.resident_bytes for r in remaining)
+    free = capacity - used
+    exclusion_note = (
+        f"evicting {', '.join(conflict_evict)} (excluded by {role})" if conflict_evict else ""
+    )
+    if need <= free:
+        reason = f"{role} needs {gib(need)}; {gib(free)} free"
+        if exclusion_note:
+            reason += f" after {exclusion_note}"
+        return Load(role, tuple(conflict_evict), reason)
+
+    recency_pos = {name: i for i, name in enumerate(state.recency)}
+
+    def eviction_order(name: str) -> tuple[int, int, int, str]:
+        s = state.specs[name]
+        return (
+            1 if s.interactive else 0,
+            1 if s.sticky else 0,
+            recency_pos.get(name, -1),
+            name,
+        )
+
+    allowed = [
+        r
+        for r in sorted(remaining, key=eviction_order)
+        if spec.interactive or not state.specs[r].interactive
+    ]
+    idle = [
+        r for r in allowed if not busy(r) and (spec.interactive or r not in state.recently_loaded)
+    ]
+    chosen: list[str] = []
+    freed = 0
+    for candidate in idle:
+        if free + freed >= need:
+            break
+        chosen.append(candidate)
+        freed += state.specs[candidate].memory.resident_bytes
+    if free + freed >= need:
+        # Drop evictions a later one made unnecessary, keeping the cheaper-to-lose first.
+        for candidate in reversed(list(chosen)):
+            size = state.specs[candidate].memory.resident_bytes
+            if free + freed - size >= need:
+                chosen.remove(candidate)
+                freed -= size
+        reason = (
+            f"{role} needs {gib(need)}; {gib(free)} free, "
+            f"so evicting {', '.join(chosen)} frees {gib(freed)}"
+        )
+        if exclusion_note:
+            reason += f" ({exclusion_note})"
+        return Load(role, (*conflict_evict, *chosen), reason)
+
+    allowed_bytes = sum(state.specs[r].memory.resident_bytes for r in allowed)
+    if free + allowed_bytes >= need:
+        blocking = tuple(r for r in allowed if r not in idle)
+        parts = []
+        busy_names = [r for r in blocking if busy(r)]
+        recent_names = [r for r in blocking if not busy(r)]
+        if busy_names:
+            parts.append(f"{', '.join(busy_names)} {_has(busy_names)} requests in flight")
+        if recent_names:
+            parts.append(f"{', '.join(recent_names)} loaded too recently to evict for a batch role")
+        return Wait(
+            role,
+            blocking,
+            f"{role} needs {gib(need)}; {gib(free)} free and idle roles free only "
+            f"{gib(freed)}; {'; '.join(parts)}",
+        )
+    protected = [r for r in remaining if r not in allowed]
+    protected_bytes = sum(state.specs[r].memory.resident_bytes for r in protected)
+    return Refuse(
+        role,
+        f"{role} needs {gib(need)} but at most {gib(free + allowed_bytes)} can be freed "
+        f"(capacity {gib(capacity)}; interactive roles {', '.join(protected) or 'none'} "
+        f"hold {gib(protected_bytes)} and are never evicted for a batch role)",
+    )
