@@ -81,9 +81,10 @@ class SupervisorError(RosterdError):
 class BackendStartError(SupervisorError):
     """A backend exited (or was killed) before it became ready.
 
-    ``name`` is the backend, ``exit_code`` its exit status (negative: killed by
-    that signal; ``None``: still running when given up on), ``output_tail``
-    the last lines of its stdout/stderr, ``log_path`` its full log.
+    ``name`` is the backend, ``pid`` its process (gone by the time this is
+    raised), ``exit_code`` its exit status (negative: killed by that signal;
+    ``None``: still running when given up on), ``output_tail`` the last lines
+    of its stdout/stderr, ``log_path`` its full log.
     """
 
     def __init__(
@@ -91,11 +92,13 @@ class BackendStartError(SupervisorError):
         message: str,
         *,
         name: str,
+        pid: int,
         exit_code: int | None,
         output_tail: tuple[str, ...],
         log_path: Path,
     ) -> None:
         self.name = name
+        self.pid = pid
         self.exit_code = exit_code
         self.output_tail = output_tail
         self.log_path = log_path
@@ -182,6 +185,14 @@ def ready_timeout_for(weights_bytes: int) -> float:
     ``READY_BASE_S + READY_PER_GB_S * weights_bytes / GB``, at most ``READY_MAX_S``.
     """
     return min(READY_MAX_S, READY_BASE_S + READY_PER_GB_S * max(weights_bytes, 0) / GB)
+
+
+def backoff_delay(failures: int, initial_s: float, max_s: float) -> float:
+    """Seconds to wait before restart number ``failures + 1`` of a crash series.
+
+    ``initial_s * 2**failures``, at most ``max_s``: 0.5, 1, 2, 4, ... capped.
+    """
+    return min(max_s, initial_s * (2.0 ** min(failures, 62)))
 
 
 async def run_probe(
@@ -515,6 +526,7 @@ class Supervisor:
                             f"backend {m.name} was not ready within {m.ready_timeout_s:g} s "
                             f"({m.launch.readiness.method} {m.launch.readiness.path}); killed it",
                             name=m.name,
+                            pid=proc.pid,
                             exit_code=None,
                             output_tail=_tail(m.log_path, offset),
                             log_path=m.log_path,
@@ -536,6 +548,7 @@ class Supervisor:
                         raise BackendStartError(
                             f"backend {m.name} exited with code {code} before it was ready",
                             name=m.name,
+                            pid=proc.pid,
                             exit_code=code,
                             output_tail=_tail(m.log_path, offset),
                             log_path=m.log_path,
@@ -568,7 +581,7 @@ class Supervisor:
             if m.ready_at and time.monotonic() - m.ready_at >= self.healthy_reset_s:
                 m.failures = 0
             while True:
-                delay = min(self.max_backoff_s, self.initial_backoff_s * (2**m.failures))
+                delay = backoff_delay(m.failures, self.initial_backoff_s, self.max_backoff_s)
                 m.failures += 1
                 self._emit(BackendEvent(m.name, "restarting", pid=pid, delay_s=delay))
                 await asyncio.sleep(delay)

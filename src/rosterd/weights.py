@@ -1,0 +1,160 @@
+"""Weights resolution: where a role's weights are on disk, never downloading.
+
+A role's weights come, in this order, from:
+
+1. the fleet file's ``models:`` map, keyed by role id (most specific) or by the
+   roster's model name;
+2. the local Hugging Face cache, for the role's repo (the roster's ``repo``,
+   else a model name shaped ``org/name``), read with ``huggingface_hub`` in
+   ``local_files_only`` mode, so nothing is fetched;
+3. otherwise a ``WeightsError`` naming every place looked at.
+
+Every path must stay inside the configured model roots (the fleet's
+``model_roots``; for the Hugging Face cache, the cache folder itself) after
+symlinks are resolved, so a fleet file cannot point a backend at arbitrary files.
+What "weights" are depends on the flavor: a ``.gguf`` file for ``llamacpp``, a
+model folder with ``config.json`` for ``mlx_lm``; ``ollama`` keeps its own
+store, so it needs none. huggingface_hub is used because it is the cache's own
+reader (layout, refs, snapshots).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rosterd.adapters.base import ResolvedWeights, WeightsSource
+from rosterd.errors import RosterdError
+from rosterd.spec import InferenceSpec, InferFlavor
+
+
+class WeightsError(RosterdError):
+    """A role's weights cannot be found or are not allowed; the message says where it looked."""
+
+
+def resolve_weights(
+    spec: InferenceSpec,
+    *,
+    models: Mapping[str, WeightsSource],
+    model_roots: Sequence[Path],
+    repo: str | None = None,
+    hf_cache_dir: Path | None = None,
+) -> ResolvedWeights | None:
+    """The weights to serve ``spec`` with, or ``None`` for ``ollama`` (it needs no path).
+
+    ``models`` is the fleet's ``models:`` map (``rosterd.fleet.ModelSource``
+    values fit); ``model_roots`` the folders its paths must stay inside;
+    ``repo`` the roster entry's Hugging Face repo; ``hf_cache_dir`` the
+    Hugging Face hub cache (``None``: huggingface_hub's default, which honours
+    ``HF_HUB_CACHE``/``HF_HOME``). The result's ``size_bytes`` is the weights'
+    size on disk.
+
+    Raises:
+        WeightsError: the path is outside every model root, does not exist,
+            is the wrong kind for the flavor, or nothing was found (the
+            message lists the keys, repo and cache looked at).
+    """
+    if spec.flavor is InferFlavor.OLLAMA:
+        return None
+    keys = [spec.role] + ([spec.model] if spec.model and spec.model != spec.role else [])
+    for key in keys:
+        source = models.get(key)
+        if source is not None:
+            path = _inside_roots(spec, key, source.path, model_roots)
+            path = _weights_for_flavor(spec, path, f"models: {key}")
+            return ResolvedWeights(
+                path=path,
+                ctx_size=source.ctx_size,
+                parallel=source.parallel,
+                extra_args=tuple(source.extra_args),
+                size_bytes=_size_on_disk(path),
+            )
+
+    repo_id = repo or (spec.model if spec.model and "/" in spec.model else None)
+    cache_note = "no Hugging Face repo known for it"
+    if repo_id is not None:
+        snapshot, cache_root = _hf_snapshot(repo_id, hf_cache_dir)
+        if snapshot is not None:
+            path = _inside_roots(spec, f"Hugging Face cache {repo_id}", snapshot, [cache_root])
+            path = _weights_for_flavor(spec, path, f"Hugging Face cache {repo_id}")
+            return ResolvedWeights(path=path, size_bytes=_size_on_disk(path))
+        cache_note = f"repo {repo_id} is not in the Hugging Face cache at {cache_root}"
+    looked = ", ".join(repr(k) for k in keys)
+    raise WeightsError(
+        f"role {spec.role}: no weights found: the fleet file's models: has no entry "
+        f"{looked}, and {cache_note}; add a models: entry with the path "
+        "(rosterd never downloads weights while serving)"
+    )
+
+
+def _inside_roots(spec: InferenceSpec, key: str, path: Path, roots: Sequence[Path]) -> Path:
+    """``path`` with symlinks resolved, if it exists and lies inside one of ``roots``."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise WeightsError(f"role {spec.role}: {key}: {path} does not exist") from None
+    if not roots:
+        raise WeightsError(
+            f"role {spec.role}: {key}: {path} cannot be used: no model_roots are configured"
+        )
+    for root in roots:
+        try:
+            real_root = root.resolve()
+        except (OSError, RuntimeError):
+            continue
+        if real == real_root or real.is_relative_to(real_root):
+            return real
+    shown = ", ".join(str(r) for r in roots)
+    raise WeightsError(
+        f"role {spec.role}: {key}: {path} (really {real}) is outside the model roots ({shown})"
+    )
+
+
+def _weights_for_flavor(spec: InferenceSpec, path: Path, where: str) -> Path:
+    """The file or folder the flavor's server loads, found at or under ``path``."""
+    if spec.flavor is InferFlavor.LLAMACPP:
+        if path.is_file():
+            if path.suffix.lower() != ".gguf":
+                raise WeightsError(f"role {spec.role}: {where}: {path} is not a .gguf file")
+            return path
+        candidates = sorted(p for p in path.rglob("*.gguf") if p.is_file())
+        if spec.model and len(candidates) > 1:
+            wanted = spec.model.rsplit("/", 1)[-1].lower()
+            named = [p for p in candidates if wanted in p.name.lower()]
+            if len(named) == 1:
+                return named[0].resolve()
+        if len(candidates) == 1:
+            return candidates[0].resolve()
+        if not candidates:
+            raise WeightsError(f"role {spec.role}: {where}: no .gguf file in {path}")
+        names = ", ".join(p.name for p in candidates[:8])
+        raise WeightsError(
+            f"role {spec.role}: {where}: several .gguf files in {path} ({names}); "
+            "name the file in the fleet file's models:"
+        )
+    # mlx_lm: a model folder
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        raise WeightsError(
+            f"role {spec.role}: {where}: {path} is not an MLX model folder (no config.json)"
+        )
+    return path
+
+
+def _hf_snapshot(repo_id: str, cache_dir: Path | None) -> tuple[Path | None, Path]:
+    """The cached snapshot folder of ``repo_id`` (or ``None``) and the cache root looked in."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    root = Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
+    try:
+        found = snapshot_download(repo_id, cache_dir=str(root), local_files_only=True)
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        return None, root
+    return Path(str(found)), root
+
+
+def _size_on_disk(path: Path) -> int:
+    """Bytes of ``path``, or of every file under it for a folder (symlinks followed)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

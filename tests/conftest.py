@@ -1,0 +1,104 @@
+"""Shared test fixtures: free ports, a supervisor in a temporary state folder, the fake
+backend, the tiny random GGUF and the llama-server binary (skipped with a reason if absent)."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.supervisor import Supervisor
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_BACKEND = Path(__file__).resolve().parent / "fake_backend.py"
+
+
+def pick_free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    return pick_free_port()
+
+
+def fake_launch(
+    port: int,
+    mode: str = "ok",
+    *,
+    load_s: float = 0.0,
+    child_pid_file: Path | None = None,
+) -> Launch:
+    """A ``Launch`` of ``tests/fake_backend.py`` (readiness ``GET /health``)."""
+    argv = [sys.executable, str(FAKE_BACKEND), "--port", str(port), "--mode", mode]
+    argv += ["--load-s", str(load_s)]
+    if child_pid_file is not None:
+        argv += ["--child-pid-file", str(child_pid_file)]
+    return Launch(
+        argv=tuple(argv),
+        host="127.0.0.1",
+        port=port,
+        readiness=HttpProbe(method="GET", path="/health"),
+        served_model="fake",
+    )
+
+
+@pytest.fixture
+def make_fake_launch() -> Callable[..., Launch]:
+    """``fake_launch`` as a fixture: ``make_fake_launch(port, mode, load_s=..., ...)``."""
+    return fake_launch
+
+
+@pytest.fixture
+async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
+    """A supervisor with short grace and backoff; every backend is stopped afterwards."""
+    sup = Supervisor(tmp_path / "state", grace_s=2.0, initial_backoff_s=0.1, max_backoff_s=1.0)
+    try:
+        yield sup
+    finally:
+        await sup.stop_all()
+
+
+def _load_script(name: str) -> object:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
+    """``scripts/make_tiny_gguf.write_tiny_gguf``: a tiny random llama GGUF at ``path``."""
+    module = _load_script("make_tiny_gguf")
+    writer = cast(Callable[[Path, int], Path], module.write_tiny_gguf)  # type: ignore[attr-defined]
+    return writer(path, seed)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random llama-architecture GGUF (2 blocks, n_embd 64, byte vocab)."""
+    pytest.importorskip("gguf", reason="the gguf package (dev extra) writes the tiny model")
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    """The llama-server binary, or a skip saying how to build it."""
+    from rosterd.adapters.base import AdapterError
+    from rosterd.adapters.llamacpp import find_llama_server
+
+    try:
+        return find_llama_server()
+    except AdapterError as err:
+        pytest.skip(f"llama-server is missing: {err}")

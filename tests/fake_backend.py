@@ -1,0 +1,96 @@
+"""A small stand-in for a backend server, for supervisor tests (stdlib only, starts fast).
+
+    python tests/fake_backend.py --port P [--mode MODE] [--load-s S] [--child-pid-file F]
+
+Modes:
+  ok           /health answers 503 for --load-s seconds, then 200; /v1/models 200;
+               POST /v1/completions answers one token.
+  crash        writes a fatal error to stderr after --load-s seconds and exits 3.
+  ignore-term  like ok, but ignores SIGTERM (only SIGKILL stops it).
+  wedged       HTTP answers (/health 200) but a completion never returns: a hung generator.
+With --child-pid-file it also starts a child process (`sleep`) in its own process group
+and writes the child's pid there, to show that stopping kills the whole group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--mode", default="ok", choices=["ok", "crash", "ignore-term", "wedged"])
+    parser.add_argument("--load-s", type=float, default=0.0)
+    parser.add_argument("--child-pid-file", type=Path)
+    args = parser.parse_args()
+    started = time.monotonic()
+    if args.mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.child_pid_file is not None:
+        child = subprocess.Popen(["sleep", "300"])
+        args.child_pid_file.write_text(str(child.pid))
+    if args.mode == "crash":
+        time.sleep(args.load_s)
+        print("loading model ...", file=sys.stderr)
+        print("fatal: could not load model: bad magic", file=sys.stderr, flush=True)
+        return 3
+    hang = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            loading = time.monotonic() - started < args.load_s
+            if self.path == "/health":
+                if loading:
+                    self._send(503, {"error": {"message": "Loading model"}})
+                else:
+                    self._send(200, {"status": "ok"})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": "fake"}]})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if args.mode == "wedged":
+                hang.wait(600)  # HTTP accepted, generation never ends
+                return
+            self._send(
+                200,
+                {
+                    "object": "text_completion",
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                },
+            )
+
+        def log_message(self, format: str, *fargs: object) -> None:
+            print(format % fargs, file=sys.stderr, flush=True)
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    print(f"fake backend listening on {args.host}:{args.port}", file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
