@@ -4,53 +4,23 @@ backend, the tiny random GGUF and the llama-server binary (skipped with a reason
 from __future__ import annotations
 
 import importlib.util
-import socket
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import cast
 
 import pytest
 
-from rosterd.adapters.base import HttpProbe, Launch
+from backend_helpers import fake_launch, pick_free_port
+from rosterd.adapters.base import Launch
 from rosterd.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE_BACKEND = Path(__file__).resolve().parent / "fake_backend.py"
-
-
-def pick_free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     return pick_free_port()
-
-
-def fake_launch(
-    port: int,
-    mode: str = "ok",
-    *,
-    load_s: float = 0.0,
-    child_pid_file: Path | None = None,
-) -> Launch:
-    """A ``Launch`` of ``tests/fake_backend.py`` (readiness ``GET /health``)."""
-    argv = [sys.executable, str(FAKE_BACKEND), "--port", str(port), "--mode", mode]
-    argv += ["--load-s", str(load_s)]
-    if child_pid_file is not None:
-        argv += ["--child-pid-file", str(child_pid_file)]
-    return Launch(
-        argv=tuple(argv),
-        host="127.0.0.1",
-        port=port,
-        readiness=HttpProbe(method="GET", path="/health"),
-        served_model="fake",
-    )
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from backend_helpers import gone, port_is_free, run_rosterd_child, wait_gone
 from rosterd.adapters.base import Launch, one_token_completion
 from rosterd.supervisor import (
     BackendEvent,
@@ -32,33 +32,6 @@ from rosterd.supervisor import (
 from rosterd.tokens import GB
 
 FakeLaunch = Callable[..., Launch]
-
-
-def gone(pid: int) -> bool:
-    """Whether ``pid`` has exited (a zombie awaiting its reaper counts as exited)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-async def wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gone(pid):
-            return True
-        await asyncio.sleep(0.05)
-    return gone(pid)
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def test_backoff_doubles_and_is_capped() -> None:
@@ -290,41 +263,6 @@ async def test_reap_leftovers_never_touches_someone_elses_process(tmp_path: Path
     finally:
         stranger.kill()
         await stranger.wait()
-
-
-CHILD_ROSTERD = """
-import asyncio, json, sys
-from pathlib import Path
-from rosterd.adapters.base import HttpProbe, Launch
-from rosterd.supervisor import Supervisor
-
-async def main() -> None:
-    state, port, argv = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-    sup = Supervisor(state)
-    launch = Launch(argv=tuple(argv), host="127.0.0.1", port=port,
-                    readiness=HttpProbe("GET", "/health"), served_model="m")
-    backend = await sup.start("orphan", launch)
-    print(json.dumps({"pid": backend.pid}), flush=True)
-    await asyncio.sleep(600)
-
-asyncio.run(main())
-"""
-
-
-async def run_rosterd_child(state: Path, launch: Launch, timeout_s: float) -> tuple[int, int]:
-    """Start a separate rosterd process that starts ``launch``; return (its pid, backend pid)."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CHILD_ROSTERD,
-        str(state),
-        str(launch.port),
-        json.dumps(list(launch.argv)),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert child.stdout is not None
-    line = await asyncio.wait_for(child.stdout.readline(), timeout_s)
-    return child.pid, int(json.loads(line)["pid"])
 
 
 async def test_no_backend_survives_kill_9_of_rosterd(

@@ -125,7 +125,8 @@ class LlamaCppAdapter:
         ``DEFAULT_CTX_SIZE``/``DEFAULT_PARALLEL``.
 
         Raises:
-            AdapterError: the weights are not a ``.gguf`` file path, or the
+            AdapterError: the weights are not a ``.gguf`` file path, the served
+                name has a comma (llama-server splits aliases on commas), or the
                 llama-server binary cannot be found.
         """
         if spec.flavor is not InferFlavor.LLAMACPP:
@@ -137,6 +138,9 @@ class LlamaCppAdapter:
                 "set its path in the fleet file's models: map"
             )
         served = spec.model or spec.role
+        if "," in served:
+            # llama-server splits --alias on commas into several names.
+            raise AdapterError(f"role {spec.role}: model name {served!r} contains a comma")
         ctx = source.ctx_size or DEFAULT_CTX_SIZE
         parallel = source.parallel or DEFAULT_PARALLEL
         if self.mode == "llama-server":

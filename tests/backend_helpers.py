@@ -1,0 +1,109 @@
+"""Helpers shared by the backend tests: the fake backend's launch, free ports, process checks
+and a separate "rosterd" process that starts one backend (for the kill -9 test)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from rosterd.adapters.base import HttpProbe, Launch
+
+FAKE_BACKEND = Path(__file__).resolve().parent / "fake_backend.py"
+
+
+def pick_free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie awaiting its reaper counts as exited)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
+    """Wait up to ``timeout_s`` seconds for ``pid`` to exit; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return gone(pid)
+
+
+def fake_launch(
+    port: int,
+    mode: str = "ok",
+    *,
+    load_s: float = 0.0,
+    child_pid_file: Path | None = None,
+) -> Launch:
+    """A ``Launch`` of ``tests/fake_backend.py`` (readiness ``GET /health``)."""
+    argv = [sys.executable, str(FAKE_BACKEND), "--port", str(port), "--mode", mode]
+    argv += ["--load-s", str(load_s)]
+    if child_pid_file is not None:
+        argv += ["--child-pid-file", str(child_pid_file)]
+    return Launch(
+        argv=tuple(argv),
+        host="127.0.0.1",
+        port=port,
+        readiness=HttpProbe(method="GET", path="/health"),
+        served_model="fake",
+    )
+
+
+CHILD_ROSTERD = """
+import asyncio, json, sys
+from pathlib import Path
+from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.supervisor import Supervisor
+
+async def main() -> None:
+    state, port, argv = Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    sup = Supervisor(state)
+    launch = Launch(argv=tuple(argv), host="127.0.0.1", port=port,
+                    readiness=HttpProbe("GET", "/health"), served_model="m")
+    backend = await sup.start("orphan", launch)
+    print(json.dumps({"pid": backend.pid}), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+async def run_rosterd_child(state: Path, launch: Launch, timeout_s: float) -> tuple[int, int]:
+    """Start a separate rosterd process that starts ``launch``; return (its pid, backend pid)."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD_ROSTERD,
+        str(state),
+        str(launch.port),
+        json.dumps(list(launch.argv)),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    line = await asyncio.wait_for(child.stdout.readline(), timeout_s)
+    return child.pid, int(json.loads(line)["pid"])
