@@ -1,16 +1,139 @@
-"""``rosterd roster import``: the roster import as a command."""
+"""``rosterd roster import``: the roster import as a command (layer 8).
+
+Default output is for people: a Rich table of the imported specs, a table of
+the skipped entries with their reasons, then warnings. ``--json`` is for
+programs: one JSON object on stdout, ``{"specs": [...], "skipped": [[id,
+reason], ...], "warnings": [...]}`` with each spec in the reference's case-file
+shape. Exit 0 when the file was read (skips are not failures), 2 when it is
+rejected as a whole (``{"error": "..."}`` with ``--json``, else a message on
+stderr). Text from the roster is shown as plain text (never as Rich markup)
+and escaped when it holds control characters.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
 import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from rosterd.cli import app
+from rosterd.errors import RosterdError
+from rosterd.roster import ImportedRoster, load_roster, spec_to_json
+from rosterd.rust_debug import rust_debug_str
+from rosterd.tokens import GB
 
 roster_app = typer.Typer(help="Read the lab's roster.", no_args_is_help=True)
 app.add_typer(roster_app, name="roster")
 
+#: Exit status when the roster (or overlay) is rejected as a whole.
+EXIT_REJECTED = 2
+#: Exit status for a fault in rosterd itself (reported without a traceback).
+EXIT_INTERNAL = 1
+
+
+def _plain(text: str) -> Text:
+    """Roster text as a table cell: never markup, escaped if not printable."""
+    shown = text if text.isprintable() else rust_debug_str(text)
+    return Text(shown)
+
+
+def _gib(weights_bytes: int) -> str:
+    return f"{weights_bytes / GB:.2f}"
+
+
+def render_tables(result: ImportedRoster, console: Console) -> None:
+    """Print ``result`` as tables: imported specs, skipped entries, then warnings."""
+    specs = Table(
+        title=f"Imported specs ({len(result.specs)})", title_justify="left", box=box.SIMPLE_HEAD
+    )
+    for column in ("role", "flavor", "model", "port", "GiB", "latency", "sticky"):
+        specs.add_column(
+            column,
+            justify="right" if column in ("port", "GiB") else "left",
+            no_wrap=column != "model",
+            min_width=12 if column == "model" else None,
+            overflow="fold",
+        )
+    specs.add_column("excludes", overflow="fold")
+    specs.add_column("status", overflow="fold")
+    for imported in result.specs:
+        spec = imported.spec
+        specs.add_row(
+            _plain(spec.role),
+            Text(spec.flavor.id),
+            _plain(spec.model) if spec.model is not None else Text("-", style="dim"),
+            Text(str(spec.serve.port) if spec.serve.port is not None else "-"),
+            Text(_gib(spec.memory.weights_bytes)),
+            Text(spec.latency_class.value),
+            Text("yes" if spec.sticky else "no"),
+            _plain(", ".join(spec.excludes)) if spec.excludes else Text("-", style="dim"),
+            _plain(imported.status) if imported.status else Text("-", style="dim"),
+        )
+    console.print(specs)
+    if result.skipped:
+        skipped = Table(
+            title=f"Skipped entries ({len(result.skipped)})",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+        )
+        skipped.add_column("id", overflow="fold")
+        skipped.add_column("reason", overflow="fold")
+        for role, reason in result.skipped:
+            skipped.add_row(_plain(role), _plain(reason))
+        console.print(skipped)
+    for warning in result.warnings:
+        console.print(Text(f"warning: {warning}", style="yellow"))
+
+
+def result_to_json(result: ImportedRoster) -> dict[str, object]:
+    """The ``--json`` object: ``specs``, ``skipped`` (``[id, reason]`` pairs), ``warnings``."""
+    return {
+        "specs": [spec_to_json(imported) for imported in result.specs],
+        "skipped": [[role, reason] for role, reason in result.skipped],
+        "warnings": list(result.warnings),
+    }
+
 
 @roster_app.command("import")
-def import_cmd() -> None:
-    """Import the roster (not built yet)."""
-    raise typer.Exit(2)
+def import_cmd(
+    roster: Annotated[Path, typer.Argument(help="The roster YAML file (read, never written).")],
+    overlay: Annotated[
+        Path | None,
+        typer.Option(
+            "--overlay", help="Operator overlay YAML: excludes, latency_class, sticky per role."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of tables.")
+    ] = False,
+) -> None:
+    """Import the roster: validated inference specs, and every skipped entry with its reason."""
+    try:
+        result = load_roster(roster, overlay)
+    except RosterdError as err:
+        _fail(str(err), as_json, EXIT_REJECTED)
+    except Exception as err:  # the CLI never shows a traceback
+        _fail(f"internal error: {type(err).__name__}: {err}", as_json, EXIT_INTERNAL)
+    if as_json:
+        sys.stdout.write(json.dumps(result_to_json(result)) + "\n")
+        return
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        # Piped output (logs, docs) gets room for full model names.
+        console = Console(highlight=False, width=160)
+    render_tables(result, console)
+
+
+def _fail(message: str, as_json: bool, code: int) -> NoReturn:
+    if as_json:
+        sys.stdout.write(json.dumps({"error": message}) + "\n")
+    else:
+        sys.stderr.write(f"rosterd: {message}\n")
+    raise typer.Exit(code)
