@@ -1,0 +1,139 @@
+"""Prometheus metrics of a running ``rosterd up`` (used by the scheduler and the router).
+
+prometheus_client is the reference Python client: it gives the text exposition
+format, histograms with cumulative buckets and label handling, so we do not
+write our own. Every :class:`RosterdMetrics` owns its own ``CollectorRegistry``
+(not the process-global one), so several routers in one process (tests, the
+benchmark) never share or clash on counters.
+
+Metric names (all prefixed ``rosterd_``):
+
+- ``requests_total{role, endpoint, code}``: finished OpenAI requests by HTTP status;
+- ``request_duration_seconds{role, endpoint}``: time from request to last byte, seconds;
+- ``queue_wait_seconds{role}``: time a request waited for its role (load or slot), seconds;
+- ``loads_total{node, role, cause}``, ``load_failures_total{node, role}``;
+- ``load_duration_seconds{node, role}``: from process start to ready, seconds;
+- ``evictions_total{node, role, cause}``: backends stopped (``cause`` is ``evict``,
+  ``idle``, ``unload`` or ``shutdown``);
+- ``resident_bytes{node}``: spec bytes of the roles holding memory (loading, ready or
+  stopping) on the node; ``capacity_bytes{node}``;
+- ``in_flight{role}``, ``queued{role}``: requests being served / waiting now.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+#: Buckets for request and load durations, seconds: from a proxied token to a long generation.
+DURATION_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+
+#: The ``Content-Type`` of :meth:`RosterdMetrics.render`.
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class RosterdMetrics:
+    """The counters, histograms and gauges of one router and its schedulers.
+
+    Attributes are prometheus_client metric families (see the module docstring
+    for names and labels); :meth:`render` gives the exposition text.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "rosterd_requests",
+            "OpenAI requests finished, by role, endpoint and HTTP status code.",
+            ["role", "endpoint", "code"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "rosterd_request_duration_seconds",
+            "Time from receiving a request to its last byte, seconds.",
+            ["role", "endpoint"],
+            buckets=DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "rosterd_queue_wait_seconds",
+            "Time a request waited for its role to load or for a free slot, seconds.",
+            ["role"],
+            buckets=DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.loads = Counter(
+            "rosterd_loads",
+            "Backends made resident, by node, role and cause.",
+            ["node", "role", "cause"],
+            registry=r,
+        )
+        self.load_failures = Counter(
+            "rosterd_load_failures",
+            "Backends that failed to start or become ready.",
+            ["node", "role"],
+            registry=r,
+        )
+        self.load_duration = Histogram(
+            "rosterd_load_duration_seconds",
+            "Time from starting a backend to it being ready, seconds.",
+            ["node", "role"],
+            buckets=DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.evictions = Counter(
+            "rosterd_evictions",
+            "Backends stopped, by node, role and cause (evict, idle, unload, shutdown).",
+            ["node", "role", "cause"],
+            registry=r,
+        )
+        self.resident_bytes = Gauge(
+            "rosterd_resident_bytes",
+            "Spec bytes of the roles holding memory on the node (loading, ready or stopping).",
+            ["node"],
+            registry=r,
+        )
+        self.capacity_bytes = Gauge(
+            "rosterd_capacity_bytes",
+            "The node's memory budget (memory minus reserved), bytes.",
+            ["node"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "rosterd_in_flight",
+            "Requests being served by the role now.",
+            ["role"],
+            registry=r,
+        )
+        self.queued = Gauge(
+            "rosterd_queued",
+            "Requests waiting for the role (its load or a free slot) now.",
+            ["role"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric (``Content-Type``: ``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)

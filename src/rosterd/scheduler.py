@@ -1,0 +1,972 @@
+"""The scheduler (DESIGN.md layer 6): one asyncio task per node owns its resident set.
+
+Callers never read the resident set and then act on it. They ask the node's
+task (through its inbox) for a *lease* on a role; the task answers when the
+role is ready and a slot is free, applying the residency policy
+(:func:`rosterd.residency.decide`) through a :class:`RoleBackends` (the
+supervisor, in ``rosterd up``). The rules it keeps, as issue 5 and USERS.md ask:
+
+- **One load per role at a time, shared.** Every request waiting for a role
+  waits on the same load. The load runs in its own task, so a waiter that gives
+  up (timeout, client gone) only leaves the queue; the load goes on for the others.
+- **One transition per node at a time.** A transition is "stop these roles,
+  then start that one". Swaps are therefore serialized, and memory counts as
+  free only after ``RoleBackends.stop`` returned (the process exited), so the
+  node never holds more than its capacity nor two roles that exclude each
+  other, in any order of requests.
+- **No eviction under a request.** A role with leases out is not evicted: the
+  policy answers ``Wait`` naming it. Once the oldest waiter has waited
+  ``drain_s`` the in-flight counts are ignored and the busy role may be
+  evicted (its requests then fail with 502 at the router).
+- **No swap ping-pong.** A role loaded less than ``min_residency_s`` ago is
+  passed to the policy as ``recently_loaded``: a batch role cannot evict it,
+  an interactive one can.
+- **Exclusions yield when idle.** The policy settles two roles that exclude
+  each other by precedence and refuses the loser while the winner is
+  resident. A request for the loser then waits, and once the winner is idle
+  (nothing in flight or queued, past ``min_residency_s``) it is unloaded so
+  the loser can load; an interactive winner never yields to a batch role
+  (that refusal fails the request at once, with the policy's reason).
+- **Idle TTL.** A ready, non-sticky batch role with nothing in flight or
+  queued for ``idle_ttl_s`` is unloaded.
+- **Per-role concurrency and a bounded queue.** At most ``max_concurrency``
+  leases per role; at most ``max_queue`` waiters per role, beyond which
+  :class:`QueueFullError` is raised at once; a waiter gives up after
+  ``queue_timeout_s`` with :class:`QueueTimeoutError`.
+
+Every load and eviction is logged (logger ``rosterd.scheduler``) with its
+cause, counted in :mod:`rosterd.metrics` and kept in a bounded event log
+(:attr:`NodeScheduler.events`) that records the resident set after each step.
+
+Only asyncio from the standard library: the scheduler is rosterd's own job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import math
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rosterd.adapters import AdapterError, WeightsSource, adapter_for
+from rosterd.errors import RosterdError
+from rosterd.metrics import RosterdMetrics
+from rosterd.residency import AlreadyResident, Load, NodeState, Refuse, Wait, decide
+from rosterd.spec import InferenceSpec
+from rosterd.supervisor import Supervisor
+
+log = logging.getLogger("rosterd.scheduler")
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A ready backend: ``base_url`` (``http://host:port``, no trailing slash), the model
+    name it answers to (``served_model``) and its process id (``None`` if not a local process).
+    """
+
+    base_url: str
+    served_model: str
+    pid: int | None = None
+
+
+class RoleBackends(Protocol):
+    """How a node scheduler starts and stops a role's backend (the supervisor, in ``rosterd up``).
+
+    ``start`` returns once the backend is ready and raises on failure (any
+    exception; its message reaches the waiting requests). ``stop`` returns only
+    after the process exited, so its memory is free.
+    """
+
+    async def start(self, role: str) -> Endpoint:
+        """Start ``role``'s backend and wait until it is ready."""
+        ...
+
+    async def stop(self, role: str) -> None:
+        """Stop ``role``'s backend; return after it exited."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    """The scheduler's knobs; durations in seconds.
+
+    ``max_concurrency``: leases per role at once; ``max_queue``: waiters per
+    role; ``queue_timeout_s``: how long a request waits for its role;
+    ``drain_s``: how long a waiter lets busy roles finish before they may be
+    evicted (and how long shutdown lets requests finish); ``idle_ttl_s``: idle
+    time after which a non-sticky batch role is unloaded (``math.inf``: never);
+    ``min_residency_s``: how long a just-loaded role is protected from batch
+    evictions; ``tick_s``: how often timers (TTL, min residency, drain) are checked.
+    """
+
+    max_concurrency: int = 4
+    max_queue: int = 64
+    queue_timeout_s: float = 300.0
+    drain_s: float = 30.0
+    idle_ttl_s: float = 600.0
+    min_residency_s: float = 10.0
+    tick_s: float = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Permission to send requests to ``role``'s backend at ``endpoint`` until released.
+
+    ``generation`` tells leases of an earlier load of the same role apart (a
+    release from a stopped generation is ignored); ``waited_s`` is the time
+    spent queued, seconds.
+    """
+
+    role: str
+    node: str
+    endpoint: Endpoint
+    generation: int
+    waited_s: float
+
+
+class Phase(enum.Enum):
+    """Where a role's backend is: ``loading``, ``ready`` and ``stopping`` hold memory."""
+
+    STOPPED = "stopped"
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+
+
+HOLDS_MEMORY = frozenset({Phase.LOADING, Phase.READY, Phase.STOPPING})
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerEvent:
+    """One step of a node's resident set, as logged.
+
+    ``kind``: ``loading``, ``loaded``, ``load_failed``, ``stopping``,
+    ``stopped``, ``refused``; ``cause``: why (the policy's reason, ``idle``,
+    ``unload``, ``shutdown``, …); ``resident``: roles holding memory after the
+    step (sorted); ``resident_bytes``: their spec bytes; ``at``: wall-clock
+    time (seconds since the epoch); ``duration_s``: for ``loaded``/``stopped``,
+    how long the step took.
+    """
+
+    at: float
+    node: str
+    kind: str
+    role: str
+    cause: str
+    resident: tuple[str, ...]
+    resident_bytes: int
+    duration_s: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        """The event as a JSON-ready dict (``/rosterd/events``)."""
+        return {
+            "at": self.at,
+            "node": self.node,
+            "kind": self.kind,
+            "role": self.role,
+            "cause": self.cause,
+            "resident": list(self.resident),
+            "resident_bytes": self.resident_bytes,
+            "duration_s": self.duration_s,
+        }
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class SchedulerError(RosterdError):
+    """A request could not get its role; ``retry_after_s`` (seconds) when retrying may help."""
+
+    retry_after_s: float | None = None
+
+
+class UnknownRoleError(SchedulerError):
+    """The role is not placed on any node this process runs."""
+
+
+class QueueFullError(SchedulerError):
+    """The role's queue holds ``max_queue`` waiters already (the router answers 429)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueTimeoutError(SchedulerError):
+    """The request waited ``queue_timeout_s`` for its role (the router answers 503)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RoleRefusedError(SchedulerError):
+    """The residency policy refused to load the role; the message is its reason."""
+
+
+class LoadFailedError(SchedulerError):
+    """The role's backend failed to start or become ready; the message says why."""
+
+
+class ShuttingDownError(SchedulerError):
+    """rosterd is stopping and takes no new requests."""
+
+
+# --------------------------------------------------------------------------- node task
+
+
+@dataclass(eq=False)
+class _Waiter:
+    future: asyncio.Future[Lease]
+    since: float
+    take_slot: bool  # a request (counts in flight) or a load that only wants residency
+    no_evict: bool  # warm-up: load only if nothing must be evicted
+
+
+@dataclass(eq=False)
+class _RoleState:
+    spec: InferenceSpec
+    phase: Phase = Phase.STOPPED
+    endpoint: Endpoint | None = None
+    generation: int = 0
+    in_flight: int = 0
+    waiters: deque[_Waiter] = field(default_factory=deque)
+    loaded_at: float | None = None
+    last_used: float = 0.0
+    unload_requested: list[asyncio.Future[None]] = field(default_factory=list)
+    unload_since: float | None = None
+    waiting_reason: str | None = None
+
+    def live_waiters(self) -> list[_Waiter]:
+        return [w for w in self.waiters if not w.future.done()]
+
+
+@dataclass(frozen=True, slots=True)
+class _Acquire:
+    role: str
+    waiter: _Waiter
+
+
+@dataclass(frozen=True, slots=True)
+class _Release:
+    role: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Unload:
+    role: str
+    future: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Kick:
+    """Something changed outside the inbox (a transition finished): decide again."""
+
+
+_Message = _Acquire | _Release | _Unload | _Kick
+
+
+class NodeScheduler:
+    """The owner of one node's resident set (one asyncio task, started by :meth:`start`).
+
+    ``specs``: the roles placed on the node (role -> spec); ``capacity_bytes``:
+    the node's budget (``Node.capacity_bytes``); ``backends`` starts and stops
+    them. ``clock`` (monotonic seconds) is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        capacity_bytes: int,
+        specs: Mapping[str, InferenceSpec],
+        backends: RoleBackends,
+        *,
+        limits: SchedulerLimits | None = None,
+        metrics: RosterdMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        event_log_size: int = 2000,
+    ) -> None:
+        self.name = name
+        self.capacity_bytes = capacity_bytes
+        self.specs = dict(specs)
+        self.limits = limits or SchedulerLimits()
+        self._backends = backends
+        self._metrics = metrics
+        self._clock = clock
+        self._roles = {role: _RoleState(spec) for role, spec in sorted(self.specs.items())}
+        self._inbox: asyncio.Queue[_Message] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._transition: asyncio.Task[None] | None = None
+        self._shutting_down = False
+        self._load_seconds: deque[float] = deque(maxlen=20)
+        self._idle = asyncio.Event()  # set while no lease is out on this node (for shutdown)
+        self._idle.set()
+        self.events: deque[SchedulerEvent] = deque(maxlen=event_log_size)
+        self.listeners: list[Callable[[SchedulerEvent], None]] = []
+        if metrics is not None:
+            metrics.capacity_bytes.labels(node=name).set(capacity_bytes)
+            metrics.resident_bytes.labels(node=name).set(0)
+
+    # ---- public API (any task) ------------------------------------------------
+
+    def start(self) -> None:
+        """Start the node's task on the running loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"rosterd-node-{self.name}"
+            )
+
+    async def acquire(
+        self,
+        role: str,
+        *,
+        timeout_s: float | None = None,
+        take_slot: bool = True,
+        no_evict: bool = False,
+    ) -> Lease:
+        """Wait until ``role`` is ready and (``take_slot``) a slot is free; return a lease.
+
+        Every lease taken with ``take_slot`` must be given back with
+        :meth:`release`. ``timeout_s`` defaults to ``limits.queue_timeout_s``.
+        ``no_evict`` loads the role only if nothing must be evicted (warm-up).
+        Cancelling the caller only removes its place in the queue.
+
+        Raises:
+            UnknownRoleError, QueueFullError, QueueTimeoutError,
+            RoleRefusedError, LoadFailedError, ShuttingDownError.
+        """
+        if role not in self._roles:
+            raise UnknownRoleError(f"role {role!r} is not placed on node {self.name!r}")
+        if self._shutting_down:
+            raise ShuttingDownError("rosterd is shutting down")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Lease] = loop.create_future()
+        self._inbox.put_nowait(_Acquire(role, _Waiter(future, self._clock(), take_slot, no_evict)))
+        timeout = self.limits.queue_timeout_s if timeout_s is None else timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(future)
+        except TimeoutError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                return future.result()  # granted in the same instant
+            future.cancel()
+            retry = max(1.0, self._typical_load_s())
+            raise QueueTimeoutError(
+                f"role {role!r} was not ready within {timeout:g} s "
+                f"({self._roles[role].waiting_reason or 'still loading or busy'})",
+                retry_after_s=retry,
+            ) from None
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                if take_slot:
+                    self.release(future.result())
+            else:
+                future.cancel()
+            raise
+
+    def release(self, lease: Lease) -> None:
+        """Give back a lease taken with ``take_slot`` (safe to call from any task, once)."""
+        self._inbox.put_nowait(_Release(lease.role, lease.generation))
+
+    async def unload(self, role: str) -> None:
+        """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
+
+        Returns after the process exited (at once if it was not resident).
+        Raises ``UnknownRoleError``.
+        """
+        if role not in self._roles:
+            raise UnknownRoleError(f"role {role!r} is not placed on node {self.name!r}")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait(_Unload(role, future))
+        await asyncio.shield(future)
+
+    async def shutdown(self) -> None:
+        """Stop taking requests, let in-flight ones finish (up to ``drain_s``), stop every backend.
+
+        Waiting requests fail with ``ShuttingDownError``. Returns after every
+        backend this node started has exited.
+        """
+        self._shutting_down = True
+        self._inbox.put_nowait(_Kick())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.limits.drain_s):
+                await self._idle.wait()
+        if self._transition is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._transition)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._transition is not None and not self._transition.done():
+            with contextlib.suppress(Exception):
+                await self._transition
+        for role, st in self._roles.items():
+            if st.phase in (Phase.READY, Phase.LOADING):
+                await self._stop_role(role, "shutdown")
+
+    def snapshot(self) -> dict[str, object]:
+        """The node's state as JSON-ready data (``/status``, ``rosterd ps``).
+
+        ``{"capacity_bytes", "resident_bytes", "resident": [...], "roles": {role:
+        {"phase", "latency_class", "sticky", "resident_bytes", "in_flight",
+        "queued", "idle_s", "loaded_for_s", "waiting_reason", "base_url", "pid"}}}``
+        (durations in seconds, ``None`` when not resident).
+        """
+        now = self._clock()
+        roles: dict[str, object] = {}
+        for role, st in self._roles.items():
+            resident = st.phase in HOLDS_MEMORY
+            roles[role] = {
+                "phase": st.phase.value,
+                "latency_class": st.spec.latency_class.value,
+                "sticky": st.spec.sticky,
+                "resident_bytes": st.spec.memory.resident_bytes,
+                "in_flight": st.in_flight,
+                "queued": len(st.live_waiters()),
+                "idle_s": round(now - st.last_used, 3)
+                if st.phase is Phase.READY and st.in_flight == 0
+                else None,
+                "loaded_for_s": round(now - st.loaded_at, 3)
+                if resident and st.loaded_at is not None
+                else None,
+                "waiting_reason": st.waiting_reason if st.live_waiters() else None,
+                "base_url": st.endpoint.base_url if st.endpoint else None,
+                "pid": st.endpoint.pid if st.endpoint else None,
+            }
+        return {
+            "capacity_bytes": self.capacity_bytes,
+            "resident_bytes": self._resident_bytes(),
+            "resident": list(self._resident()),
+            "transition": self._transition is not None and not self._transition.done(),
+            "roles": roles,
+        }
+
+    # ---- the node task ---------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            message: _Message | None = None
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
+            # that lands together with its timeout, and shutdown cancels this task.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.limits.tick_s):
+                    message = await self._inbox.get()
+            while message is not None:
+                self._handle(message)
+                message = self._inbox.get_nowait() if not self._inbox.empty() else None
+            try:
+                self._schedule()
+            except Exception:  # a bug here must not kill the node's task silently
+                log.exception("node %s: scheduling step failed", self.name)
+
+    def _handle(self, message: _Message) -> None:
+        if isinstance(message, _Acquire):
+            self._on_acquire(message.role, message.waiter)
+        elif isinstance(message, _Release):
+            st = self._roles[message.role]
+            if message.generation == st.generation and st.in_flight > 0:
+                st.in_flight -= 1
+                st.last_used = self._clock()
+                self._update_gauges(message.role)
+        elif isinstance(message, _Unload):
+            st = self._roles[message.role]
+            st.unload_requested.append(message.future)
+            if st.unload_since is None:
+                st.unload_since = self._clock()
+
+    def _on_acquire(self, role: str, waiter: _Waiter) -> None:
+        st = self._roles[role]
+        if self._shutting_down:
+            waiter.future.set_exception(ShuttingDownError("rosterd is shutting down"))
+            return
+        live = st.live_waiters()
+        if len(live) >= self.limits.max_queue:
+            waiter.future.set_exception(
+                QueueFullError(
+                    f"role {role!r} has {len(live)} requests queued "
+                    f"(limit {self.limits.max_queue}); retry later",
+                    retry_after_s=max(1.0, self._typical_load_s()),
+                )
+            )
+            return
+        st.waiters.append(waiter)
+        self._update_gauges(role)
+
+    def _schedule(self) -> None:
+        now = self._clock()
+        for role, st in self._roles.items():
+            st.waiters = deque(st.live_waiters())
+            if self._shutting_down:
+                for w in st.waiters:
+                    w.future.set_exception(ShuttingDownError("rosterd is shutting down"))
+                st.waiters.clear()
+            self._grant(role, st)
+            self._update_gauges(role)
+        if self._shutting_down or (self._transition is not None and not self._transition.done()):
+            return
+        if self._schedule_unloads(now):
+            return
+        if self._schedule_loads(now):
+            return
+        self._schedule_idle(now)
+
+    def _grant(self, role: str, st: _RoleState) -> None:
+        """Hand leases to waiters, oldest first, while the role is ready and has free slots."""
+        if st.phase is not Phase.READY or st.endpoint is None:
+            return
+        now = self._clock()
+        while st.waiters:
+            waiter = st.waiters[0]
+            if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
+                return
+            st.waiters.popleft()
+            waited = now - waiter.since
+            if waiter.take_slot:
+                st.in_flight += 1
+                st.last_used = now
+                self._update_gauges(role)
+            waiter.future.set_result(Lease(role, self.name, st.endpoint, st.generation, waited))
+            if self._metrics is not None and waiter.take_slot:
+                self._metrics.queue_wait.labels(role=role).observe(waited)
+
+    def _schedule_unloads(self, now: float) -> bool:
+        for role, st in self._roles.items():
+            if not st.unload_requested:
+                continue
+            if st.phase is Phase.STOPPED:
+                for f in st.unload_requested:
+                    if not f.done():
+                        f.set_result(None)
+                st.unload_requested.clear()
+                st.unload_since = None
+                continue
+            since = st.unload_since if st.unload_since is not None else now
+            if st.phase is Phase.READY and (
+                st.in_flight == 0 or now - since >= self.limits.drain_s
+            ):
+                self._begin_transition(evict=(role,), load=None, cause="unload")
+                return True
+        return False
+
+    def _schedule_loads(self, now: float) -> bool:
+        pending = [
+            (role, st)
+            for role, st in self._roles.items()
+            if st.phase is Phase.STOPPED and st.waiters
+        ]
+        pending.sort(key=lambda p: (not p[1].spec.interactive, p[1].waiters[0].since, p[0]))
+        for role, st in pending:
+            oldest = st.waiters[0].since
+            drained = now - oldest >= self.limits.drain_s
+            decision = decide(self._node_state(now, ignore_in_flight=drained), role)
+            if isinstance(decision, AlreadyResident):
+                continue
+            if isinstance(decision, Refuse):
+                yielding = self._exclusion_blockers(role)
+                if yielding is not None:
+                    # Exclusion precedence keeps the resident winner, but only while it
+                    # is in use: an idle batch winner yields to a waiting request rather
+                    # than failing it (see _exclusion_blockers).
+                    idle = [b for b in yielding if self._can_yield(b, now)]
+                    if len(idle) == len(yielding):
+                        st.waiting_reason = decision.reason
+                        self._begin_transition(
+                            evict=yielding,
+                            load=None,
+                            cause=f"idle, yields to waiting {role} (they exclude each other)",
+                        )
+                        return True
+                    st.waiting_reason = f"{decision.reason}; waiting until it is idle"
+                    continue
+                st.waiting_reason = decision.reason
+                for w in st.waiters:
+                    w.future.set_exception(RoleRefusedError(decision.reason))
+                st.waiters.clear()
+                self._emit("refused", role, decision.reason)
+                continue
+            if isinstance(decision, Wait):
+                if st.waiting_reason != decision.reason:
+                    log.info("node %s: %s waits: %s", self.name, role, decision.reason)
+                st.waiting_reason = decision.reason
+                continue
+            assert isinstance(decision, Load)
+            if decision.evict and all(w.no_evict for w in st.waiters):
+                reason = f"not warmed up: it would evict {', '.join(decision.evict)}"
+                for w in st.waiters:
+                    w.future.set_exception(RoleRefusedError(reason))
+                st.waiters.clear()
+                continue
+            st.waiting_reason = decision.reason
+            self._begin_transition(evict=decision.evict, load=role, cause=decision.reason)
+            return True
+        return False
+
+    def _schedule_idle(self, now: float) -> None:
+        if math.isinf(self.limits.idle_ttl_s):
+            return
+        for role, st in self._roles.items():
+            if (
+                st.phase is Phase.READY
+                and not st.spec.sticky
+                and not st.spec.interactive
+                and st.in_flight == 0
+                and not st.waiters
+                and now - st.last_used >= self.limits.idle_ttl_s
+            ):
+                idle = now - st.last_used
+                self._begin_transition(evict=(role,), load=None, cause=f"idle for {idle:.0f} s")
+                return
+
+    def _exclusion_blockers(self, role: str) -> tuple[str, ...] | None:
+        """The resident roles that exclude ``role``, if they are what keeps it out.
+
+        The residency policy settles an exclusion by precedence (interactive,
+        then sticky, then role id) and refuses the losing role while the winner
+        is resident. For a *request* that refusal is temporary: once the winner
+        is idle (nothing in flight or queued, past ``min_residency_s``) the
+        scheduler unloads it and the waiting role loads. An interactive winner
+        never yields to a batch role (interactive roles stay resident), so then
+        the answer is ``None`` and the refusal stands; ``None`` too when no
+        resident role excludes ``role`` (the refusal is about memory).
+        """
+        spec = self._roles[role].spec
+        blockers = tuple(
+            other
+            for other in self._resident()
+            if other != role
+            and (other in spec.excluded_roles() or role in self._roles[other].spec.excluded_roles())
+        )
+        if not blockers:
+            return None
+        if not spec.interactive and any(self._roles[b].spec.interactive for b in blockers):
+            return None
+        return blockers
+
+    def _can_yield(self, role: str, now: float) -> bool:
+        st = self._roles[role]
+        return (
+            st.phase is Phase.READY
+            and st.in_flight == 0
+            and not st.waiters
+            and (st.loaded_at is None or now - st.loaded_at >= self.limits.min_residency_s)
+        )
+
+    def _node_state(self, now: float, *, ignore_in_flight: bool) -> NodeState:
+        resident = self._resident()
+        busy: dict[str, int] = {}
+        for role in resident:
+            st = self._roles[role]
+            if st.phase is not Phase.READY:
+                busy[role] = 1  # loading or stopping: never a candidate to evict
+            elif st.in_flight and not ignore_in_flight:
+                busy[role] = st.in_flight
+        recency = tuple(sorted(resident, key=lambda r: (self._roles[r].last_used, r)))
+        recent = frozenset(
+            r
+            for r in resident
+            if (la := self._roles[r].loaded_at) is not None
+            and now - la < self.limits.min_residency_s
+        )
+        return NodeState(
+            capacity_bytes=self.capacity_bytes,
+            specs=self.specs,
+            resident=frozenset(resident),
+            in_flight=busy,
+            recency=recency,
+            recently_loaded=recent,
+        )
+
+    # ---- transitions (one per node at a time) -------------------------------------
+
+    def _begin_transition(self, *, evict: Iterable[str], load: str | None, cause: str) -> None:
+        evict = tuple(evict)
+        self._transition = asyncio.get_running_loop().create_task(
+            self._run_transition(evict, load, cause),
+            name=f"rosterd-transition-{self.name}",
+        )
+
+    async def _run_transition(self, evict: tuple[str, ...], load: str | None, cause: str) -> None:
+        try:
+            for role in evict:
+                stop_cause = cause if load is None else f"evicted for {load}: {cause}"
+                await self._stop_role(role, stop_cause)
+            if load is not None:
+                await self._load_role(load, cause)
+        except Exception:
+            log.exception("node %s: transition failed", self.name)
+        finally:
+            self._inbox.put_nowait(_Kick())
+
+    async def _stop_role(self, role: str, cause: str) -> None:
+        st = self._roles[role]
+        st.phase = Phase.STOPPING
+        st.generation += 1  # leases of the stopped process are void from here on
+        self._emit("stopping", role, cause)
+        started = self._clock()
+        try:
+            await self._backends.stop(role)
+        except Exception as exc:  # stop must not wedge the node; the supervisor reaps
+            log.warning("node %s: stopping %s failed: %s", self.name, role, exc)
+        st.phase = Phase.STOPPED
+        st.endpoint = None
+        st.in_flight = 0
+        st.loaded_at = None
+        if self._metrics is not None:
+            kind = cause.split(":", 1)[0].split()[0]
+            label = {"evicted": "evict", "idle": "idle"}.get(kind, kind)
+            self._metrics.evictions.labels(node=self.name, role=role, cause=label).inc()
+        self._emit("stopped", role, cause, duration_s=self._clock() - started)
+        self._update_gauges(role)
+
+    async def _load_role(self, role: str, cause: str) -> None:
+        st = self._roles[role]
+        st.phase = Phase.LOADING
+        self._emit("loading", role, cause)
+        started = self._clock()
+        try:
+            endpoint = await self._backends.start(role)
+        except Exception as exc:
+            st.phase = Phase.STOPPED
+            message = f"backend for role {role!r} failed to load: {exc}"
+            for w in st.live_waiters():
+                w.future.set_exception(LoadFailedError(message))
+            st.waiters.clear()
+            if self._metrics is not None:
+                self._metrics.load_failures.labels(node=self.name, role=role).inc()
+            self._emit("load_failed", role, str(exc), duration_s=self._clock() - started)
+            # a half-started process must not keep holding memory
+            with contextlib.suppress(Exception):
+                await self._backends.stop(role)
+            return
+        took = self._clock() - started
+        self._load_seconds.append(took)
+        now = self._clock()
+        st.phase = Phase.READY
+        st.endpoint = endpoint
+        st.generation += 1
+        st.loaded_at = now
+        st.last_used = now
+        st.waiting_reason = None
+        if self._metrics is not None:
+            label = "warm-up" if all(w.no_evict for w in st.live_waiters()) else "request"
+            self._metrics.loads.labels(node=self.name, role=role, cause=label).inc()
+            self._metrics.load_duration.labels(node=self.name, role=role).observe(took)
+        self._emit("loaded", role, cause, duration_s=took)
+        self._grant(role, st)
+
+    # ---- bookkeeping ----------------------------------------------------------------
+
+    def _resident(self) -> tuple[str, ...]:
+        return tuple(r for r, st in self._roles.items() if st.phase in HOLDS_MEMORY)
+
+    def _resident_bytes(self) -> int:
+        return sum(self._roles[r].spec.memory.resident_bytes for r in self._resident())
+
+    def _typical_load_s(self) -> float:
+        if not self._load_seconds:
+            return 5.0
+        return float(math.ceil(max(self._load_seconds)))
+
+    def _emit(self, kind: str, role: str, cause: str, *, duration_s: float | None = None) -> None:
+        event = SchedulerEvent(
+            at=time.time(),
+            node=self.name,
+            kind=kind,
+            role=role,
+            cause=cause,
+            resident=tuple(sorted(self._resident())),
+            resident_bytes=self._resident_bytes(),
+            duration_s=None if duration_s is None else round(duration_s, 3),
+        )
+        self.events.append(event)
+        took = f" in {duration_s:.2f} s" if duration_s is not None else ""
+        level = logging.WARNING if kind in ("load_failed", "refused") else logging.INFO
+        log.log(
+            level,
+            "node %s: %s %s%s (%s); resident: %s (%.2f GiB of %.2f GiB)",
+            self.name,
+            kind,
+            role,
+            took,
+            cause,
+            ", ".join(event.resident) or "none",
+            event.resident_bytes / 2**30,
+            self.capacity_bytes / 2**30,
+        )
+        if self._metrics is not None:
+            self._metrics.resident_bytes.labels(node=self.name).set(event.resident_bytes)
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("scheduler event listener failed")
+
+    def _update_gauges(self, role: str) -> None:
+        if any(st.in_flight for st in self._roles.values()):
+            self._idle.clear()
+        else:
+            self._idle.set()
+        if self._metrics is None:
+            return
+        st = self._roles[role]
+        self._metrics.in_flight.labels(role=role).set(st.in_flight)
+        self._metrics.queued.labels(role=role).set(len(st.live_waiters()))
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def free_port(host: str) -> int:
+    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class SupervisorBackends:
+    """:class:`RoleBackends` over the supervisor and the flavor adapters (what ``rosterd up`` uses).
+
+    ``specs``: role -> spec for the roles of one or more nodes run by
+    ``supervisor``; ``host``: where backends listen (the node's address);
+    ``resolve_weights(spec)`` gives the role's weights (raises a
+    ``RosterdError`` naming what it looked for); ``auto_ports``: ignore the
+    roster's ports and let the OS pick free ones (roles without a port always
+    get one); ``ready_timeout_s``: readiness deadline, seconds (``None``: the
+    supervisor's, which grows with the weights' size).
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        specs: Mapping[str, InferenceSpec],
+        *,
+        host: str,
+        resolve_weights: Callable[[InferenceSpec], WeightsSource],
+        auto_ports: bool = False,
+        ready_timeout_s: float | None = None,
+    ) -> None:
+        self.supervisor = supervisor
+        self.specs = dict(specs)
+        self.host = host
+        self.resolve_weights = resolve_weights
+        self.auto_ports = auto_ports
+        self.ready_timeout_s = ready_timeout_s
+
+    async def start(self, role: str) -> Endpoint:
+        """Resolve the weights, build the adapter's launch, start it and wait until ready.
+
+        Raises:
+            AdapterError: the flavor cannot serve this role here (e.g. ollama's
+                shared server, which ``rosterd up`` does not run yet).
+            RosterdError: weights not found; ``SupervisorError`` subclasses
+                (``PortInUseError``, ``BackendStartError`` with the output tail).
+        """
+        spec = self.specs[role]
+        adapter = adapter_for(spec.flavor)
+        if adapter.shared_server:
+            raise AdapterError(
+                f"role {role} is {spec.flavor.id}, served by one shared server per node, "
+                "which rosterd up does not start yet"
+            )
+        source = self.resolve_weights(spec)
+        port = spec.serve.port
+        if self.auto_ports or port is None:
+            port = free_port(self.host)
+        launch = adapter.launch(spec, source, host=self.host, port=port)
+        backend = await self.supervisor.start(role, launch, ready_timeout_s=self.ready_timeout_s)
+        return Endpoint(backend.base_url, launch.served_model, backend.pid)
+
+    async def stop(self, role: str) -> None:
+        """Stop the role's backend; returns after the process exited."""
+        await self.supervisor.stop(role)
+
+
+# --------------------------------------------------------------------------- fleet level
+
+
+class Scheduler:
+    """The node schedulers of one ``rosterd up`` process, addressed by role.
+
+    ``nodes``: node name -> :class:`NodeScheduler`; each role is placed on
+    exactly one of them (the plan's placements restricted to the nodes this
+    process runs).
+    """
+
+    def __init__(self, nodes: Mapping[str, NodeScheduler]) -> None:
+        self.nodes = dict(nodes)
+        self._node_of: dict[str, NodeScheduler] = {}
+        for node in self.nodes.values():
+            for role in node.specs:
+                self._node_of[role] = node
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Every role this process can serve, sorted."""
+        return tuple(sorted(self._node_of))
+
+    def node_of(self, role: str) -> NodeScheduler:
+        """The node scheduler owning ``role``; raises ``UnknownRoleError``."""
+        try:
+            return self._node_of[role]
+        except KeyError:
+            raise UnknownRoleError(f"role {role!r} is not served here") from None
+
+    def start(self) -> None:
+        """Start every node's task."""
+        for node in self.nodes.values():
+            node.start()
+
+    async def acquire(self, role: str, *, timeout_s: float | None = None) -> Lease:
+        """A lease on ``role`` (as ``NodeScheduler.acquire``); give it back with :meth:`release`.
+
+        Raises the ``SchedulerError`` subclasses listed there.
+        """
+        return await self.node_of(role).acquire(role, timeout_s=timeout_s)
+
+    def release(self, lease: Lease) -> None:
+        """Give back a lease from :meth:`acquire`."""
+        self.nodes[lease.node].release(lease)
+
+    async def load(
+        self, role: str, *, no_evict: bool = False, timeout_s: float | None = None
+    ) -> Lease:
+        """Make ``role`` resident without taking a slot (``rosterd load``, warm-up).
+
+        ``no_evict``: give up (``RoleRefusedError``) rather than evict anything.
+        The returned lease needs no release.
+        """
+        return await self.node_of(role).acquire(
+            role, timeout_s=timeout_s, take_slot=False, no_evict=no_evict
+        )
+
+    async def unload(self, role: str) -> None:
+        """Stop ``role``'s backend (``rosterd unload``); see :meth:`NodeScheduler.unload`."""
+        await self.node_of(role).unload(role)
+
+    async def shutdown(self) -> None:
+        """Drain and stop every node (concurrently); returns when every backend exited."""
+        await asyncio.gather(*(node.shutdown() for node in self.nodes.values()))
+
+    def snapshot(self) -> dict[str, object]:
+        """``{"nodes": {name: NodeScheduler.snapshot()}}``."""
+        return {"nodes": {name: node.snapshot() for name, node in self.nodes.items()}}
+
+    def events(self) -> list[SchedulerEvent]:
+        """Every node's event log, oldest first."""
+        merged = [e for node in self.nodes.values() for e in node.events]
+        merged.sort(key=lambda e: e.at)
+        return merged

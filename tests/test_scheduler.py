@@ -1,0 +1,327 @@
+"""The scheduler's promises, with the real residency policy and a recording fake backend.
+
+The fake stands in for the supervisor only (process start/stop take a set time
+and are recorded); everything else is the real scheduler. The same promises
+are checked against real llama-server processes in ``test_up_budget.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+
+from rosterd.scheduler import (
+    Endpoint,
+    LoadFailedError,
+    NodeScheduler,
+    QueueFullError,
+    QueueTimeoutError,
+    RoleRefusedError,
+    Scheduler,
+    SchedulerLimits,
+    ShuttingDownError,
+)
+from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec
+
+MIB = 2**20
+
+
+def spec(
+    role: str,
+    mib: int,
+    *,
+    interactive: bool = False,
+    sticky: bool = True,
+    excludes: Iterable[str] = (),
+) -> InferenceSpec:
+    return InferenceSpec(
+        role=role,
+        flavor=InferFlavor.LLAMACPP,
+        model=role,
+        memory=MemorySpec(weights_bytes=mib * MIB),
+        sticky=sticky,
+        latency_class=LatencyClass.INTERACTIVE if interactive else LatencyClass.BATCH,
+        excludes=tuple(excludes),
+    )
+
+
+class FakeBackends:
+    """Records starts/stops; checks that the processes alive never break the budget."""
+
+    def __init__(
+        self,
+        specs: dict[str, InferenceSpec],
+        capacity: int,
+        *,
+        load_s: float = 0.05,
+        fail: Iterable[str] = (),
+    ) -> None:
+        self.specs = specs
+        self.capacity = capacity
+        self.load_s = load_s
+        self.fail = set(fail)
+        self.alive: set[str] = set()
+        self.starts: list[str] = []
+        self.stops: list[str] = []
+        self.busy = 0
+        self.max_busy = 0
+        self.violations: list[str] = []
+
+    def _check(self) -> None:
+        used = sum(self.specs[r].memory.resident_bytes for r in self.alive)
+        if used > self.capacity:
+            self.violations.append(f"over budget: {sorted(self.alive)}")
+        for r in self.alive:
+            for other in self.specs[r].excluded_roles():
+                if other in self.alive:
+                    self.violations.append(f"excluded together: {r}, {other}")
+
+    async def start(self, role: str) -> Endpoint:
+        self.busy += 1
+        self.max_busy = max(self.max_busy, self.busy)
+        try:
+            self.starts.append(role)
+            self.alive.add(role)  # memory is held from the first byte loaded
+            self._check()
+            await asyncio.sleep(self.load_s)
+            if role in self.fail:
+                raise RuntimeError(f"{role} crashed while loading")
+            return Endpoint(f"http://127.0.0.1:1/{role}", role, None)
+        finally:
+            self.busy -= 1
+
+    async def stop(self, role: str) -> None:
+        self.busy += 1
+        self.max_busy = max(self.max_busy, self.busy)
+        try:
+            await asyncio.sleep(self.load_s / 5)
+            self.stops.append(role)
+            self.alive.discard(role)  # free only once the process exited
+        finally:
+            self.busy -= 1
+
+
+FAST = SchedulerLimits(
+    max_concurrency=4,
+    max_queue=16,
+    queue_timeout_s=10.0,
+    drain_s=5.0,
+    idle_ttl_s=float("inf"),
+    min_residency_s=0.0,
+    tick_s=0.02,
+)
+
+
+def make_node(
+    specs: list[InferenceSpec],
+    capacity_mib: int,
+    limits: SchedulerLimits = FAST,
+    **fake: object,
+) -> tuple[NodeScheduler, FakeBackends]:
+    by_role = {s.role: s for s in specs}
+    backends = FakeBackends(by_role, capacity_mib * MIB, **fake)  # type: ignore[arg-type]
+    node = NodeScheduler("n1", capacity_mib * MIB, by_role, backends, limits=limits)
+    node.start()
+    return node, backends
+
+
+async def use(node: NodeScheduler, role: str, hold_s: float = 0.01) -> str:
+    lease = await node.acquire(role)
+    try:
+        await asyncio.sleep(hold_s)
+        return lease.endpoint.served_model
+    finally:
+        node.release(lease)
+
+
+async def test_concurrent_waiters_share_one_load() -> None:
+    node, backends = make_node([spec("a", 100)], 1000)
+    results = await asyncio.gather(*(use(node, "a") for _ in range(8)))
+    assert results == ["a"] * 8
+    assert backends.starts == ["a"]
+    await node.shutdown()
+
+
+async def test_waiter_giving_up_does_not_cancel_the_load_for_others() -> None:
+    node, backends = make_node([spec("a", 100)], 1000, load_s=0.3)
+    quitter = asyncio.create_task(node.acquire("a"))
+    stayer = asyncio.create_task(use(node, "a"))
+    await asyncio.sleep(0.1)  # the load is under way
+    quitter.cancel()
+    assert await stayer == "a"
+    assert backends.starts == ["a"]
+    assert node.snapshot()["resident"] == ["a"]
+    await node.shutdown()
+
+
+async def test_budget_for_one_of_two_serializes_swaps_and_completes_everything() -> None:
+    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000)
+    jobs = [use(node, role, hold_s=0.02) for role in ["x", "y"] * 6]
+    results = await asyncio.gather(*jobs)
+    assert sorted(results) == ["x"] * 6 + ["y"] * 6
+    assert backends.violations == []
+    assert backends.max_busy == 1  # one start or stop at a time on the node
+    for event in node.events:
+        assert event.resident_bytes <= 1000 * MIB
+        assert set(event.resident) != {"x", "y"}
+    await node.shutdown()
+
+
+async def test_role_in_use_is_not_evicted_until_released() -> None:
+    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000)
+    lease = await node.acquire("x")
+    y = asyncio.create_task(use(node, "y"))
+    await asyncio.sleep(0.3)
+    assert not y.done()
+    assert backends.stops == []
+    node.release(lease)
+    assert await y == "y"
+    assert backends.stops == ["x"]
+    await node.shutdown()
+
+
+async def test_busy_role_is_evicted_after_the_drain_time() -> None:
+    limits = SchedulerLimits(
+        max_concurrency=4,
+        max_queue=16,
+        queue_timeout_s=10.0,
+        drain_s=0.3,
+        idle_ttl_s=float("inf"),
+        min_residency_s=0.0,
+        tick_s=0.02,
+    )
+    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    stuck = await node.acquire("x")  # never released in time
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await use(node, "y") == "y"
+    assert 0.25 <= loop.time() - t0 < 3.0
+    assert backends.stops == ["x"]
+    node.release(stuck)  # a release of the stopped generation is ignored
+    await asyncio.sleep(0.05)
+    assert node.snapshot()["roles"]["x"]["in_flight"] == 0  # type: ignore[index]
+    await node.shutdown()
+
+
+async def test_idle_non_sticky_batch_role_unloads_after_ttl_but_sticky_stays() -> None:
+    limits = SchedulerLimits(idle_ttl_s=0.2, min_residency_s=0.0, tick_s=0.02)
+    node, backends = make_node([spec("temp", 100, sticky=False), spec("keep", 100)], 1000, limits)
+    await use(node, "temp")
+    await use(node, "keep")
+    await asyncio.sleep(0.6)
+    assert backends.stops == ["temp"]
+    assert node.snapshot()["resident"] == ["keep"]
+    assert any(e.kind == "stopped" and e.cause.startswith("idle") for e in node.events)
+    await node.shutdown()
+
+
+async def test_just_loaded_role_is_protected_from_batch_ping_pong() -> None:
+    limits = SchedulerLimits(min_residency_s=0.5, idle_ttl_s=float("inf"), tick_s=0.02)
+    node, _ = make_node([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000, limits)
+    await use(node, "x")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await use(node, "y")
+    assert loop.time() - t0 >= 0.4  # waited for x's minimum residency
+    await node.shutdown()
+
+
+async def test_interactive_role_may_evict_a_just_loaded_batch_role() -> None:
+    limits = SchedulerLimits(min_residency_s=30.0, idle_ttl_s=float("inf"), tick_s=0.02)
+    node, _ = make_node([spec("x", 600), spec("voice", 600, interactive=True)], 1000, limits)
+    await use(node, "x")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await use(node, "voice")
+    assert loop.time() - t0 < 5.0
+    await node.shutdown()
+
+
+async def test_full_queue_is_refused_at_once_and_waits_time_out() -> None:
+    limits = SchedulerLimits(max_concurrency=1, max_queue=2, queue_timeout_s=0.3, tick_s=0.02)
+    node, _ = make_node([spec("a", 100)], 1000, limits)
+    held = await node.acquire("a")
+    waiting = [asyncio.create_task(node.acquire("a")) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(QueueFullError) as full:
+        await node.acquire("a")
+    assert full.value.retry_after_s is not None
+    for task in waiting:
+        with pytest.raises(QueueTimeoutError):
+            await task
+    node.release(held)
+    await node.shutdown()
+
+
+async def test_concurrency_limit_hands_slots_over_in_order() -> None:
+    limits = SchedulerLimits(max_concurrency=1, tick_s=0.02)
+    node, _ = make_node([spec("a", 100)], 1000, limits)
+    first = await node.acquire("a")
+    second = asyncio.create_task(node.acquire("a"))
+    await asyncio.sleep(0.1)
+    assert not second.done()
+    node.release(first)
+    lease = await second
+    node.release(lease)
+    await node.shutdown()
+
+
+async def test_excluded_roles_swap_when_the_winner_is_idle() -> None:
+    specs = [
+        spec("scratch-a", 100, sticky=False, excludes=["scratch-b"]),
+        spec("scratch-b", 100, sticky=False, excludes=["scratch-a"]),
+    ]
+    node, backends = make_node(specs, 1000)
+    for role in ["scratch-a", "scratch-b", "scratch-a", "scratch-b"]:
+        assert await use(node, role) == role
+    assert backends.violations == []
+    assert backends.starts == ["scratch-a", "scratch-b", "scratch-a", "scratch-b"]
+    await node.shutdown()
+
+
+async def test_batch_role_excluded_by_resident_interactive_role_is_refused() -> None:
+    specs = [spec("voice", 100, interactive=True, excludes=["b"]), spec("b", 100)]
+    node, _ = make_node(specs, 1000)
+    await use(node, "voice")
+    with pytest.raises(RoleRefusedError, match="voice"):
+        await node.acquire("b")
+    await node.shutdown()
+
+
+async def test_role_bigger_than_the_node_is_refused_with_numbers() -> None:
+    node, _ = make_node([spec("huge", 2000)], 1000)
+    with pytest.raises(RoleRefusedError, match="GiB"):
+        await node.acquire("huge")
+    await node.shutdown()
+
+
+async def test_failed_load_fails_every_waiter_and_frees_the_role() -> None:
+    node, backends = make_node([spec("bad", 100)], 1000, fail=["bad"])
+    results = await asyncio.gather(*(node.acquire("bad") for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(r, LoadFailedError) and "crashed" in str(r) for r in results)
+    assert backends.starts == ["bad"]
+    assert node.snapshot()["resident"] == []
+    await node.shutdown()
+
+
+async def test_warm_up_load_never_evicts() -> None:
+    node, _ = make_node([spec("x", 600), spec("y", 600)], 1000)
+    sched = Scheduler({"n1": node})
+    await sched.load("x", no_evict=True)
+    with pytest.raises(RoleRefusedError, match="evict"):
+        await sched.load("y", no_evict=True)
+    assert node.snapshot()["resident"] == ["x"]
+    await sched.shutdown()
+
+
+async def test_shutdown_refuses_new_requests_and_stops_every_backend() -> None:
+    node, backends = make_node([spec("a", 100), spec("b", 100)], 1000)
+    await use(node, "a")
+    await use(node, "b")
+    await node.shutdown()
+    assert sorted(backends.stops) == ["a", "b"]
+    assert backends.alive == set()
+    with pytest.raises(ShuttingDownError):
+        await node.acquire("a", timeout_s=1.0)
