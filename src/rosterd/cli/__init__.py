@@ -20,7 +20,10 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported for their side effect of adding commands to ``app``.
-    from rosterd.cli import roster_cmd  # noqa: F401
+    from rosterd.cli import (
+        plan_cmd,  # noqa: F401
+        roster_cmd,  # noqa: F401
+    )
 
 
 def main() -> None:

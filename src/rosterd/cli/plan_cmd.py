@@ -1,0 +1,162 @@
+"""``rosterd plan ROSTER [--overlay F] [--fleet F] [--json]``: show the placement before
+anything starts.
+
+Per node: a Rich table of its roles (resident always / swappable) and a memory bar of
+the node's peak use (interactive roles plus the largest batch role) against its
+capacity; then the roles left unplaced, each with its reason. ``--json`` prints
+``{"placements": {role: node}, "unplaced": [[role, reason]], "nodes": {name:
+{"capacity_bytes": n, "always_resident": [...], "swappable": [...]}}}``.
+
+Exit status: 0 when a plan was made (even with unplaced roles); 2 on bad input (a
+clear message naming the file, field and line; with ``--json``, ``{"error": ...}``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rosterd.cli import app
+from rosterd.errors import RosterdError
+from rosterd.fleet import Fleet, load_fleet, local_fleet
+from rosterd.placement import Plan, plan
+from rosterd.roster import ImportedRoster, load_roster
+from rosterd.spec import InferenceSpec
+from rosterd.tokens import GB
+
+_BAR_WIDTH = 30
+
+
+def plan_to_json(result: Plan) -> dict[str, object]:
+    """The ``--json`` document for ``result`` (shape in the module docstring)."""
+    return {
+        "placements": dict(result.placements),
+        "unplaced": [[role, reason] for role, reason in result.unplaced],
+        "nodes": {
+            name: {
+                "capacity_bytes": node.capacity_bytes,
+                "always_resident": list(node.always_resident),
+                "swappable": list(node.swappable),
+            }
+            for name, node in result.nodes.items()
+        },
+    }
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / GB:.1f}"
+
+
+def memory_bar(used: int, capacity: int, width: int = _BAR_WIDTH) -> Text:
+    """A bar ``[█████░░░░░]`` of ``used`` over ``capacity`` bytes, then ``used / capacity
+    GiB``; green up to 80 %, yellow up to 100 %, red above."""
+    share = used / capacity if capacity > 0 else 1.0
+    filled = min(width, round(share * width))
+    style = "green" if share <= 0.8 else "yellow" if share <= 1.0 else "red"
+    bar = Text("[")
+    bar.append("█" * filled, style=style)
+    bar.append("░" * (width - filled), style="dim")
+    bar.append(f"] {_gib(used)} / {_gib(capacity)} GiB ({share:.0%})")
+    return bar
+
+
+def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster) -> None:
+    specs: dict[str, InferenceSpec] = {}
+    for imported in roster.specs:
+        specs.setdefault(imported.spec.role, imported.spec)
+    console.print(
+        f"[bold]{len(roster.specs)}[/] roles imported "
+        f"({len(roster.skipped)} roster entries skipped; see `rosterd roster import`), "
+        f"[bold]{len(fleet.nodes)}[/] node(s); planner: {result.solver}"
+    )
+    for node in fleet.nodes:
+        node_plan = result.nodes[node.name]
+        always = [specs[r] for r in node_plan.always_resident]
+        swappable = [specs[r] for r in node_plan.swappable]
+        interactive_bytes = sum(s.memory.resident_bytes for s in always)
+        largest = max((s.memory.resident_bytes for s in swappable), default=0)
+        table = Table(
+            title=f"{node.name} ({node.platform.value}, {node.address})",
+            title_justify="left",
+            expand=False,
+        )
+        table.add_column("role")
+        table.add_column("residency")
+        table.add_column("flavor")
+        table.add_column("model")
+        table.add_column("GiB", justify="right")
+        for s in always:
+            table.add_row(
+                s.role,
+                "resident always",
+                s.flavor.value,
+                s.model or "",
+                _gib(s.memory.resident_bytes),
+            )
+        for s in swappable:
+            table.add_row(
+                s.role, "swappable", s.flavor.value, s.model or "", _gib(s.memory.resident_bytes)
+            )
+        if not always and not swappable:
+            table.add_row("[dim](no roles)[/]", "", "", "", "")
+        console.print(table)
+        console.print(
+            Text("peak  ").append(memory_bar(interactive_bytes + largest, node_plan.capacity_bytes))
+        )
+        console.print(
+            f"[dim]peak = resident always {_gib(interactive_bytes)} GiB + largest swappable "
+            f"{_gib(largest)} GiB; capacity = memory {_gib(node.memory_bytes)} - reserved "
+            f"{_gib(node.reserved_bytes)} GiB[/]"
+        )
+        console.print()
+    if result.unplaced:
+        table = Table(title="unplaced roles", title_justify="left")
+        table.add_column("role")
+        table.add_column("reason", overflow="fold")
+        for role, reason in result.unplaced:
+            table.add_row(role, reason)
+        console.print(table)
+    else:
+        console.print("every role is placed")
+
+
+@app.command("plan")
+def plan_cmd(
+    roster: Annotated[Path, typer.Argument(help="The roster YAML file (read only).")],
+    overlay: Annotated[
+        Path | None,
+        typer.Option("--overlay", help="Overlay YAML: excludes, latency_class, sticky."),
+    ] = None,
+    fleet: Annotated[
+        Path | None,
+        typer.Option("--fleet", help="Fleet YAML (nodes); default: this machine alone."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="Solver time limit, seconds.", min=0.01)
+    ] = 1.5,
+) -> None:
+    """Show which role lives on which node, what stays resident, what swaps, and why any
+    role cannot be placed."""
+    out = Console(soft_wrap=False)
+    try:
+        imported = load_roster(roster, overlay)
+        nodes = load_fleet(fleet) if fleet is not None else local_fleet()
+    except RosterdError as err:
+        if as_json:
+            typer.echo(json.dumps({"error": str(err)}))
+        else:
+            # Plain echo, not Rich: an error line must not be wrapped or re-styled.
+            typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    result = plan([s.spec for s in imported.specs], nodes, time_limit_s=time_limit)
+    if as_json:
+        typer.echo(json.dumps(plan_to_json(result), indent=2))
+        return
+    _render(out, result, nodes, imported)

@@ -1,0 +1,154 @@
+"""``rosterd plan``: tables and JSON from real files, exit codes, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rosterd.cli import _register, app
+from rosterd.tokens import GB
+
+_register()
+
+ROSTER = """\
+roster:
+  - id: chat-small
+    role: chat
+    name: gemma-3-270m
+    ram_gb: "~0.5"
+    backend: llama-server
+    port: 8301
+    status: ready
+  - id: voice-lite
+    role: voice
+    name: tiny-voice
+    ram_gb: 0.1
+    backend: llama.cpp
+    port: 8310
+    status: ready
+  - id: planner
+    role: planner
+    name: big-planner
+    ram_gb: 40
+    backend: mlx_lm
+    port: 8400
+    status: ready
+  - id: huge
+    role: coder
+    name: huge-coder
+    ram_gb: 300
+    backend: ollama
+    port: 8401
+    status: ready
+"""
+
+FLEET = """\
+nodes:
+  - name: box
+    memory_gb: 3
+    reserved_gb: 1
+    platform: linux-x86_64
+  - name: mac
+    memory_gb: 64
+    reserved_gb: 8
+    platform: macos-arm64
+    flavors: [mlx_lm]
+"""
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    roster = tmp_path / "roster.yaml"
+    roster.write_text(ROSTER)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    return roster, fleet
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_json_has_placements_unplaced_and_nodes(files: tuple[Path, Path]) -> None:
+    roster, fleet = files
+    code, out, _ = run("plan", str(roster), "--fleet", str(fleet), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["placements"] == {"chat-small": "box", "voice-lite": "box", "planner": "mac"}
+    [[role, reason]] = doc["unplaced"]
+    assert role == "huge"
+    assert "300.00 GiB" in reason
+    assert doc["nodes"]["box"] == {
+        "capacity_bytes": 2 * GB,
+        "always_resident": ["voice-lite"],
+        "swappable": ["chat-small"],
+    }
+    assert doc["nodes"]["mac"]["capacity_bytes"] == 56 * GB
+
+
+def test_tables_show_residency_memory_bar_and_reasons(files: tuple[Path, Path]) -> None:
+    roster, fleet = files
+    code, out, _ = run("plan", str(roster), "--fleet", str(fleet))
+    assert code == 0
+    for text in ("box", "mac", "resident always", "swappable", "0.6 / 2.0 GiB", "unplaced", "huge"):
+        assert text in out, text
+    assert "█" in out
+
+
+def test_bad_fleet_exits_2_naming_file_field_and_line(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    roster, _ = files
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes:\n  - name: box\n    memory_gb: lots\n    platform: linux-x86_64\n")
+    code, out, err = run("plan", str(roster), "--fleet", str(bad))
+    assert code == 2
+    assert f"{bad}:3:16: nodes[0].memory_gb" in err
+    assert "lots" in err
+    assert "Traceback" not in out + err
+    code, out, _ = run("plan", str(roster), "--fleet", str(bad), "--json")
+    assert code == 2
+    assert "nodes[0].memory_gb" in json.loads(out)["error"]
+
+
+def test_missing_roster_exits_2_with_json_error(tmp_path: Path) -> None:
+    code, out, _ = run("plan", str(tmp_path / "nope.yaml"), "--json")
+    assert code == 2
+    assert "nope.yaml" in json.loads(out)["error"]
+
+
+def test_without_fleet_plans_for_this_machine(files: tuple[Path, Path]) -> None:
+    roster, _ = files
+    code, out, _ = run("plan", str(roster), "--json", "--time-limit", "0.5")
+    assert code == 0
+    doc = json.loads(out)
+    assert list(doc["nodes"]) == ["local"]
+    assert doc["placements"]["voice-lite"] == "local"
+
+
+def test_console_script_exit_code(files: tuple[Path, Path]) -> None:
+    roster, fleet = files
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from rosterd.cli import main; main()",
+            "plan",
+            str(roster),
+            "--fleet",
+            str(fleet),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["placements"]["planner"] == "mac"
