@@ -1,0 +1,312 @@
+"""The fleet file: what a valid file gives, and a located, explicit error for each mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rosterd.errors import FleetError
+from rosterd.fleet import (
+    Fleet,
+    Platform,
+    default_reserved_bytes,
+    load_fleet,
+    local_fleet,
+    parse_fleet,
+)
+from rosterd.spec import InferFlavor
+from rosterd.tokens import GB
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_issue_example_node(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        """\
+nodes:
+  - name: studio
+    memory_gb: 192          # total RAM, GiB
+    reserved_gb: 16
+    platform: macos-arm64
+    flavors: [mlx_lm, llamacpp, ollama]
+    address: 127.0.0.1
+    labels: {room: lab}
+"""
+    )
+    fleet = load_fleet(path)
+    (studio,) = fleet.nodes
+    assert studio.name == "studio"
+    assert studio.memory_bytes == 192 * GB
+    assert studio.reserved_bytes == 16 * GB
+    assert studio.capacity_bytes == 176 * GB
+    assert studio.platform is Platform.MACOS_ARM64
+    assert studio.flavors == frozenset(InferFlavor)
+    assert studio.address == "127.0.0.1"
+    assert studio.labels == {"room": "lab"}
+    assert fleet.node("studio") is studio
+    assert fleet.models == {}
+    assert fleet.model_roots == (tmp_path.resolve(),)
+    with pytest.raises(KeyError):
+        fleet.node("nope")
+
+
+def test_defaults_reserve_flavors_address() -> None:
+    fleet = parse_fleet(
+        """\
+nodes:
+  - {name: big, memory_gb: 128, platform: linux-x86_64}
+  - {name: small, memory_gb: 8, platform: linux-arm64}
+  - {name: tiny, memory_gb: 1.5, platform: macos-arm64}
+"""
+    )
+    big, small, tiny = fleet.nodes
+    assert big.reserved_bytes == 128 * GB // 10
+    assert small.reserved_bytes == 2 * GB  # 10 % would be 0.8 GiB: the 2 GiB floor wins
+    assert tiny.reserved_bytes == round(1.5 * GB) // 10  # under 2 GiB: 10 % alone
+    assert big.flavors == {InferFlavor.LLAMACPP, InferFlavor.OLLAMA}
+    assert tiny.flavors == frozenset(InferFlavor)
+    assert big.address == "127.0.0.1"
+    assert big.labels == {}
+
+
+@pytest.mark.parametrize("memory_gb", [0.001, 0.5, 1.99, 2, 2.1, 3, 19.9, 20, 21, 1000])
+def test_default_reserve_leaves_capacity(memory_gb: float) -> None:
+    memory = round(memory_gb * GB)
+    reserved = default_reserved_bytes(memory)
+    assert 0 <= reserved < memory
+    if memory >= 20 * GB:
+        assert reserved == memory // 10
+    elif memory >= 2 * GB:
+        assert reserved == min(2 * GB, memory - 1)
+
+
+def test_fractional_gb_become_bytes() -> None:
+    fleet = parse_fleet(
+        "nodes:\n  - {name: a, memory_gb: 1.5, reserved_gb: 0.5, platform: linux-x86_64}\n"
+    )
+    assert fleet.nodes[0].memory_bytes == 3 * GB // 2
+    assert fleet.nodes[0].capacity_bytes == GB
+
+
+def test_models_and_roots_resolve_against_the_file(tmp_path: Path) -> None:
+    sub = tmp_path / "conf"
+    sub.mkdir()
+    path = sub / "fleet.yaml"
+    path.write_text(
+        """\
+nodes:
+  - {name: a, memory_gb: 8, platform: linux-x86_64}
+models:
+  gemma-3-270m: models/gemma.gguf
+  qwen2.5:7b:
+    path: /abs/qwen.gguf
+    ctx_size: 4096
+    parallel: 2
+    extra_args: [--mlock, -fa]
+model_roots: [weights, /srv/models]
+"""
+    )
+    fleet = load_fleet(path)
+    assert fleet.models["gemma-3-270m"].path == sub.resolve() / "models/gemma.gguf"
+    qwen = fleet.models["qwen2.5:7b"]
+    assert qwen.path == Path("/abs/qwen.gguf")
+    assert (qwen.ctx_size, qwen.parallel, qwen.extra_args) == (4096, 2, ("--mlock", "-fa"))
+    assert fleet.model_roots == (sub.resolve() / "weights", Path("/srv/models"))
+
+
+def test_example_fleets_load() -> None:
+    lab = load_fleet(EXAMPLES / "fleet-lab.yaml")
+    assert [n.name for n in lab.nodes] == ["studio", "macbook", "linux-box"]
+    assert lab.node("studio").capacity_bytes == 176 * GB
+    assert InferFlavor.MLX_LM not in lab.node("linux-box").flavors
+    assert lab.node("linux-box").reserved_bytes == 128 * GB // 10
+
+
+def test_local_fleet_is_this_machine() -> None:
+    fleet = local_fleet()
+    assert isinstance(fleet, Fleet)
+    (node,) = fleet.nodes
+    assert node.name == "local"
+    assert node.address == "127.0.0.1"
+    assert 0 < node.capacity_bytes < node.memory_bytes
+    assert node.flavors == node.platform.supported_flavors()
+
+
+# Each bad file: (text, field path, line, column, words the message must contain).
+BAD = [
+    ("", None, None, None, ["empty", "nodes"]),
+    ("- a\n", None, 1, 1, ["expected a mapping with `nodes:`", "a list"]),
+    ("nodes: []\n", "nodes", 1, 8, ["at least one node"]),
+    ("nodes: {a: 1}\n", "nodes", 1, 8, ["a list of nodes", "a mapping"]),
+    ("nodez: []\n", "nodez", 1, 1, ["unknown key 'nodez'", "nodes, models, model_roots"]),
+    ("models: {}\n", "nodes", 1, 1, ["missing `nodes:`"]),
+    (
+        "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64, ram: 3}\n",
+        "nodes[0].ram",
+        2,
+        53,
+        ["unknown key 'ram'", "name, memory_gb, reserved_gb, platform, flavors, address, labels"],
+    ),
+    (
+        "nodes:\n  - {memory_gb: 8, platform: linux-x86_64}\n",
+        "nodes[0].name",
+        2,
+        5,
+        ["missing required key 'name'"],
+    ),
+    (
+        "nodes:\n  - {name: 'a b', memory_gb: 8, platform: linux-x86_64}\n",
+        "nodes[0].name",
+        2,
+        12,
+        ["plain token", "'a b'"],
+    ),
+    (
+        "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64}\n"
+        "  - {name: a, memory_gb: 8, platform: linux-x86_64}\n",
+        "nodes[1].name",
+        3,
+        5,
+        ["duplicate node name 'a'", "nodes[0]"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: -1\n    platform: linux-x86_64\n",
+        "nodes[0].memory_gb",
+        3,
+        16,
+        ["a number > 0", "-1"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: true\n    platform: linux-x86_64\n",
+        "nodes[0].memory_gb",
+        3,
+        16,
+        ["a number > 0", "True"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: '8'\n    platform: linux-x86_64\n",
+        "nodes[0].memory_gb",
+        3,
+        16,
+        ["a number > 0", "'8'"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: 8\n    reserved_gb: 8\n    platform: linux-x86_64\n",
+        "nodes[0].reserved_gb",
+        4,
+        18,
+        ["less than memory_gb (8)", "no capacity"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: 8\n    platform: windows\n",
+        "nodes[0].platform",
+        4,
+        15,
+        ["macos-arm64, linux-x86_64, linux-arm64", "'windows'"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: 8\n    platform: linux-x86_64\n"
+        "    flavors: [mlx_lm]\n",
+        "nodes[0].flavors[0]",
+        5,
+        15,
+        ["linux-x86_64 cannot run 'mlx_lm'", "llamacpp, ollama"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: 8\n    platform: linux-x86_64\n    flavors: [vllm]\n",
+        "nodes[0].flavors[0]",
+        5,
+        15,
+        ["mlx_lm, llamacpp, ollama", "'vllm'"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: 8\n    platform: linux-x86_64\n    flavors: []\n",
+        "nodes[0].flavors",
+        5,
+        14,
+        ["at least one flavor"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: 8\n    platform: linux-x86_64\n    address: 'a b'\n",
+        "nodes[0].address",
+        5,
+        14,
+        ["host name or IP address"],
+    ),
+    (
+        "nodes:\n  - name: a\n    memory_gb: 8\n    platform: linux-x86_64\n    labels: {r: [1]}\n",
+        "nodes[0].labels.r",
+        5,
+        17,
+        ["text or a number", "a list"],
+    ),
+    (
+        "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64}\n"
+        "models:\n  m: {ctx_size: 4}\n",
+        "models.m.path",
+        4,
+        6,
+        ["missing required key 'path'"],
+    ),
+    (
+        "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64}\n"
+        "models:\n  m: {path: x, ctx_size: 0}\n",
+        "models.m.ctx_size",
+        4,
+        26,
+        ["whole number > 0", "0"],
+    ),
+    (
+        "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64}\n"
+        "models:\n  m: {path: x, gpu: 1}\n",
+        "models.m.gpu",
+        4,
+        16,
+        ["unknown key 'gpu'", "path, ctx_size, parallel, extra_args"],
+    ),
+    ("nodes:\n  - {name: a\n", None, 3, 1, ["not valid YAML"]),
+    (
+        "nodes:\n  - name: a\n    name: b\n    memory_gb: 8\n    platform: linux-x86_64\n",
+        "nodes[0].name",
+        3,
+        5,
+        ["duplicate key 'name'"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "line", "column", "words"),
+    BAD,
+    ids=[f"bad{i}" for i in range(len(BAD))],
+)
+def test_bad_fleet_files_are_rejected_with_location(
+    text: str, path: str | None, line: int | None, column: int | None, words: list[str]
+) -> None:
+    with pytest.raises(FleetError) as info:
+        parse_fleet(text, file="fleet.yaml")
+    err = info.value
+    assert err.file == "fleet.yaml"
+    assert err.path == path
+    assert (err.line, err.column) == (line, column), str(err)
+    for word in words:
+        assert word in str(err), (word, str(err))
+
+
+def test_unreadable_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(FleetError, match="cannot read the fleet file") as info:
+        load_fleet(tmp_path / "missing.yaml")
+    assert info.value.file == str(tmp_path / "missing.yaml")
+
+
+def test_non_utf8_and_oversized_files(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"nodes:\n  - name: caf\xe9\n")
+    with pytest.raises(FleetError, match="not UTF-8"):
+        load_fleet(bad)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (1_048_577))
+    with pytest.raises(FleetError, match="larger than"):
+        load_fleet(big)
