@@ -35,7 +35,8 @@ CASE_LIST = _load_cases()
 
 
 def _case_id(case: dict[str, Any]) -> str:
-    return case["case"] + (f"+{case['overlay']}" if case["overlay"] else "")
+    name = str(case["case"])
+    return name + (f"+{case['overlay']}" if case["overlay"] else "")
 
 
 def _run(args: list[str]) -> tuple[int, str, str]:
@@ -59,7 +60,8 @@ def test_case_matches_reference(case: dict[str, Any]) -> None:
     if "error" in expected:
         assert code == 2, f"reference rejects {case['case']}, rosterd read it: {got}"
         assert set(got) == {"error"}
-        assert isinstance(got["error"], str) and got["error"]
+        assert isinstance(got["error"], str)
+        assert got["error"]
         return
     assert code == 0, got
     assert got["specs"] == expected["specs"]
@@ -94,8 +96,12 @@ def test_console_script_runs_a_case_in_a_real_process() -> None:
     """The installed entry point, as a user runs it: JSON on stdout, exit 0."""
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     proc = subprocess.run(
-        [sys.executable, "-c", "from rosterd.cli import main; main()"]
-        + ["roster", "import", str(CASES / "cases" / "basic_valid.yaml"), "--json"],
+        [
+            sys.executable,
+            "-c",
+            "from rosterd.cli import main; main()",
+            *("roster", "import", str(CASES / "cases" / "basic_valid.yaml"), "--json"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
