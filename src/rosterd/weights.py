@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rosterd.adapters.base import ResolvedWeights, WeightsSource
 from rosterd.errors import RosterdError
+from rosterd.fleet import Fleet
 from rosterd.spec import InferenceSpec, InferFlavor
 
 
@@ -60,8 +61,10 @@ def resolve_weights(
     for key in keys:
         source = models.get(key)
         if source is not None:
-            path = _inside_roots(spec, key, source.path, model_roots)
-            path = _weights_for_flavor(spec, path, f"models: {key}")
+            where = f"models: {key}"
+            _inside_roots(spec, where, source.path, model_roots)
+            path = _weights_for_flavor(spec, source.path.absolute(), where)
+            _inside_roots(spec, where, path, model_roots)
             return ResolvedWeights(
                 path=path,
                 ctx_size=source.ctx_size,
@@ -75,8 +78,9 @@ def resolve_weights(
     if repo_id is not None:
         snapshot, cache_root = _hf_snapshot(repo_id, hf_cache_dir)
         if snapshot is not None:
-            path = _inside_roots(spec, f"Hugging Face cache {repo_id}", snapshot, [cache_root])
-            path = _weights_for_flavor(spec, path, f"Hugging Face cache {repo_id}")
+            where = f"Hugging Face cache {repo_id}"
+            path = _weights_for_flavor(spec, snapshot, where)
+            _inside_roots(spec, where, path, [cache_root])
             return ResolvedWeights(path=path, size_bytes=_size_on_disk(path))
         cache_note = f"repo {repo_id} is not in the Hugging Face cache at {cache_root}"
     looked = ", ".join(repr(k) for k in keys)
@@ -87,8 +91,33 @@ def resolve_weights(
     )
 
 
+def resolve_for_fleet(
+    spec: InferenceSpec,
+    fleet: Fleet,
+    *,
+    repo: str | None = None,
+    hf_cache_dir: Path | None = None,
+) -> ResolvedWeights | None:
+    """``resolve_weights`` with the fleet's ``models`` and ``model_roots``.
+
+    Raises:
+        WeightsError: as ``resolve_weights``.
+    """
+    return resolve_weights(
+        spec,
+        models=fleet.models,
+        model_roots=fleet.model_roots,
+        repo=repo,
+        hf_cache_dir=hf_cache_dir,
+    )
+
+
 def _inside_roots(spec: InferenceSpec, key: str, path: Path, roots: Sequence[Path]) -> Path:
-    """``path`` with symlinks resolved, if it exists and lies inside one of ``roots``."""
+    """``path`` with symlinks resolved, if it exists and lies inside one of ``roots``.
+
+    Callers serve the unresolved path: a Hugging Face snapshot's ``x.gguf`` is a
+    symlink to a blob without the suffix the server and adapter look at.
+    """
     try:
         real = path.resolve(strict=True)
     except (OSError, RuntimeError):
@@ -122,9 +151,9 @@ def _weights_for_flavor(spec: InferenceSpec, path: Path, where: str) -> Path:
             wanted = spec.model.rsplit("/", 1)[-1].lower()
             named = [p for p in candidates if wanted in p.name.lower()]
             if len(named) == 1:
-                return named[0].resolve()
+                return named[0]
         if len(candidates) == 1:
-            return candidates[0].resolve()
+            return candidates[0]
         if not candidates:
             raise WeightsError(f"role {spec.role}: {where}: no .gguf file in {path}")
         names = ", ".join(p.name for p in candidates[:8])
