@@ -761,7 +761,13 @@ class NodeScheduler:
         st.last_used = now
         st.waiting_reason = None
         if self._metrics is not None:
-            label = "warm-up" if all(w.no_evict for w in st.live_waiters()) else "request"
+            waiting = st.live_waiters()
+            if any(w.take_slot for w in waiting):
+                label = "request"
+            elif any(w.no_evict for w in waiting):
+                label = "warm-up"
+            else:
+                label = "load"
             self._metrics.loads.labels(node=self.name, role=role, cause=label).inc()
             self._metrics.load_duration.labels(node=self.name, role=role).observe(took)
         self._emit("loaded", role, cause, duration_s=took)

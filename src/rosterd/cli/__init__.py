@@ -23,6 +23,7 @@ def _register() -> None:
     from rosterd.cli import (
         plan_cmd,  # noqa: F401
         roster_cmd,  # noqa: F401
+        serve_cmd,  # noqa: F401
     )
 
 
