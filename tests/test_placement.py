@@ -105,12 +105,21 @@ def test_every_interactive_role_before_more_roles() -> None:
 
 
 def test_as_many_roles_as_possible() -> None:
-    # Spreading by size puts a 3 on each node and strands one 2; 3+3 | 2+2+2 fits all.
-    specs = [spec(f"v{i}", gb, interactive=True) for i, gb in enumerate([3, 3, 2, 2, 2])]
-    nodes = fleet(node("a", 6), node("b", 6))
-    assert len(greedy_plan(specs, nodes).placements) == 4
+    # Greedy puts an interactive 3 on the small node and strands the batch 5; the plan
+    # keeps all three interactive roles on the big node and the batch 5 on the small one.
+    specs = [
+        spec("v1", 3, interactive=True),
+        spec("v2", 3, interactive=True),
+        spec("v3", 3, interactive=True),
+        spec("b8", 8),
+        spec("b5", 5),
+    ]
+    nodes = fleet(node("big", 10), node("small", 5))
+    assert len(greedy_plan(specs, nodes).placements) == 3
     result = plan(specs, nodes)
-    assert len(result.placements) == 5, result
+    assert len(result.placements) == 4, result
+    assert result.placements["b5"] == "small"
+    assert "b8" in unplaced(result)
 
 
 def test_interactive_roles_that_exclude_each_other_never_share_a_node() -> None:

@@ -232,7 +232,7 @@ def plan(
     ``Plan.unplaced`` with its reason.
     """
     problem = _Problem(specs, fleet, previous)
-    greedy = _fill(problem, _greedy(problem))
+    greedy = _greedy(problem)
     greedy_score = _score(problem, greedy)
     if not problem.eligible:
         return _build(problem, greedy, "trivial")
@@ -254,7 +254,7 @@ def greedy_plan(specs: Sequence[InferenceSpec], fleet: Fleet, previous: Plan | N
     the most resident bytes. For benchmarks and tests; :func:`plan` uses it as a
     hint and fallback."""
     problem = _Problem(specs, fleet, previous)
-    return _build(problem, _fill(problem, _greedy(problem)), "greedy")
+    return _build(problem, _greedy(problem), "greedy")
 
 
 def score(
@@ -306,39 +306,67 @@ def _no_flavor_reason(s: InferenceSpec, nodes: Iterable[Node]) -> str:
     return f"no node runs flavor {s.flavor.value} (nodes run: {runs})"
 
 
-def _greedy_order(problem: _Problem) -> list[InferenceSpec]:
+def _greedy_order(problem: _Problem, *, by_class: bool = True) -> list[InferenceSpec]:
+    """Sticky roles with a previous node first, then (``by_class``) interactive before
+    batch, then biggest first, then role id."""
     placeable = [problem.spec[r] for r in problem.eligible]
     return sorted(
         placeable,
         key=lambda s: (
-            0 if s.interactive else 1,
             0 if s.role in problem.previous else 1,
+            0 if s.interactive or not by_class else 1,
             -s.memory.resident_bytes,
+            0 if s.interactive else 1,
             s.role,
         ),
     )
 
 
+#: Greedy variants tried: (interactive roles first?, pack nodes tightly rather than spread).
+_GREEDY_VARIANTS = ((True, False), (True, True), (False, False), (False, True))
+
+
 def _greedy(problem: _Problem) -> dict[str, int]:
+    """The best (by the plan objective) of a few greedy variants; first wins ties."""
+    best: dict[str, int] = {}
+    best_key: tuple[int, ...] | None = None
+    for by_class, pack in _GREEDY_VARIANTS:
+        candidate = _fill(problem, _greedy_variant(problem, by_class=by_class, pack=pack))
+        key = _score(problem, candidate).key()
+        if best_key is None or key > best_key:
+            best, best_key = candidate, key
+    return best
+
+
+def _greedy_variant(problem: _Problem, *, by_class: bool, pack: bool) -> dict[str, int]:
+    """One greedy pass: each role in turn on its previous node (sticky) if it fits, else
+    on the node that leaves the most headroom (spread) or the least (pack); batch roles
+    first where they add the most resident bytes (spread) or raise the node's largest
+    batch role the least (pack)."""
     loads = [_NodeLoad(n) for n in problem.nodes]
     assignment: dict[str, int] = {}
-    for s in _greedy_order(problem):
+    sign = -1 if pack else 1
+    for s in _greedy_order(problem, by_class=by_class):
         options = [
             i for i in problem.eligible[s.role] if loads[i].fits(s) and not loads[i].excluded_by(s)
         ]
         if not options:
             continue
+        need = s.memory.resident_bytes
         prev = problem.previous.get(s.role)
         if prev is not None and prev in options:
             choice = prev
         elif s.interactive:
-            need = s.memory.resident_bytes
             choice = max(
                 options,
-                key=lambda i: ((loads[i].headroom() - need) / loads[i].capacity, -i),
+                key=lambda i: (sign * (loads[i].headroom() - need) / loads[i].capacity, -i),
+            )
+        elif pack:
+            choice = min(
+                options,
+                key=lambda i: (max(0, need - loads[i].batch_max), loads[i].headroom(), i),
             )
         else:
-            need = s.memory.resident_bytes
 
             def gain(i: int, need: int = need) -> tuple[int, float, int]:
                 load = loads[i]
