@@ -324,7 +324,7 @@ class DocumentReader:
                 if node.tag == TAG_NULL:
                     if parse_null(node.value):
                         return None
-                    raise ReadError(item, _found(node), "null")
+                    raise ReadError(item, _found(node), expected, "a value tagged !!null is null")
             elif node.value == "" or parse_null(node.value):
                 return None
         if isinstance(node, Scalar) and (
