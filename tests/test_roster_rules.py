@@ -51,7 +51,7 @@ def base(**override: str) -> str:
     return entry(**fields)
 
 
-def one(text: str, overlay: RosterOverlay | None = None) -> ImportedRoster:
+def one(text: str | bytes, overlay: RosterOverlay | None = None) -> ImportedRoster:
     return import_roster(text, overlay, file="roster.yaml")
 
 
