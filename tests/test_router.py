@@ -1,0 +1,214 @@
+"""The router's HTTP contract, served by uvicorn on 127.0.0.1, without a model.
+
+Backends here are stand-ins (a load that sleeps, a load that fails, an
+endpoint nobody listens on), because these tests are about what clients see
+before and around the backend: OpenAI-shaped errors with the right status and
+``Retry-After``, API keys, body limits, ``/v1/models``, ``/status``,
+``/metrics``. Real llama-server backends are exercised in ``test_up_*.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from rosterd.metrics import RosterdMetrics
+from rosterd.router import RoleRoute, RouterConfig, create_app
+from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler, SchedulerLimits
+from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+
+MIB = 2**20
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class StandInBackends:
+    """``slow`` loads take ``load_s``; ``broken`` fails to load; others point at a dead port."""
+
+    def __init__(self, load_s: float = 0.0) -> None:
+        self.load_s = load_s
+        self.dead_port = _free_port()
+
+    async def start(self, role: str) -> Endpoint:
+        await asyncio.sleep(self.load_s if role == "slow" else 0.0)
+        if role == "broken":
+            raise RuntimeError("llama-server exited with code 1: invalid model file")
+        return Endpoint(f"http://127.0.0.1:{self.dead_port}", role)
+
+    async def stop(self, role: str) -> None:
+        return None
+
+
+@dataclass
+class Running:
+    url: str
+    metrics: RosterdMetrics
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    *,
+    limits: SchedulerLimits,
+    config: RouterConfig | None = None,
+    load_s: float = 0.0,
+) -> AsyncIterator[Running]:
+    roles = ["dead", "slow", "broken"]
+    specs = {
+        r: InferenceSpec(
+            role=r, flavor=InferFlavor.LLAMACPP, model=f"{r}-model", memory=MemorySpec(MIB)
+        )
+        for r in roles
+    }
+    metrics = RosterdMetrics()
+    node = NodeScheduler(
+        "n1", 100 * MIB, specs, StandInBackends(load_s), limits=limits, metrics=metrics
+    )
+    scheduler = Scheduler({"n1": node})
+    routes = {r: RoleRoute(r, names=(f"{r}-model", f"{r}-alias")) for r in roles}
+    app = create_app(scheduler, routes, config=config, metrics=metrics)
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    async with httpx.AsyncClient() as probe:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await probe.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                    break
+            await asyncio.sleep(0.02)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", metrics)
+    finally:
+        server.should_exit = True
+        await task
+        await scheduler.shutdown()
+
+
+LIMITS = SchedulerLimits(max_queue=1, queue_timeout_s=5.0, tick_s=0.02)
+
+
+def chat(model: str) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"}
+    assert error["code"] == code
+    assert isinstance(error["message"], str)
+    return str(error["message"])
+
+
+async def test_unknown_model_is_404_naming_the_known_ones() -> None:
+    async with serve(limits=LIMITS) as up, httpx.AsyncClient() as client:
+        r = await client.post(f"{up.url}/v1/chat/completions", json=chat("gpt-9"))
+        message = assert_openai_error(r, 404, "model_not_found")
+        assert "gpt-9" in message
+        assert "dead, slow" in message.replace("broken, ", "")
+
+
+async def test_bad_bodies_get_400_and_413() -> None:
+    config = RouterConfig(max_body_bytes=1000)
+    async with serve(limits=LIMITS, config=config) as up, httpx.AsyncClient() as client:
+        url = f"{up.url}/v1/chat/completions"
+        assert_openai_error(await client.post(url, content=b"{not json"), 400, "invalid_json")
+        assert_openai_error(await client.post(url, json={"messages": []}), 400, "model_missing")
+        big = {"model": "dead", "prompt": "x" * 5000}
+        assert_openai_error(await client.post(url, json=big), 413, "body_too_large")
+
+        async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as read
+            for _ in range(10):
+                yield b" " * 500
+
+        r = await client.post(url, content=chunked())
+        assert_openai_error(r, 413, "body_too_large")
+
+
+async def test_api_keys_are_required_everywhere_but_health() -> None:
+    config = RouterConfig(api_keys=("k-one", "k-two"))
+    async with serve(limits=LIMITS, config=config) as up, httpx.AsyncClient() as client:
+        assert (await client.get(f"{up.url}/health")).status_code == 200
+        for path in ("/v1/models", "/status", "/metrics", "/rosterd/ps"):
+            r = await client.get(f"{up.url}{path}")
+            assert_openai_error(r, 401, "invalid_api_key")
+        wrong = {"Authorization": "Bearer k-three"}
+        r = await client.get(f"{up.url}/v1/models", headers=wrong)
+        assert "invalid" in assert_openai_error(r, 401, "invalid_api_key")
+        for key in ("k-one", "k-two"):
+            ok = await client.get(f"{up.url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert ok.status_code == 200
+
+
+async def test_models_lists_roles_with_their_other_names() -> None:
+    async with serve(limits=LIMITS) as up, httpx.AsyncClient() as client:
+        data = (await client.get(f"{up.url}/v1/models")).json()
+        assert data["object"] == "list"
+        by_id = {m["id"]: m for m in data["data"]}
+        assert sorted(by_id) == ["broken", "dead", "slow"]
+        assert by_id["slow"]["aliases"] == ["slow-alias", "slow-model"]
+
+
+async def test_full_queue_is_429_and_a_long_wait_is_503_both_with_retry_after() -> None:
+    limits = SchedulerLimits(max_queue=1, queue_timeout_s=0.5, tick_s=0.02)
+    async with serve(limits=limits, load_s=3.0) as up, httpx.AsyncClient(timeout=10) as client:
+        url = f"{up.url}/v1/chat/completions"
+        first = asyncio.create_task(client.post(url, json=chat("slow")))
+        await asyncio.sleep(0.2)  # the first waits for the 3 s load and fills the queue
+        second = await client.post(url, json=chat("slow-alias"))
+        assert_openai_error(second, 429, "queue_full")
+        assert int(second.headers["retry-after"]) >= 1
+        r = await first
+        assert_openai_error(r, 503, "queue_timeout")
+        assert int(r.headers["retry-after"]) >= 1
+
+
+async def test_backend_failures_are_502() -> None:
+    async with serve(limits=LIMITS) as up, httpx.AsyncClient(timeout=10) as client:
+        url = f"{up.url}/v1/chat/completions"
+        r = await client.post(url, json=chat("broken"))
+        assert "invalid model file" in assert_openai_error(r, 502, "backend_load_failed")
+        r = await client.post(url, json=chat("dead-model"))
+        assert "dead" in assert_openai_error(r, 502, "backend_error")
+
+
+async def test_status_and_metrics_report_what_happened() -> None:
+    async with serve(limits=LIMITS) as up, httpx.AsyncClient(timeout=10) as client:
+        await client.post(f"{up.url}/v1/chat/completions", json=chat("dead"))
+        status = (await client.get(f"{up.url}/status")).json()
+        node = status["nodes"]["n1"]
+        assert node["capacity_bytes"] == 100 * MIB
+        assert node["resident"] == ["dead"]
+        assert node["roles"]["dead"]["phase"] == "ready"
+        text = (await client.get(f"{up.url}/metrics")).text
+        assert 'rosterd_requests_total{code="502",endpoint="chat",role="dead"} 1.0' in text
+        assert 'rosterd_loads_total{cause="request",node="n1",role="dead"} 1.0' in text
+        assert 'rosterd_resident_bytes{node="n1"}' in text
+        events = (await client.get(f"{up.url}/rosterd/events")).json()["events"]
+        assert [e["kind"] for e in events] == ["loading", "loaded"]
+
+
+async def test_admin_load_and_unload() -> None:
+    async with serve(limits=LIMITS) as up, httpx.AsyncClient(timeout=10) as client:
+        r = await client.post(f"{up.url}/rosterd/load/slow-model")
+        assert r.status_code == 200
+        assert r.json()["role"] == "slow"
+        ps = (await client.get(f"{up.url}/rosterd/ps")).json()
+        assert ps["nodes"]["n1"]["resident"] == ["slow"]
+        r = await client.post(f"{up.url}/rosterd/unload/slow")
+        assert r.status_code == 200
+        ps = (await client.get(f"{up.url}/rosterd/ps")).json()
+        assert ps["nodes"]["n1"]["resident"] == []
+        r = await client.post(f"{up.url}/rosterd/load/nope")
+        assert_openai_error(r, 404, "model_not_found")
