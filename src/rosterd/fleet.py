@@ -78,7 +78,8 @@ class Node:
     platform: Platform
     flavors: frozenset[InferFlavor]
     address: str = "127.0.0.1"
-    labels: Mapping[str, str] = field(default_factory=dict)
+    # Mappings are left out of the hash (a dict is unhashable); equality still compares them.
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def capacity_bytes(self) -> int:
@@ -110,7 +111,7 @@ class Fleet:
     """
 
     nodes: tuple[Node, ...]
-    models: Mapping[str, ModelSource] = field(default_factory=dict)
+    models: Mapping[str, ModelSource] = field(default_factory=dict, hash=False)
     model_roots: tuple[Path, ...] = ()
 
     def node(self, name: str) -> Node:

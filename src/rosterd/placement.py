@@ -47,7 +47,7 @@ role ids: the first spec is placed, the others are reported as unplaced.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -85,9 +85,9 @@ class Plan:
     nothing better in time), ``trivial`` (nothing could be placed anywhere).
     """
 
-    placements: Mapping[str, str]
+    placements: Mapping[str, str] = field(hash=False)
     unplaced: tuple[tuple[str, str], ...]
-    nodes: Mapping[str, NodePlan]
+    nodes: Mapping[str, NodePlan] = field(hash=False)
     solver: str
 
 
@@ -471,16 +471,18 @@ def _solve(
             free_i = (cap[i] - hinted_inter - hinted_resident) * _PERMILLE // cap[i]
             hint_free = min(hint_free, max(free_i, 0))
     total_cap = max(sum(cap), 1)
-    unit = max(1, -(-total_cap // _MAX_RESIDENT_UNITS))
+    n_roles = len(problem.eligible)
+    # Count level 4 coarsely enough that the weighted objective stays inside int64.
+    w4 = _PERMILLE + 1
+    budget = (1 << 62) // (w4 * (len(problem.previous) + 1) * (n_roles + 1) * (n_roles + 1))
+    unit = max(1, -(-total_cap // max(1, min(_MAX_RESIDENT_UNITS, budget - 1))))
     resident_units = model.new_int_var(0, total_cap // unit, "resident_units")
     model.add(resident_units * unit <= sum(resident_terms))
     model.add_hint(resident_units, min(hint_resident_total // unit, total_cap // unit))
     model.add_hint(free_share, hint_free)
-    n_roles = len(problem.eligible)
     placed = sum(x.values())
     interactive_placed = sum(v for (r, _), v in x.items() if problem.spec[r].interactive)
     kept = sum(x[r, i] for r, i in problem.previous.items() if (r, i) in x)
-    w4 = _PERMILLE + 1
     w3 = w4 * (total_cap // unit + 1)
     w2 = w3 * (len(problem.previous) + 1)
     w1 = w2 * (n_roles + 1)
