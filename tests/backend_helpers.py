@@ -93,8 +93,13 @@ asyncio.run(main())
 """
 
 
-async def run_rosterd_child(state: Path, launch: Launch, timeout_s: float) -> tuple[int, int]:
-    """Start a separate rosterd process that starts ``launch``; return (its pid, backend pid)."""
+async def run_rosterd_child(
+    state: Path, launch: Launch, timeout_s: float
+) -> tuple[asyncio.subprocess.Process, int]:
+    """Start a separate rosterd process that starts ``launch``; return it and the backend's pid.
+
+    Kill it with ``kill_rosterd_child`` (SIGKILL, then reap it and close its pipe).
+    """
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -105,5 +110,18 @@ async def run_rosterd_child(state: Path, launch: Launch, timeout_s: float) -> tu
         stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdout is not None
-    line = await asyncio.wait_for(child.stdout.readline(), timeout_s)
-    return child.pid, int(json.loads(line)["pid"])
+    try:
+        line = await asyncio.wait_for(child.stdout.readline(), timeout_s)
+        return child, int(json.loads(line)["pid"])
+    except BaseException:
+        await kill_rosterd_child(child)
+        raise
+
+
+async def kill_rosterd_child(child: asyncio.subprocess.Process) -> None:
+    """``kill -9`` the rosterd child, reap it and drain its stdout."""
+    if child.returncode is None:
+        child.kill()
+    if child.stdout is not None:
+        await child.stdout.read()
+    await child.wait()

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import gone, port_is_free, run_rosterd_child, wait_gone
+from backend_helpers import gone, kill_rosterd_child, port_is_free, run_rosterd_child, wait_gone
 from rosterd.adapters.base import ResolvedWeights
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -139,9 +139,9 @@ async def test_no_llama_server_survives_kill_9_of_rosterd(
         host="127.0.0.1",
         port=free_port,
     )
-    rosterd_pid, server_pid = await run_rosterd_child(tmp_path / "state", launch, 60)
+    rosterd, server_pid = await run_rosterd_child(tmp_path / "state", launch, 60)
     assert not gone(server_pid)
-    os.kill(rosterd_pid, signal.SIGKILL)
+    await kill_rosterd_child(rosterd)
     assert await wait_gone(server_pid, 10), "llama-server outlived the rosterd that started it"
     assert port_is_free(free_port)
 

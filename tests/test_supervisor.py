@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import gone, port_is_free, run_rosterd_child, wait_gone
+from backend_helpers import gone, kill_rosterd_child, port_is_free, run_rosterd_child, wait_gone
 from rosterd.adapters.base import Launch, one_token_completion
 from rosterd.supervisor import (
     BackendEvent,
@@ -269,9 +269,9 @@ async def test_no_backend_survives_kill_9_of_rosterd(
     tmp_path: Path, free_port: int, make_fake_launch: FakeLaunch
 ) -> None:
     state = tmp_path / "state"
-    rosterd_pid, backend_pid = await run_rosterd_child(state, make_fake_launch(free_port), 30)
+    rosterd, backend_pid = await run_rosterd_child(state, make_fake_launch(free_port), 30)
     assert not gone(backend_pid)
-    os.kill(rosterd_pid, signal.SIGKILL)
+    await kill_rosterd_child(rosterd)
     assert await wait_gone(backend_pid), "the backend outlived the rosterd that started it"
     # The next run finds the record, sees its process is gone, and cleans it up.
     assert (state / "run" / "orphan.json").is_file()
