@@ -172,13 +172,16 @@ async def test_real_gemma_writes_real_text(
     sup = Supervisor(tmp_path / "state")
     try:
         backend = await sup.start("chat-small", launch)
-        rss = psutil.Process(backend.pid).memory_info().rss
+        rss = sup.measured_bytes("chat-small")
+        assert rss is not None
+        assert rss > 0
         text = await complete(
             backend.base_url, "gemma-3-270m", "The capital of France is", max_tokens=8
         )
         print(f"gemma-3-270m: {text!r}; server RSS {rss / 2**20:.0f} MiB")
         assert any(word.isalpha() for word in text.split()), text
         await sup.stop("chat-small")
+        assert sup.measured_bytes("chat-small") is None
         assert gone(backend.pid)
         assert port_is_free(free_port)
     finally:

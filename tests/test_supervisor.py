@@ -277,3 +277,16 @@ async def test_no_backend_survives_kill_9_of_rosterd(
     assert (state / "run" / "orphan.json").is_file()
     assert await Supervisor(state).reap_leftovers() == []
     assert not (state / "run" / "orphan.json").exists()
+
+
+async def test_stop_while_starting_ends_the_start(
+    supervisor: Supervisor, free_port: int, make_fake_launch: FakeLaunch
+) -> None:
+    starting = asyncio.create_task(supervisor.start("late", make_fake_launch(free_port, load_s=30)))
+    await asyncio.sleep(0.5)
+    await supervisor.stop("late")
+    with pytest.raises(BackendStartError, match="was stopped before it was ready") as info:
+        await starting
+    assert gone(info.value.pid)
+    assert supervisor.backend("late") is None
+    assert port_is_free(free_port)

@@ -358,6 +358,27 @@ class Supervisor:
             restarts=m.restarts,
         )
 
+    def measured_bytes(self, name: str) -> int | None:
+        """Resident memory (RSS, bytes) of backend ``name`` and its children, as measured now.
+
+        ``None`` when it is not supervised or has no running process. Pages of
+        memory-mapped weights count once they have been touched, so this is the
+        figure to report next to a role's estimate.
+        """
+        m = self._managed.get(name)
+        if m is None or m.proc is None or m.proc.returncode is not None:
+            return None
+        try:
+            root = psutil.Process(m.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return None
+        total = 0
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                total += proc.memory_info().rss
+        return total
+
     def names(self) -> tuple[str, ...]:
         """The supervised backends' names, sorted."""
         return tuple(sorted(self._managed))
@@ -545,8 +566,9 @@ class Supervisor:
                         with contextlib.suppress(asyncio.CancelledError):
                             await probing
                         code = exited.result()
+                        why = "was stopped" if m.stopping else f"exited with code {code}"
                         raise BackendStartError(
-                            f"backend {m.name} exited with code {code} before it was ready",
+                            f"backend {m.name} {why} before it was ready",
                             name=m.name,
                             pid=proc.pid,
                             exit_code=code,
