@@ -1,0 +1,159 @@
+"""``rosterd up`` under memory pressure and exclusions, with real llama-server backends.
+
+Two tiny-GGUF roles on a node whose budget fits only one of them (and, in the
+second test, two roles that exclude each other): concurrent requests to both
+all complete, whole, through the official ``openai`` client; the scheduler's
+event log (``/rosterd/events``, one entry per step with the resident set after
+it) shows that swaps never overlapped and that the resident set never exceeded
+the budget nor held both excluded roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
+
+from test_up_support import (
+    MODELS,
+    Up,
+    all_gone,
+    llama_entry,
+    prepare_example_models,
+    start_up,
+    write_roster,
+)
+
+pytestmark = pytest.mark.slow
+
+GIB = 2**30
+
+
+def write_fleet(path: Path, memory_gb: float, reserved_gb: float) -> Path:
+    fleet = {
+        "nodes": [
+            {
+                "name": "box",
+                "memory_gb": memory_gb,
+                "reserved_gb": reserved_gb,
+                "platform": "linux-x86_64",
+                "flavors": ["llamacpp"],
+                "address": "127.0.0.1",
+            }
+        ],
+        "models": {
+            "tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 2},
+            "tiny-b": {"path": str(MODELS / "tiny-b.gguf"), "ctx_size": 256, "parallel": 2},
+        },
+        "model_roots": [str(MODELS)],
+    }
+    path.write_text(json.dumps(fleet))
+    return path
+
+
+async def ask(client: AsyncOpenAI, model: str, stream: bool) -> str:
+    """One chat request; returns how it finished (raises if it errors or is cut off)."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": f"hello {model}"}]
+    if not stream:
+        done = await client.chat.completions.create(
+            model=model, messages=messages, max_tokens=8, temperature=0.0
+        )
+        assert done.usage is not None
+        assert done.usage.completion_tokens > 0
+        return str(done.choices[0].finish_reason)
+    chunks = await client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0.0, stream=True
+    )
+    finish: str | None = None
+    async for chunk in chunks:
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish is not None, "stream ended without a finish_reason (cut off)"
+    return finish
+
+
+async def hammer(up: Up, models: list[str], per_model: int) -> list[str]:
+    client = AsyncOpenAI(base_url=up.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    jobs = [ask(client, model, stream=i % 2 == 1) for i in range(per_model) for model in models]
+    try:
+        return list(await asyncio.gather(*jobs))
+    finally:
+        await client.close()
+
+
+def check_events(up: Up, capacity: int, never_together: set[str]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = up.get("/rosterd/events")["events"]
+    open_steps: set[str] = set()
+    for event in events:
+        resident = set(event["resident"])
+        assert event["resident_bytes"] <= capacity, event
+        assert not never_together <= resident, event
+        kind, role = event["kind"], str(event["role"])
+        if kind in ("loading", "stopping"):
+            assert not open_steps, f"{kind} {role} overlaps {open_steps}"
+            open_steps.add(role)
+        elif kind in ("loaded", "load_failed", "stopped"):
+            open_steps.discard(role)
+    return events
+
+
+def test_budget_for_one_of_two_roles(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    prepare_example_models()
+    roster = write_roster(
+        tmp_path / "roster.yaml",
+        [llama_entry("x", "tiny-a", 0.1, 18501), llama_entry("y", "tiny-b", 0.1, 18502)],
+    )
+    fleet = write_fleet(tmp_path / "fleet.yaml", memory_gb=0.65, reserved_gb=0.5)
+    up = start_up(
+        [str(roster), "--fleet", str(fleet), "--min-residency", "0", "--max-concurrency", "2"],
+        tmp_path,
+        free_port,
+    )
+    try:
+        finishes = asyncio.run(hammer(up, ["x", "y"], per_model=6))
+        assert len(finishes) == 12
+        assert set(finishes) <= {"length", "stop"}
+        capacity = int(0.15 * GIB)
+        events = check_events(up, capacity, {"x", "y"})
+        loads = [e["role"] for e in events if e["kind"] == "loaded"]
+        assert {"x", "y"} <= set(loads)
+        assert any(e["kind"] == "stopped" for e in events), "no swap happened"
+        pids = up.backend_pids()
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    assert all_gone(pids) == set()
+
+
+def test_excluded_roles_are_never_resident_together(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    prepare_example_models()
+    roster = write_roster(
+        tmp_path / "roster.yaml",
+        [llama_entry("a", "tiny-a", 0.1, 18511), llama_entry("b", "tiny-b", 0.1, 18512)],
+    )
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("excludes:\n  a: [b]\nsticky:\n  a: false\n  b: false\n")
+    fleet = write_fleet(tmp_path / "fleet.yaml", memory_gb=4, reserved_gb=1)
+    up = start_up(
+        [str(roster), "--overlay", str(overlay), "--fleet", str(fleet), "--min-residency", "0"],
+        tmp_path,
+        free_port,
+    )
+    try:
+        finishes = asyncio.run(hammer(up, ["a", "b"], per_model=4))
+        assert len(finishes) == 8
+        check_events(up, 3 * GIB, {"a", "b"})
+        pids = up.backend_pids()
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    assert all_gone(pids) == set()

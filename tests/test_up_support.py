@@ -1,0 +1,159 @@
+"""Helpers for the ``rosterd up`` tests: run it as a user does (a subprocess), talk to it over
+real HTTP, stop it with a signal and check that no backend is left. No tests here."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+MODELS = EXAMPLES / "models"
+GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
+
+
+def prepare_example_models() -> None:
+    """Run ``scripts/prepare-example`` (idempotent: fast when the files exist)."""
+    subprocess.run(["bash", str(ROOT / "scripts" / "prepare-example")], check=True, timeout=300)
+
+
+def rosterd_argv() -> list[str]:
+    """The ``rosterd`` command of this environment (the console script beside the interpreter)."""
+    script = Path(sys.executable).with_name("rosterd")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from rosterd.cli import main; main()"]
+
+
+@dataclass
+class Up:
+    """A running ``rosterd up``: its process, URL and output file."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        r = httpx.get(self.url + path, timeout=30, trust_env=False, **kwargs)
+        r.raise_for_status()
+        return r.json()
+
+    def backend_pids(self) -> set[int]:
+        """Pids of the backends it runs now (from ``/status``) plus its child processes."""
+        status = self.get("/status")
+        pids = {
+            info["pid"]
+            for node in status["nodes"].values()
+            for info in node["roles"].values()
+            if info["pid"] is not None
+        }
+        with_children = set(pids)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            with_children |= {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        return with_children
+
+    def stop(self, sig: signal.Signals = signal.SIGINT, timeout_s: float = 60.0) -> int:
+        """Send ``sig`` and wait for the exit status."""
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout_s)
+
+
+def start_up(args: list[str], tmp: Path, port: int, *, ready_timeout_s: float = 60.0) -> Up:
+    """Start ``rosterd up ARGS --port PORT`` with its state in ``tmp``; wait for ``/health``."""
+    log = tmp / "up.log"
+    env = dict(os.environ, NO_COLOR="1", COLUMNS="200")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                *rosterd_argv(),
+                "up",
+                *args,
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp / "state"),
+                "--auto-backend-ports",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    up = Up(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"rosterd up exited with {proc.returncode}:\n{up.output()}")
+        try:
+            if httpx.get(up.url + "/health", timeout=1, trust_env=False).status_code == 200:
+                return up
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"rosterd up did not answer /health:\n{up.output()}")
+
+
+def wait_resident(up: Up, roles: set[str], timeout_s: float = 60.0) -> None:
+    """Wait until every role in ``roles`` is ready (the warm-up loads)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = up.get("/status")
+        ready = {
+            role
+            for node in status["nodes"].values()
+            for role, info in node["roles"].items()
+            if info["phase"] == "ready"
+        }
+        if roles <= ready:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{roles} not resident: {json.dumps(up.get('/status'))}")
+
+
+def all_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:
+    """The pids among ``pids`` still running after ``timeout_s`` (zombies count as gone)."""
+    deadline = time.monotonic() + timeout_s
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        for pid in list(alive):
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    alive.discard(pid)
+            except psutil.NoSuchProcess:
+                alive.discard(pid)
+        time.sleep(0.05)
+    return alive
+
+
+def write_roster(path: Path, entries: list[dict[str, object]]) -> Path:
+    """A roster file with ``entries`` (JSON is valid YAML)."""
+    path.write_text(json.dumps({"roster": entries}, indent=1))
+    return path
+
+
+def llama_entry(role: str, name: str, ram_gb: float, port: int) -> dict[str, object]:
+    """A llama.cpp roster entry."""
+    return {
+        "id": role,
+        "role": "test",
+        "name": name,
+        "repo": f"local/{name}",
+        "ram_gb": ram_gb,
+        "backend": "llama.cpp",
+        "port": port,
+        "status": "live",
+    }
