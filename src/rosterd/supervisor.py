@@ -248,7 +248,8 @@ def port_holder(host: str, port: int) -> str | None:
     for conn in conns:
         if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
             continue
-        if conn.laddr.ip not in {host, "0.0.0.0", "::", "::1" if host == "localhost" else host}:
+        # A listener on the wildcard address holds the port on every address.
+        if conn.laddr.ip not in {host, f"::ffff:{host}", "0.0.0.0", "::"}:
             continue
         if conn.pid is None:
             return None
