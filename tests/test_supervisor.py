@@ -279,11 +279,12 @@ async def test_no_backend_survives_kill_9_of_rosterd(
     assert not (state / "run" / "orphan.json").exists()
 
 
+@pytest.mark.parametrize("after_s", [0.0, 0.5])  # before the process exists; while it loads
 async def test_stop_while_starting_ends_the_start(
-    supervisor: Supervisor, free_port: int, make_fake_launch: FakeLaunch
+    supervisor: Supervisor, free_port: int, make_fake_launch: FakeLaunch, after_s: float
 ) -> None:
     starting = asyncio.create_task(supervisor.start("late", make_fake_launch(free_port, load_s=30)))
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(after_s)
     await supervisor.stop("late")
     with pytest.raises(BackendStartError, match="was stopped before it was ready") as info:
         await starting

@@ -542,6 +542,15 @@ class Supervisor:
         try:
             async with httpx.AsyncClient() as client:
                 while True:
+                    if m.stopping:  # stop() came before this process existed for it
+                        raise BackendStartError(
+                            f"backend {m.name} was stopped before it was ready",
+                            name=m.name,
+                            pid=proc.pid,
+                            exit_code=proc.returncode,
+                            output_tail=_tail(m.log_path, offset),
+                            log_path=m.log_path,
+                        )
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise BackendNotReadyError(
