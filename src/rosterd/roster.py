@@ -432,7 +432,8 @@ def _read_entry(reader: DocumentReader, item: Item, path: str, warnings: list[st
     if merge_line is not None:
         warnings.append(
             f"{path} (id {rust_debug_str(raw.id)}, line {merge_line}): the merge key `<<` is "
-            "not applied (as in the reference); the entry lacks the fields it would inherit"
+            "not applied (YAML 1.2 has no merge keys); the entry lacks the fields it would "
+            "inherit"
         )
     return raw
 
