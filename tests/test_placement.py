@@ -249,7 +249,7 @@ def brute_force_best(specs: Sequence[InferenceSpec], nodes: Fleet) -> tuple[int,
     return best
 
 
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
@@ -277,3 +277,23 @@ def test_plan_matches_brute_force_and_beats_greedy(
     # more generally it reaches the best (interactive placed, placed).
     assert (got.interactive_placed, got.placed) == best
     assert got.key() >= score(specs, nodes, greedy_plan(specs, nodes)).key()
+
+
+@FAST
+@given(instances())
+def test_replanning_keeps_sticky_roles_where_they_are(
+    instance: tuple[list[InferenceSpec], Fleet],
+) -> None:
+    specs, nodes = instance
+    first = plan(specs, nodes, time_limit_s=5)
+    sticky_placed = [s.role for s in specs if s.sticky and s.role in first.placements]
+    # Same fleet: nothing moves.
+    again = plan(specs, nodes, first, time_limit_s=5)
+    for role in sticky_placed:
+        assert again.placements.get(role) == first.placements[role]
+    # A bigger fleet: keeping everything is still possible, so the plan is at least as
+    # good as that; it moves a sticky role only to place more (interactive) roles.
+    bigger = Fleet(nodes=(*nodes.nodes, node("new", 12), node("mac-new", 12, Platform.MACOS_ARM64)))
+    grown = score(specs, bigger, plan(specs, bigger, first, time_limit_s=5), first)
+    before = score(specs, nodes, first)
+    assert grown.key()[:3] >= (before.interactive_placed, before.placed, len(sticky_placed))

@@ -208,6 +208,24 @@ CASES: list[tuple[str, NodeState, str, type, tuple[str, ...], tuple[str, ...]]] 
         ("in flight",),
     ),
     (
+        "exclusion with a recently loaded lower-precedence role: a batch role waits",
+        state(10, [spec("x", 1, excludes=["y"]), spec("y", 1)], ["y"], recent=["y"]),
+        "x",
+        Wait,
+        ("y",),
+        ("recently",),
+    ),
+    (
+        "exclusion with a recently loaded role: an interactive role evicts it",
+        state(
+            10, [spec("x", 1, interactive=True, excludes=["y"]), spec("y", 1)], ["y"], recent=["y"]
+        ),
+        "x",
+        Load,
+        ("y",),
+        (),
+    ),
+    (
         "batch excluded by a resident interactive role is refused",
         state(10, [spec("v", 1, interactive=True, excludes=["b"]), spec("b", 1)], ["v"]),
         "b",

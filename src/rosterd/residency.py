@@ -15,9 +15,10 @@ Rules, in the order they are checked:
    fixed *precedence* between the two roles, not by the order the requests came
    in: interactive before batch, then sticky before non-sticky, then the smaller
    role id. If R takes precedence, E is evicted (or R waits while E has requests
-   in flight). If E takes precedence, R is refused while E is resident: E stays
-   until it is unloaded (by the operator, or evicted to make room for some other
-   role), and then R may load.
+   in flight, or, for a batch R, while E is in ``recently_loaded``). If E takes
+   precedence, R is refused while E is resident: E stays until it is unloaded (by
+   the operator or the scheduler, or evicted to make room for some other role),
+   and then R may load.
 
    Why precedence rather than "the latest request wins": with X excluding Y,
    last-wins leaves {Y} after requests X, Y and {X} after Y, X, so the resident
@@ -27,7 +28,10 @@ Rules, in the order they are checked:
    X then Y ends {X} (Y refused, naming X), Y then X ends {X} (Y evicted). To
    choose which of a pair wins, set ``latency_class`` or ``sticky`` in the overlay.
    An interactive role that excludes a batch role always wins, as the issue asks
-   (interactive roles are never evicted for batch roles).
+   (interactive roles are never evicted for batch roles). A refusal is the policy's
+   answer for this state only: a scheduler may unload an idle winner to serve a
+   waiting request (``rosterd.scheduler`` does so for batch winners), and then asks
+   again.
 4. **Memory**: the resident bytes after the load never exceed the capacity. If
    memory is short, idle resident roles are evicted in this order: (for an
    interactive R) batch roles before interactive ones, then non-sticky before
@@ -189,17 +193,24 @@ def decide(state: NodeState, role: str) -> Decision:
                 f"{other} takes precedence ({_why_precedence(other_spec, spec)}), so "
                 f"{role} can load only after {other} is unloaded",
             )
-        if busy(other):
+        if busy(other) or (not spec.interactive and other in state.recently_loaded):
             conflict_wait.append(other)
         else:
             conflict_evict.append(other)
     if conflict_wait:
         names = ", ".join(conflict_wait)
+        busy_names = [r for r in conflict_wait if busy(r)]
+        recent_names = [r for r in conflict_wait if not busy(r)]
+        parts = []
+        if busy_names:
+            parts.append(f"{', '.join(busy_names)} {_has(busy_names)} requests in flight")
+        if recent_names:
+            parts.append(f"{', '.join(recent_names)} loaded too recently to evict for a batch role")
         return Wait(
             role,
             tuple(conflict_wait),
-            f"{role} excludes {names}, which {'has' if len(conflict_wait) == 1 else 'have'} "
-            "requests in flight; it loads once they finish",
+            f"{role} and {names} exclude each other; {'; '.join(parts)}; "
+            f"{role} loads once {'it is' if len(conflict_wait) == 1 else 'they are'} evictable",
         )
 
     # 4. Memory.
