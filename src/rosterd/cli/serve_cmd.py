@@ -117,8 +117,10 @@ def print_plan(
             f"{_gib(node.capacity_bytes)} GiB",
             title_justify="left",
         )
-        for column in ("role", "flavor", "model", "GiB", "latency", "sticky", "residency"):
-            table.add_column(column, justify="right" if column == "GiB" else "left")
+        for column in ("role", "flavor", "model", "GiB", "class", "sticky", "residency"):
+            table.add_column(
+                column, justify="right" if column == "GiB" else "left", no_wrap=column != "model"
+            )
         always = set(node_plan.always_resident) if node_plan else set()
         for role in roles:
             s = specs[role]
@@ -506,10 +508,13 @@ def ps_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
             title=f"node {name}: {_gib(node['resident_bytes'])} of "
             f"{_gib(node['capacity_bytes'])} GiB resident",
             title_justify="left",
+            caption="GiB: planned (roster); RSS: measured; idle: since the last request",
+            caption_justify="left",
         )
-        for column in ("role", "state", "latency", "GiB (spec)", "RSS GiB", "busy", "queued"):
-            table.add_column(column, justify="left" if column in ("role", "state") else "right")
-        table.add_column("idle", justify="right")
+        table.add_column("role", no_wrap=True)
+        table.add_column("state", no_wrap=True)
+        for column in ("class", "GiB", "RSS GiB", "busy", "queue", "idle"):
+            table.add_column(column, justify="right", no_wrap=True)
         for role, info in node.get("roles", {}).items():
             rss = info.get("measured_rss_bytes")
             table.add_row(
