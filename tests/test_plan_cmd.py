@@ -152,3 +152,44 @@ def test_console_script_exit_code(files: tuple[Path, Path]) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["placements"]["planner"] == "mac"
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_example_lab_plan() -> None:
+    code, out, _ = run(
+        "plan",
+        str(EXAMPLES / "roster.yaml"),
+        "--overlay",
+        str(EXAMPLES / "overlay.yaml"),
+        "--fleet",
+        str(EXAMPLES / "fleet-lab.yaml"),
+        "--json",
+    )
+    assert code == 0
+    doc = json.loads(out)
+    placements = doc["placements"]
+    # mlx_lm roles only on the Macs; the interactive ones stay resident.
+    for role in ("planner", "coder", "writer", "realtime-assistant"):
+        assert placements[role] in {"studio", "macbook"}
+    always = {r for n in doc["nodes"].values() for r in n["always_resident"]}
+    assert {"voice-lite", "coder", "realtime-assistant"} <= always
+    # The 205 GiB coder cannot fit any Mac's capacity: reported with the numbers.
+    [[role, reason]] = doc["unplaced"]
+    assert role == "coder-large"
+    assert "205.00 GiB" in reason
+    assert "176.00 GiB" in reason
+    assert doc["nodes"]["studio"]["capacity_bytes"] == 176 * GB
+
+
+def test_roster_text_is_shown_literally_not_as_markup(tmp_path: Path) -> None:
+    roster = tmp_path / "roster.yaml"
+    roster.write_text(
+        "roster:\n  - {id: odd, name: '[bold]x[/bold]', ram_gb: 1, backend: ollama, port: 9000}\n"
+    )
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    code, out, _ = run("plan", str(roster), "--fleet", str(fleet))
+    assert code == 0
+    assert "[bold]x[/bold]" in out

@@ -68,13 +68,16 @@ def memory_bar(used: int, capacity: int, width: int = _BAR_WIDTH) -> Text:
 
 def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster) -> None:
     specs: dict[str, InferenceSpec] = {}
+    names: dict[str, str] = {}  # the roster's display name (spec.model drops some, e.g. a:b)
     for imported in roster.specs:
         specs.setdefault(imported.spec.role, imported.spec)
+        names.setdefault(imported.spec.role, imported.name)
     console.print(
-        f"[bold]{len(roster.specs)}[/] roles imported "
-        f"({len(roster.skipped)} roster entries skipped; see `rosterd roster import`), "
-        f"[bold]{len(fleet.nodes)}[/] node(s); planner: {result.solver}"
+        f"[bold]{len(roster.specs)}[/] roles imported, {len(roster.skipped)} roster entries "
+        "skipped (see `rosterd roster import`)"
     )
+    console.print(f"[bold]{len(fleet.nodes)}[/] node(s); planned by {result.solver}")
+    console.print()
     for node in fleet.nodes:
         node_plan = result.nodes[node.name]
         always = [specs[r] for r in node_plan.always_resident]
@@ -82,7 +85,7 @@ def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster
         interactive_bytes = sum(s.memory.resident_bytes for s in always)
         largest = max((s.memory.resident_bytes for s in swappable), default=0)
         table = Table(
-            title=f"{node.name} ({node.platform.value}, {node.address})",
+            title=Text(f"{node.name} ({node.platform.value}, {node.address})"),
             title_justify="left",
             expand=False,
         )
@@ -91,17 +94,15 @@ def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster
         table.add_column("flavor")
         table.add_column("model")
         table.add_column("GiB", justify="right")
-        for s in always:
+        rows = [(s, "resident always") for s in always] + [(s, "swappable") for s in swappable]
+        for s, residency in rows:
+            # Text(), not markup: roster names are untrusted and may contain [brackets].
             table.add_row(
-                s.role,
-                "resident always",
+                Text(s.role),
+                residency,
                 s.flavor.value,
-                s.model or "",
+                Text(names[s.role]),
                 _gib(s.memory.resident_bytes),
-            )
-        for s in swappable:
-            table.add_row(
-                s.role, "swappable", s.flavor.value, s.model or "", _gib(s.memory.resident_bytes)
             )
         if not always and not swappable:
             table.add_row("[dim](no roles)[/]", "", "", "", "")
@@ -110,9 +111,9 @@ def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster
             Text("peak  ").append(memory_bar(interactive_bytes + largest, node_plan.capacity_bytes))
         )
         console.print(
-            f"[dim]peak = resident always {_gib(interactive_bytes)} GiB + largest swappable "
-            f"{_gib(largest)} GiB; capacity = memory {_gib(node.memory_bytes)} - reserved "
-            f"{_gib(node.reserved_bytes)} GiB[/]"
+            f"[dim]peak = resident always {_gib(interactive_bytes)} + largest swappable "
+            f"{_gib(largest)}; capacity = memory {_gib(node.memory_bytes)} - reserved "
+            f"{_gib(node.reserved_bytes)} (GiB)[/]"
         )
         console.print()
     if result.unplaced:
@@ -120,7 +121,7 @@ def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster
         table.add_column("role")
         table.add_column("reason", overflow="fold")
         for role, reason in result.unplaced:
-            table.add_row(role, reason)
+            table.add_row(Text(role), Text(reason))
         console.print(table)
     else:
         console.print("every role is placed")
@@ -159,4 +160,6 @@ def plan_cmd(
     if as_json:
         typer.echo(json.dumps(plan_to_json(result), indent=2))
         return
+    for warning in imported.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     _render(out, result, nodes, imported)
