@@ -112,8 +112,8 @@ def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster
         )
         console.print(
             f"[dim]peak = resident always {_gib(interactive_bytes)} + largest swappable "
-            f"{_gib(largest)}; capacity = memory {_gib(node.memory_bytes)} - reserved "
-            f"{_gib(node.reserved_bytes)} (GiB)[/]"
+            f"{_gib(largest)} GiB; capacity = {_gib(node.memory_bytes)} - "
+            f"{_gib(node.reserved_bytes)} reserved[/]"
         )
         console.print()
     if result.unplaced:
