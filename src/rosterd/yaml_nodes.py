@@ -139,6 +139,7 @@ class YamlSyntaxError(Exception):
 MAX_NESTING: Final = 10_000
 
 _NEST_LOCK: Final = threading.Lock()
+_UTF8_BOM: Final = b"\xef\xbb\xbf"
 
 
 def _libyaml_nest_setting() -> tuple[Callable[[], int], Callable[[int], None]] | None:
@@ -253,9 +254,18 @@ def load_single_document(data: bytes) -> Document:
             parent.pairs.append((key, item))
             pending_key[-1] = None
 
+    parsed = data
+    if HAVE_LIBYAML and data.startswith(_UTF8_BOM):
+        # The reference sets libyaml's encoding to UTF-8 up front, so a leading
+        # BOM is not consumed as an encoding mark: it reaches the scanner, which
+        # skips it as it skips a BOM at the start of any line, leaving the first
+        # line's content at column 1 (so `\ufeffa: 1` then `b: 2` is two
+        # documents there). PyYAML lets libyaml detect the encoding, which eats
+        # one BOM; giving it one more reproduces the reference exactly.
+        parsed = _UTF8_BOM + data
     with _no_nesting_cap():
         try:
-            for event in yaml.parse(data, Loader=_Loader):
+            for event in yaml.parse(parsed, Loader=_Loader):
                 if isinstance(event, yaml.DocumentStartEvent):
                     documents += 1
                     if documents > 1:
@@ -301,7 +311,7 @@ def load_single_document(data: bytes) -> Document:
                     stack.pop()
                     pending_key.pop()
         except yaml.YAMLError as err:
-            raise _syntax_error(data, err) from None
+            raise _syntax_error(parsed, err) from None
     if documents == 0:
         events = 1  # serde_yaml's placeholder event for an empty stream
     return Document(root, events)
