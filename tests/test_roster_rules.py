@@ -694,3 +694,28 @@ def test_rule_files_in_test_data() -> None:
                 import_roster(path.read_bytes(), file=path.name)
         else:
             import_roster(path.read_bytes(), file=path.name)
+
+
+def test_python_tags_never_construct_objects(tmp_path: Path) -> None:
+    marker = tmp_path / "constructed"
+    payload = f'!!python/object/apply:os.system ["touch {marker}"]'
+    text = roster(base(name=f"'{payload}'", notes=payload, ram_gb=payload))
+    result = one(text)
+    assert result.skipped == (("m", "ram_gb is missing or not a number"),)
+    assert not marker.exists()
+    text = roster(base(ram_gb="!!python/name:os.system 8", status=f"!!python/str {marker}"))
+    imported = one(text).specs[0]
+    assert imported.spec.memory.weights_bytes == 8 * GB  # an unknown core tag: plain text
+    assert imported.status == str(marker)
+    with pytest.raises(RosterError):
+        one(roster(base(status=payload)))  # a flow sequence where text is expected
+    assert not marker.exists()
+
+
+def test_imported_spec_keeps_display_name_and_line() -> None:
+    text = "# lab roster\n" + roster(base(id="a", name="'Qwen 3'", port="1"), base(id="b"))
+    result = one(text)
+    assert [(s.name, s.spec.model, s.line) for s in result.specs] == [
+        ("Qwen 3", None, 3),
+        ("", None, 9),
+    ]
