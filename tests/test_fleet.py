@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rosterd.errors import FleetError
 from rosterd.fleet import (
@@ -268,6 +270,20 @@ BAD = [
     ),
     ("nodes:\n  - {name: a\n", None, 3, 1, ["not valid YAML"]),
     (
+        "nodes:\n  - {name: !foo a, memory_gb: 8, platform: linux-x86_64}\n",
+        "nodes[0].name",
+        2,
+        12,
+        ["'a' tagged !foo"],
+    ),
+    (
+        "nodes:\n  - {name: a, memory_gb: 2024-01-01, platform: linux-x86_64}\n",
+        "nodes[0].memory_gb",
+        2,
+        26,
+        ["a number > 0", "2024"],
+    ),
+    (
         "nodes:\n  - name: a\n    name: b\n    memory_gb: 8\n    platform: linux-x86_64\n",
         "nodes[0].name",
         3,
@@ -310,3 +326,41 @@ def test_non_utf8_and_oversized_files(tmp_path: Path) -> None:
     big.write_bytes(b"#" * (1_048_577))
     with pytest.raises(FleetError, match="larger than"):
         load_fleet(big)
+
+
+VALID = """\
+nodes:
+  - name: studio
+    memory_gb: 192
+    reserved_gb: 16
+    platform: macos-arm64
+    flavors: [mlx_lm, llamacpp]
+    labels: {room: lab}
+models:
+  m: {path: x.gguf, ctx_size: 8}
+model_roots: [w]
+"""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=200),
+        st.tuples(st.integers(0, len(VALID)), st.integers(0, 20), st.text(max_size=12)).map(
+            lambda cut: VALID[: cut[0]] + cut[2] + VALID[cut[0] + cut[1] :]
+        ),
+    )
+)
+def test_any_text_gives_a_fleet_or_a_located_fleet_error(text: str) -> None:
+    fleet: Fleet | FleetError
+    try:
+        fleet = parse_fleet(text, file="fleet.yaml")
+    except FleetError as err:
+        fleet = err
+    if isinstance(fleet, FleetError):
+        assert str(fleet).startswith("fleet.yaml")
+        assert fleet.message
+    else:
+        assert fleet.nodes
+        for node in fleet.nodes:
+            assert 0 < node.capacity_bytes <= node.memory_bytes

@@ -235,6 +235,17 @@ _NODE_KEYS: Final = ("name", "memory_gb", "reserved_gb", "platform", "flavors", 
 _MODEL_KEYS: Final = ("path", "ctx_size", "parallel", "extra_args")
 
 
+@dataclass(frozen=True)
+class _Unreadable:
+    """A scalar PyYAML cannot construct; shown in errors with its tag."""
+
+    tag: str
+    text: str
+
+    def __repr__(self) -> str:
+        return f"{self.text!r} tagged {self.tag}"
+
+
 class _FleetReader:
     """Walks the composed YAML tree, raising FleetError at the first wrong field."""
 
@@ -263,7 +274,12 @@ class _FleetReader:
         return repr(self.scalar(node))
 
     def scalar(self, node: yaml.Node) -> object:
-        return self._constructor.construct_object(node, deep=True)
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError:
+            # An unknown tag (`!foo x`) or a malformed typed value: never a valid field,
+            # so every check fails and reports it.
+            return _Unreadable(node.tag, str(node.value))
 
     def mapping(
         self, node: yaml.Node, path: str | None, allowed: tuple[str, ...] | None, what: str
