@@ -91,7 +91,7 @@ class RosterOverlay:
                 and column, and what was expected.
         """
         data = _as_bytes(text, file=file, what="overlay", limit=MAX_OVERLAY_BYTES)
-        document = _parse(data, file=file, what="overlay")
+        document = _parse(data, file=file)
         reader = DocumentReader(document)
         try:
             return _read_overlay(reader, document)
@@ -199,7 +199,7 @@ def import_roster(
     """
     overlay = overlay or RosterOverlay()
     data = _as_bytes(text, file=file, what="roster", limit=MAX_ROSTER_BYTES)
-    document = _parse(data, file=file, what="roster")
+    document = _parse(data, file=file)
     reader = DocumentReader(document)
     try:
         raws, warnings = _read_roster(reader, document)
@@ -279,13 +279,19 @@ def _as_bytes(text: str | bytes, *, file: str | None, what: str, limit: int) -> 
     return data
 
 
-def _parse(data: bytes, *, file: str | None, what: str) -> Document:
+def _parse(data: bytes, *, file: str | None) -> Document:
     try:
         return load_single_document(data)
     except YamlSyntaxError as err:
-        raise RosterError(
-            f"not valid YAML: {err.message}", file=file, line=err.line, column=err.column
-        ) from None
+        message = f"not valid YAML: {err.message}"
+        if err.line is not None and "\t" in _line_text(data, err.line):
+            message += " (indent with spaces; YAML forbids tabs in indentation)"
+        raise RosterError(message, file=file, line=err.line, column=err.column) from None
+
+
+def _line_text(data: bytes, line: int) -> str:
+    lines = data.split(b"\n", line)
+    return lines[line - 1].decode("utf-8", "replace") if len(lines) >= line else ""
 
 
 class _LocatedError(Exception):
@@ -351,7 +357,7 @@ def _read_roster(reader: DocumentReader, document: Document) -> tuple[list[_RawE
             continue  # unknown top-level keys are ignored, as serde does
         if roster_item is not None:
             raise _LocatedError(
-                "`roster` is given twice; expected it once", "roster", key_mark(key)
+                "`roster` is given twice; expected it once", "roster", _key_mark(key)
             )
         roster_item = value
     if roster_item is None:
@@ -364,7 +370,7 @@ def _read_roster(reader: DocumentReader, document: Document) -> tuple[list[_RawE
         raise _LocatedError(
             f"the roster lists {len(items)} entries; expected at most {MAX_ENTRIES}",
             "roster",
-            key_mark(roster_item),
+            _key_mark(roster_item),
         )
     entries: list[_RawEntry] = []
     warnings: list[str] = []
@@ -373,7 +379,7 @@ def _read_roster(reader: DocumentReader, document: Document) -> tuple[list[_RawE
     return entries, warnings
 
 
-def key_mark(item: Item) -> Mark:
+def _key_mark(item: Item) -> Mark:
     """Where ``item`` was written (an alias: where the alias is)."""
     return item.mark
 
@@ -403,7 +409,7 @@ def _read_entry(reader: DocumentReader, item: Item, path: str, warnings: list[st
             raise _LocatedError(
                 f"`{name}` is given twice in this entry; expected each field once",
                 field_path,
-                key_mark(key),
+                _key_mark(key),
             )
         try:
             if name == "ram_gb":
@@ -458,11 +464,11 @@ def _read_overlay(reader: DocumentReader, document: Document) -> RosterOverlay:
             raise _LocatedError(
                 f"unknown field `{name}`; expected one of `excludes`, `latency_class`, `sticky`",
                 None,
-                key_mark(key),
+                _key_mark(key),
             )
         if name in seen:
             raise _LocatedError(
-                f"`{name}` is given twice; expected each field once", name, key_mark(key)
+                f"`{name}` is given twice; expected each field once", name, _key_mark(key)
             )
         seen.add(name)
         try:
