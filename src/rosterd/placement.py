@@ -54,6 +54,7 @@ from ortools.sat.python import cp_model
 from rosterd.fleet import Fleet, Node
 from rosterd.residency import excludes_each_other, gib
 from rosterd.spec import InferenceSpec
+from rosterd.tokens import GB
 
 MIB = 1 << 20
 #: Level 5 resolution: free memory share in permille.
@@ -301,6 +302,10 @@ def violations(specs: Sequence[InferenceSpec], fleet: Fleet, result: Plan) -> li
 # -- internals -------------------------------------------------------------------
 
 
+def _gb(n_bytes: int) -> str:
+    return f"{n_bytes / GB:.2f} GiB"
+
+
 def _no_flavor_reason(s: InferenceSpec, nodes: Iterable[Node]) -> str:
     runs = "; ".join(f"{n.name}: {', '.join(sorted(f.value for f in n.flavors))}" for n in nodes)
     return f"no node runs flavor {s.flavor.value} (nodes run: {runs})"
@@ -526,13 +531,13 @@ def _unplaced_reason(problem: _Problem, s: InferenceSpec, loads: Sequence[_NodeL
             continue
         if s.interactive:
             detail = (
-                f"{name}: interactive roles {gib(load.interactive)} + this role {gib(need)} "
-                f"+ largest batch role {gib(load.batch_max)} > capacity {gib(load.capacity)}"
+                f"{name}: interactive {_gb(load.interactive)} + this {_gb(need)} + largest "
+                f"batch {_gb(load.batch_max)} > capacity {_gb(load.capacity)}"
             )
         else:
             detail = (
-                f"{name}: interactive roles {gib(load.interactive)} + this role {gib(need)} "
-                f"> capacity {gib(load.capacity)}"
+                f"{name}: interactive {_gb(load.interactive)} + this {_gb(need)} "
+                f"> capacity {_gb(load.capacity)}"
             )
         notes.append((load.headroom(), detail))
     notes.sort(key=lambda n: -n[0])
