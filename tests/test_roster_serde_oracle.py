@@ -11,13 +11,14 @@ duplicate mapping keys, 128-bit integers and the core tags.
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
 import pytest
 
-from rosterd.serde_yaml_rules import ROOT_DEPTH, DocumentReader, ReadError
-from rosterd.yaml_nodes import YamlSyntaxError, load_single_document
+from rosterd.serde_yaml_rules import ROOT_DEPTH, DocumentReader, Number, ReadError, Tagged
+from rosterd.yaml_nodes import Mapping, YamlSyntaxError, load_single_document
 
 ryaml = pytest.importorskip("ryaml")
 
@@ -125,3 +126,45 @@ def test_repetition_limit_trips_at_the_same_alias_count(copies: int) -> None:
     outer = ", ".join(["*a1"] * copies)
     text = f"a0: &a0 [x]\na1: &a1 [{inner}]\nb: [{outer}]\n"
     assert ours(text) == serde(text) == (copies == 207)
+
+
+def _same_value(theirs: object, mine: object) -> bool:
+    if isinstance(mine, Number):
+        kind = int if mine.kind == "int" else float
+        if type(theirs) is not kind:
+            return False
+        if isinstance(theirs, float) and math.isnan(theirs):
+            return math.isnan(mine.value)
+        return theirs == mine.value
+    if isinstance(mine, Tagged):
+        return isinstance(theirs, dict) and next(iter(theirs)) in ("!" + mine.tag, mine.tag)
+    return type(theirs) is type(mine) and theirs == mine
+
+
+def test_scalar_resolution_matches_serde_yaml() -> None:
+    """Numbers, booleans, nulls and strings resolve as in serde_yaml, tagged or not."""
+    rng = random.Random(5)
+    alphabet = [*"0123456789" * 2, *".eE+-_xobXOB~ ", "inf", "nan", ".inf", ".nan", "null"]
+    alphabet += ["true", "False", "0x", "0o", "0b", "a"]
+    mismatches = []
+    for _ in range(2500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))).strip()
+        if not text:
+            continue
+        for form in (text, f"!!int {text}", f"!!float {text}", f"!!str {text}", f"!t {text}"):
+            document_text = f"v: {form}\n"
+            try:
+                theirs: object = ryaml.loads(document_text)["v"]
+            except ryaml.InvalidYamlError:
+                theirs = ReadError
+            try:
+                document = load_single_document(document_text.encode())
+                assert isinstance(document.root, Mapping)
+                item = document.root.pairs[0][1]
+                mine: object = DocumentReader(document).read_value(item, ROOT_DEPTH - 1)
+            except (YamlSyntaxError, ReadError):
+                mine = ReadError
+            same = theirs is mine if ReadError in (theirs, mine) else _same_value(theirs, mine)
+            if not same:
+                mismatches.append((document_text, theirs, mine))
+    assert mismatches == []
