@@ -349,7 +349,6 @@ def _read_roster(reader: DocumentReader, document: Document) -> tuple[list[_RawE
         pairs = reader.read_struct(root, "a mapping with a `roster:` list")
     except ReadError as err:
         raise _located(err, None) from None
-    assert pairs is not None
     roster_item: Item | None = None
     for key, value in pairs:
         name = _key_text(reader, key, "(top level)")
@@ -389,7 +388,6 @@ def _read_entry(reader: DocumentReader, item: Item, path: str, warnings: list[st
         pairs = reader.read_struct(item, "an entry (a mapping with at least `id:`)")
     except ReadError as err:
         raise _located(err, path) from None
-    assert pairs is not None
     node = item.target if isinstance(item, Alias) else item
     values: dict[str, object] = {}
     merge_line: int | None = None
@@ -453,7 +451,6 @@ def _read_overlay(reader: DocumentReader, document: Document) -> RosterOverlay:
         pairs = reader.read_struct(document.root, "a mapping of excludes, latency_class, sticky")
     except ReadError as err:
         raise _located(err, None) from None
-    assert pairs is not None
     seen: set[str] = set()
     excludes: dict[str, tuple[str, ...]] = {}
     latency: dict[str, LatencyClass] = {}
@@ -475,7 +472,6 @@ def _read_overlay(reader: DocumentReader, document: Document) -> RosterOverlay:
             role_pairs = reader.read_struct(value, "a mapping of role to value")
         except ReadError as err:
             raise _located(err, name) from None
-        assert role_pairs is not None
         for role_key, role_value in role_pairs:
             role = _key_text(reader, role_key, name)
             path = f"{name}.{role}"

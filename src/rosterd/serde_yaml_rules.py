@@ -292,9 +292,9 @@ class DocumentReader:
 
     # -- structs, sequences -------------------------------------------------------
 
-    def read_struct(self, item: Item | None, expected: str) -> list[tuple[Item, Item]] | None:
+    def read_struct(self, item: Item | None, expected: str) -> list[tuple[Item, Item]]:
         """``deserialize_struct``/``deserialize_map``: the pairs of a mapping, ``[]``
-        for an empty plain scalar or an empty stream; ``None`` never (errors raise)."""
+        for an empty plain scalar or an empty stream (``item`` is ``None``)."""
         if item is None:
             return []
         node = self.deref(item)

@@ -320,17 +320,3 @@ def load_single_document(data: bytes) -> Document:
 def _mark_tuple(event: yaml.Event) -> tuple[int, int]:
     mark = _mark(event)
     return mark.line, mark.column
-
-
-def describe(item: Item) -> str:
-    """A short description of a node for error messages: ``a sequence``,
-    ``a mapping``, or ``"text"`` (quoted as written, at most 60 characters)."""
-    node = item.target if isinstance(item, Alias) else item
-    if isinstance(node, Sequence):
-        return "a sequence"
-    if isinstance(node, Mapping):
-        return "a mapping"
-    text = node.value if len(node.value) <= 60 else node.value[:57] + "..."
-    if node.style is ScalarStyle.PLAIN:
-        return f"`{text}`" if text else "an empty value"
-    return f"the quoted text {text!r}"
