@@ -719,3 +719,10 @@ def test_imported_spec_keeps_display_name_and_line() -> None:
         ("Qwen 3", None, 3),
         ("", None, 9),
     ]
+
+
+def test_nesting_beyond_rosterds_bound_is_a_clear_error() -> None:
+    depth = 10_001
+    err = rejected(roster(base(extra="[" * depth + "]" * depth)))
+    assert "nested deeper than 10000 levels" in err.message
+    assert err.line == 7
