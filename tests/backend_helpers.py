@@ -35,6 +35,21 @@ def port_is_free(port: int) -> bool:
         return True
 
 
+async def wait_port_free(port: int, timeout_s: float = 5.0) -> bool:
+    """Wait up to ``timeout_s`` seconds for 127.0.0.1:``port`` to be free; whether it is.
+
+    A killed multi-threaded process shows as a zombie as soon as its main thread
+    has exited, while its other threads (which share the listening socket) may
+    still be on their way out; the port is free only once all are gone.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if port_is_free(port):
+            return True
+        await asyncio.sleep(0.05)
+    return port_is_free(port)
+
+
 def gone(pid: int) -> bool:
     """Whether ``pid`` has exited (a zombie awaiting its reaper counts as exited)."""
     try:

@@ -17,7 +17,14 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import gone, kill_rosterd_child, port_is_free, run_rosterd_child, wait_gone
+from backend_helpers import (
+    gone,
+    kill_rosterd_child,
+    port_is_free,
+    run_rosterd_child,
+    wait_gone,
+    wait_port_free,
+)
 from rosterd.adapters.base import ResolvedWeights
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -143,7 +150,7 @@ async def test_no_llama_server_survives_kill_9_of_rosterd(
     assert not gone(server_pid)
     await kill_rosterd_child(rosterd)
     assert await wait_gone(server_pid, 10), "llama-server outlived the rosterd that started it"
-    assert port_is_free(free_port)
+    assert await wait_port_free(free_port)
 
 
 @pytest.fixture(scope="session")

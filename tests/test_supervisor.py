@@ -17,7 +17,14 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import gone, kill_rosterd_child, port_is_free, run_rosterd_child, wait_gone
+from backend_helpers import (
+    gone,
+    kill_rosterd_child,
+    port_is_free,
+    run_rosterd_child,
+    wait_gone,
+    wait_port_free,
+)
 from rosterd.adapters.base import Launch, one_token_completion
 from rosterd.supervisor import (
     BackendEvent,
@@ -273,6 +280,7 @@ async def test_no_backend_survives_kill_9_of_rosterd(
     assert not gone(backend_pid)
     await kill_rosterd_child(rosterd)
     assert await wait_gone(backend_pid), "the backend outlived the rosterd that started it"
+    assert await wait_port_free(free_port)
     # The next run finds the record, sees its process is gone, and cleans it up.
     assert (state / "run" / "orphan.json").is_file()
     assert await Supervisor(state).reap_leftovers() == []
