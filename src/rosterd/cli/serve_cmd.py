@@ -185,6 +185,7 @@ async def _serve(
     host: str,
     port: int,
     api_keys: tuple[str, ...],
+    max_body_bytes: int,
     state_dir: Path,
     limits: SchedulerLimits,
     grace_s: float,
@@ -281,7 +282,7 @@ async def _serve(
         router = create_app(
             scheduler,
             routes,
-            config=RouterConfig(api_keys=api_keys),
+            config=RouterConfig(api_keys=api_keys, max_body_bytes=max_body_bytes),
             metrics=metrics,
             status_extra=status_extra,
         )
@@ -405,6 +406,8 @@ def up_cmd(
     max_queue: Annotated[int, typer.Option(help="Waiting requests per role (then 429).")] = 64,
     max_concurrency: Annotated[int, typer.Option(help="Requests per role at once.")] = 4,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
+    max_body: Annotated[int, typer.Option(help="Largest request body in bytes (then 413).")] = 8
+    * 2**20,
     auto_backend_ports: Annotated[
         bool, typer.Option(help="Let the OS choose backend ports instead of the roster's.")
     ] = False,
@@ -452,6 +455,7 @@ def up_cmd(
                 host=host,
                 port=port,
                 api_keys=keys,
+                max_body_bytes=max_body,
                 state_dir=state_dir or default_state_dir(),
                 limits=limits,
                 grace_s=grace,
