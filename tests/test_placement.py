@@ -297,3 +297,17 @@ def test_replanning_keeps_sticky_roles_where_they_are(
     grown = score(specs, bigger, plan(specs, bigger, first, time_limit_s=5), first)
     before = score(specs, nodes, first)
     assert grown.key()[:3] >= (before.interactive_placed, before.placed, len(sticky_placed))
+
+
+def test_big_fleet_plan_is_valid_and_not_worse_than_greedy() -> None:
+    """Over 2000 role-node pairs the solver searches a narrowed model."""
+    nodes = fleet(*[node(f"n{i:02d}", 8 + (i % 5) * 8) for i in range(40)])
+    specs = [
+        spec(f"r{i:02d}", 1 + (i * 7) % 13, interactive=i % 3 == 0, sticky=i % 2 == 0)
+        for i in range(60)
+    ]
+    result = plan(specs, nodes, time_limit_s=1.0)
+    assert result.solver in {"cp-sat (narrowed)", "greedy"}
+    assert violations(specs, nodes, result) == []
+    greedy = score(specs, nodes, greedy_plan(specs, nodes))
+    assert score(specs, nodes, result).key() >= greedy.key()
