@@ -367,7 +367,7 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    err_console.print(Text(f"rosterd: {message}"))
+    err_console.print(Text(f"rosterd: {message}"), soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -465,6 +465,8 @@ def up_cmd(
         )
     except RosterdError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    except OSError as exc:  # e.g. the state folder cannot be created
+        raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), 1) from None
 
 
 # --------------------------------------------------------------------------- clients
