@@ -23,7 +23,7 @@ from rosterd.tokens import GB
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_issue_example_node(tmp_path: Path) -> None:
+def test_documented_example_node(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(
         """\

@@ -11,7 +11,7 @@ Hard constraints (a plan never breaks them):
   turn if needed;
 - a role never shares a node with an interactive role it excludes (or that
   excludes it): the interactive one is always resident, so the other could never
-  load there. For two interactive roles this is the issue's rule; for an
+  load there. For two interactive roles this is a stated rule of placement; for an
   interactive/batch pair it follows from "every placed role can be served".
   Batch/batch exclusions may share a node: residency swaps them.
 

@@ -27,7 +27,7 @@ Rules, in the order they are checked:
    the one the operator can predict from the overlay: if X takes precedence,
    X then Y ends {X} (Y refused, naming X), Y then X ends {X} (Y evicted). To
    choose which of a pair wins, set ``latency_class`` or ``sticky`` in the overlay.
-   An interactive role that excludes a batch role always wins, as the issue asks
+   An interactive role that excludes a batch role always wins, as rule 4 needs
    (interactive roles are never evicted for batch roles). A refusal is the policy's
    answer for this state only: a scheduler may unload an idle winner to serve a
    waiting request (``rosterd.scheduler`` does so for batch winners), and then asks
