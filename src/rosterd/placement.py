@@ -259,11 +259,11 @@ def plan(
 
 
 def greedy_plan(specs: Sequence[InferenceSpec], fleet: Fleet, previous: Plan | None = None) -> Plan:
-    """The greedy fallback alone (same constraints, no solver): interactive roles
-    first, biggest first, each on its previous node if sticky and it fits, else the
-    node left with the most headroom; then batch roles, biggest first, where they add
-    the most resident bytes. For benchmarks and tests; :func:`plan` uses it as a
-    hint and fallback."""
+    """The greedy fallback alone (same constraints and reasons, no solver): the best,
+    by the plan objective, of four passes (interactive roles first or all roles by
+    size; nodes spread or packed), each putting sticky roles back on their previous
+    node when they fit and biggest roles first. For benchmarks and tests;
+    :func:`plan` uses it as the solver's hint and as its fallback."""
     problem = _Problem(specs, fleet, previous)
     return _build(problem, _greedy(problem), "greedy")
 
