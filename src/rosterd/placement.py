@@ -322,14 +322,14 @@ def _no_flavor_reason(s: InferenceSpec, nodes: Iterable[Node]) -> str:
 
 
 def _greedy_order(problem: _Problem, *, by_class: bool = True) -> list[InferenceSpec]:
-    """Sticky roles with a previous node first, then (``by_class``) interactive before
-    batch, then biggest first, then role id."""
+    """(``by_class``) interactive before batch, then sticky roles with a previous node,
+    then biggest first, then role id."""
     placeable = [problem.spec[r] for r in problem.eligible]
     return sorted(
         placeable,
         key=lambda s: (
-            0 if s.role in problem.previous else 1,
             0 if s.interactive or not by_class else 1,
+            0 if s.role in problem.previous else 1,
             -s.memory.resident_bytes,
             0 if s.interactive else 1,
             s.role,
