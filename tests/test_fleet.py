@@ -80,8 +80,12 @@ def test_default_reserve_leaves_capacity(memory_gb: float) -> None:
     assert 0 <= reserved < memory
     if memory >= 20 * GB:
         assert reserved == memory // 10
+    elif memory >= 4 * GB:
+        assert reserved == 2 * GB
     elif memory >= 2 * GB:
-        assert reserved == min(2 * GB, memory - 1)
+        assert reserved == memory // 2
+    else:
+        assert reserved == memory // 10
 
 
 def test_fractional_gb_become_bytes() -> None:

@@ -127,15 +127,17 @@ class Fleet:
 
 
 def default_reserved_bytes(memory_bytes: int) -> int:
-    """The reserve when a node gives no ``reserved_gb``: ``max(10% of memory, 2 GiB)``.
+    """The reserve when a node gives no ``reserved_gb``: ``max(10% of memory, 2 GiB)``,
+    but at most half the memory.
 
-    On a machine with less than 2 GiB the 2 GiB floor would leave nothing, so there the
-    reserve is 10% of memory alone. Result in bytes, always below ``memory_bytes``.
+    The cap keeps small machines usable: a 3 GiB node keeps 1.5 GiB rather than
+    2 GiB. Below 2 GiB of memory the reserve is 10% of memory alone (a 2 GiB floor
+    would leave nothing). Result in bytes, always below ``memory_bytes``.
     """
     tenth = memory_bytes // 10
     if memory_bytes < 2 * GB:
         return tenth
-    return min(max(tenth, 2 * GB), memory_bytes - 1)
+    return min(max(tenth, 2 * GB), memory_bytes // 2)
 
 
 def detect_platform() -> Platform:
