@@ -162,10 +162,10 @@ async def test_models_lists_roles_with_their_other_names() -> None:
 
 async def test_full_queue_is_429_and_a_long_wait_is_503_both_with_retry_after() -> None:
     limits = SchedulerLimits(max_queue=1, queue_timeout_s=0.5, tick_s=0.02)
-    async with serve(limits=limits, load_s=3.0) as up, httpx.AsyncClient(timeout=10) as client:
+    async with serve(limits=limits, load_s=1.5) as up, httpx.AsyncClient(timeout=10) as client:
         url = f"{up.url}/v1/chat/completions"
         first = asyncio.create_task(client.post(url, json=chat("slow")))
-        await asyncio.sleep(0.2)  # the first waits for the 3 s load and fills the queue
+        await asyncio.sleep(0.2)  # the first waits for the 1.5 s load and fills the queue
         second = await client.post(url, json=chat("slow-alias"))
         assert_openai_error(second, 429, "queue_full")
         assert int(second.headers["retry-after"]) >= 1

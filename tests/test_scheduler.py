@@ -325,3 +325,20 @@ async def test_shutdown_refuses_new_requests_and_stops_every_backend() -> None:
     assert backends.alive == set()
     with pytest.raises(ShuttingDownError):
         await node.acquire("a", timeout_s=1.0)
+
+
+async def test_busy_exclusion_winner_yields_after_the_drain_time() -> None:
+    limits = SchedulerLimits(drain_s=0.3, min_residency_s=0.0, tick_s=0.02)
+    specs = [
+        spec("scratch-a", 100, sticky=False, excludes=["scratch-b"]),
+        spec("scratch-b", 100, sticky=False),
+    ]
+    node, backends = make_node(specs, 1000, limits)
+    held = await node.acquire("scratch-a")  # the winner stays busy
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await use(node, "scratch-b") == "scratch-b"
+    assert 0.25 <= loop.time() - t0 < 3.0
+    assert backends.violations == []
+    node.release(held)
+    await node.shutdown()

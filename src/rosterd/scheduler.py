@@ -26,7 +26,8 @@ supervisor, in ``rosterd up``). The rules it keeps, as issue 5 and USERS.md ask:
   resident. A request for the loser then waits, and once the winner is idle
   (nothing in flight or queued, past ``min_residency_s``) it is unloaded so
   the loser can load; an interactive winner never yields to a batch role
-  (that refusal fails the request at once, with the policy's reason).
+  (that refusal fails the request at once, with the policy's reason). A
+  winner kept busy past ``drain_s`` yields as well, so the loser cannot starve.
 - **Idle TTL.** A ready, non-sticky batch role with nothing in flight or
   queued for ``idle_ttl_s`` is unloaded.
 - **Per-role concurrency and a bounded queue.** At most ``max_concurrency``
@@ -580,7 +581,12 @@ class NodeScheduler:
                     # Exclusion precedence keeps the resident winner, but only while it
                     # is in use: an idle batch winner yields to a waiting request rather
                     # than failing it (see _exclusion_blockers).
-                    idle = [b for b in yielding if self._can_yield(b, now)]
+                    idle = [
+                        b
+                        for b in yielding
+                        if self._can_yield(b, now)
+                        or (drained and self._roles[b].phase is Phase.READY)
+                    ]
                     if len(idle) == len(yielding):
                         st.waiting_reason = decision.reason
                         self._begin_transition(
