@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from rosterd.fleet import Fleet, Node, Platform
 from rosterd.placement import Plan, greedy_plan, plan, score, violations
+from rosterd.residency import Load, NodeState, decide, excludes_each_other
 from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec
 from rosterd.tokens import GB
 
@@ -311,3 +312,43 @@ def test_big_fleet_plan_is_valid_and_not_worse_than_greedy() -> None:
     assert violations(specs, nodes, result) == []
     greedy = score(specs, nodes, greedy_plan(specs, nodes))
     assert score(specs, nodes, result).key() >= greedy.key()
+
+
+@FAST
+@given(instances(), st.data())
+def test_every_placed_batch_role_can_be_loaded_on_its_node(
+    instance: tuple[list[InferenceSpec], Fleet], data: st.DataObject
+) -> None:
+    """The plan's capacity rule is what residency needs: with the node's interactive
+    roles resident and any idle batch roles besides, a placed batch role that no
+    resident role excludes can always be loaded (evicting idle batch roles)."""
+    specs, nodes = instance
+    result = plan(specs, nodes, time_limit_s=5)
+    by_role = {s.role: s for s in specs}
+    for name, node_plan in result.nodes.items():
+        if not node_plan.swappable:
+            continue
+        target = data.draw(st.sampled_from(node_plan.swappable))
+        resident = set(node_plan.always_resident)
+        used = sum(by_role[r].memory.resident_bytes for r in resident)
+        for other in data.draw(st.permutations(node_plan.swappable)):
+            size = by_role[other].memory.resident_bytes
+            if (
+                other != target
+                and used + size <= node_plan.capacity_bytes
+                and not any(excludes_each_other(by_role[other], by_role[r]) for r in resident)
+            ):
+                resident.add(other)
+                used += size
+        if any(excludes_each_other(by_role[target], by_role[r]) for r in resident):
+            continue  # an exclusion decides, not memory (see test_residency)
+        on_node = {r: by_role[r] for r in (*node_plan.always_resident, *node_plan.swappable)}
+        state = NodeState(
+            capacity_bytes=nodes.node(name).capacity_bytes,
+            specs=on_node,
+            resident=frozenset(resident),
+            in_flight={},
+            recency=tuple(sorted(resident)),
+        )
+        decision = decide(state, target)
+        assert isinstance(decision, Load), decision
