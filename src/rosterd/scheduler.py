@@ -417,6 +417,10 @@ class NodeScheduler:
         for role, st in self._roles.items():
             if st.phase in (Phase.READY, Phase.LOADING):
                 await self._stop_role(role, "shutdown")
+            for future in st.unload_requested:  # stopped now, as asked
+                if not future.done():
+                    future.set_result(None)
+            st.unload_requested.clear()
 
     def snapshot(self) -> dict[str, object]:
         """The node's state as JSON-ready data (``/status``, ``rosterd ps``).

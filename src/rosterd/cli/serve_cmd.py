@@ -59,7 +59,7 @@ from rosterd.scheduler import (
     SupervisorBackends,
 )
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import Supervisor
+from rosterd.supervisor import BackendEvent, Supervisor
 from rosterd.tokens import GB
 from rosterd.weights import resolve_weights
 
@@ -207,7 +207,7 @@ async def _serve(
         loop.add_signal_handler(sig, on_signal, sig)
 
     sock = _bind(host, port)
-    supervisor = Supervisor(state_dir, grace_s=grace_s)
+    supervisor = Supervisor(state_dir, grace_s=grace_s, on_event=_print_backend_event)
     scheduler: Scheduler | None = None
     try:
         reaped = await supervisor.reap_leftovers()
@@ -352,6 +352,16 @@ def _print_event(event: SchedulerEvent) -> None:
         console.print(Text(f"stopped: {event.role} on {event.node} ({event.cause})"))
     elif event.kind == "load_failed":
         console.print(Text(f"load failed: {event.role} on {event.node}: {event.cause}"))
+
+
+def _print_backend_event(event: BackendEvent) -> None:
+    """Say when a backend dies by itself and how the supervisor restarts it."""
+    if event.kind == "exited":
+        console.print(Text(f"backend {event.name} exited by itself (code {event.exit_code})"))
+    elif event.kind == "restarting":
+        console.print(Text(f"restarting {event.name} in {event.delay_s or 0:.1f} s"))
+    elif event.kind == "restart_failed":
+        console.print(Text(f"restart of {event.name} failed: {event.detail}"))
 
 
 def _configure_logging(verbose: bool) -> None:
