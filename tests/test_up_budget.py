@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,6 @@ def test_excluded_roles_are_never_resident_together(
         check_events(up, 3 * GIB, {"a", "b"})
         pids = up.backend_pids()
     finally:
-        code = up.stop()
+        code = up.stop(signal.SIGTERM)  # SIGTERM drains and stops like Ctrl-C
     assert code == 0, up.output()
     assert all_gone(pids) == set()
