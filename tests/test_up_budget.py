@@ -5,17 +5,22 @@ second test, two roles that exclude each other): concurrent requests to both
 all complete, whole, through the official ``openai`` client; the scheduler's
 event log (``/rosterd/events``, one entry per step with the resident set after
 it) shows that swaps never overlapped and that the resident set never exceeded
-the budget nor held both excluded roles.
+the budget nor held both excluded roles; a thread sampling the backend
+processes themselves confirms that the two never ran at the same time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
@@ -103,6 +108,40 @@ def check_events(up: Up, capacity: int, never_together: set[str]) -> list[dict[s
     return events
 
 
+class ProcessWatch:
+    """Samples the backend processes rosterd up really runs (every 20 ms, in a thread).
+
+    An independent check of the event log: which model files have a live
+    (not zombie) process under rosterd up at each moment.
+    """
+
+    def __init__(self, up: Up) -> None:
+        self.up = up
+        self.seen: list[frozenset[str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            models: set[str] = set()
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(self.up.proc.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        if child.status() == psutil.STATUS_ZOMBIE:
+                            continue
+                        models |= {Path(a).name for a in child.cmdline() if a.endswith(".gguf")}
+            self.seen.append(frozenset(models))
+            time.sleep(0.02)
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 def test_budget_for_one_of_two_roles(
     tmp_path: Path, llama_server_binary: Path, free_port: int
 ) -> None:
@@ -118,7 +157,12 @@ def test_budget_for_one_of_two_roles(
         free_port,
     )
     try:
-        finishes = asyncio.run(hammer(up, ["x", "y"], per_model=6))
+        with ProcessWatch(up) as watch:
+            finishes = asyncio.run(hammer(up, ["x", "y"], per_model=6))
+        both = {"tiny-a.gguf", "tiny-b.gguf"}
+        assert {"tiny-a.gguf"} in watch.seen
+        assert {"tiny-b.gguf"} in watch.seen
+        assert not [s for s in watch.seen if both <= s], "both backends alive at once"
         assert len(finishes) == 12
         assert set(finishes) <= {"length", "stop"}
         capacity = int(0.15 * GIB)
