@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Generator, Iterable, Mapping
 from pathlib import Path
@@ -38,7 +39,6 @@ import psutil
 import typer
 import uvicorn
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
@@ -54,7 +54,6 @@ from rosterd.scheduler import (
     NodeScheduler,
     Scheduler,
     SchedulerError,
-    SchedulerEvent,
     SchedulerLimits,
     SupervisorBackends,
 )
@@ -286,8 +285,6 @@ async def _serve(
             metrics=metrics,
             status_extra=status_extra,
         )
-        for node_sched in nodes.values():
-            node_sched.listeners.append(_print_event)
         scheduler.start()
         config = uvicorn.Config(
             router,
@@ -327,31 +324,17 @@ async def _serve(
 
 
 async def _warm_up(scheduler: Scheduler, nodes: Mapping[str, NodeScheduler]) -> None:
+    """Load each node's interactive, then sticky roles, one by one, evicting nothing.
+
+    Progress is the scheduler's log (``loading``, ``loaded in N s``); a role
+    that does not fit (or fails) is named here and loads on demand later.
+    """
     for node in nodes.values():
         for role in _warm_up_order(node.specs):
-            console.print(
-                f"loading {role} on {node.name} "
-                f"({_gib(node.specs[role].memory.resident_bytes)} GiB) …"
-            )
             try:
                 await scheduler.load(role, no_evict=True)
             except SchedulerError as exc:
                 console.print(Text(f"not loaded at start: {role}: {exc}"))
-
-
-def _print_event(event: SchedulerEvent) -> None:
-    if event.kind == "loaded":
-        console.print(
-            Text(
-                f"ready: {event.role} on {event.node} in {event.duration_s or 0:.1f} s; "
-                f"resident {', '.join(event.resident)} "
-                f"({_gib(event.resident_bytes)} GiB)"
-            )
-        )
-    elif event.kind == "stopped":
-        console.print(Text(f"stopped: {event.role} on {event.node} ({event.cause})"))
-    elif event.kind == "load_failed":
-        console.print(Text(f"load failed: {event.role} on {event.node}: {event.cause}"))
 
 
 def _print_backend_event(event: BackendEvent) -> None:
@@ -365,15 +348,18 @@ def _print_backend_event(event: BackendEvent) -> None:
 
 
 def _configure_logging(verbose: bool) -> None:
-    handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[handler],
-        force=True,
+    """Plain timestamped lines on stderr: rosterd's own at INFO (``-v``: DEBUG), others WARNING.
+
+    The scheduler logs every load and eviction with its cause at INFO, so an
+    operator sees them without ``-v``; plain lines (not Rich) stay readable
+    when redirected to a file.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
     )
-    # httpx logs every readiness poll at INFO; rosterd's own lines say what matters.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    logging.getLogger("rosterd").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -424,7 +410,7 @@ def up_cmd(
     warm_up: Annotated[
         bool, typer.Option(help="Load interactive and sticky roles that fit at start.")
     ] = True,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every decision.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
     _configure_logging(verbose)
