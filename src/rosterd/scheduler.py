@@ -513,13 +513,18 @@ class NodeScheduler:
     def _schedule(self) -> None:
         now = self._clock()
         for role, st in self._roles.items():
-            st.waiters = deque(st.live_waiters())
+            if not st.waiters:
+                continue
+            queued = len(st.waiters)
+            if any(w.future.done() for w in st.waiters):  # gave up: leave the queue
+                st.waiters = deque(st.live_waiters())
             if self._shutting_down:
                 for w in st.waiters:
                     w.future.set_exception(ShuttingDownError("rosterd is shutting down"))
                 st.waiters.clear()
             self._grant(role, st)
-            self._update_gauges(role)
+            if len(st.waiters) != queued:
+                self._update_gauges(role)
         if self._shutting_down or (self._transition is not None and not self._transition.done()):
             return
         if self._schedule_unloads(now):
