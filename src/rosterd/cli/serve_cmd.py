@@ -388,22 +388,30 @@ def up_cmd(
         Path | None, typer.Option(help="Backend logs and pid records (default: XDG state dir).")
     ] = None,
     idle_ttl: Annotated[
-        float, typer.Option(help="Unload idle non-sticky batch roles after this many seconds.")
+        float,
+        typer.Option(
+            min=0, help="Unload idle non-sticky batch roles after this many seconds (0: never)."
+        ),
     ] = 600.0,
     min_residency: Annotated[
-        float, typer.Option(help="Seconds a loaded role is safe from batch evictions.")
+        float, typer.Option(min=0, help="Seconds a loaded role is safe from batch evictions.")
     ] = 10.0,
     drain: Annotated[
-        float, typer.Option(help="Seconds to let in-flight requests finish before evicting.")
+        float, typer.Option(min=0, help="Seconds to let in-flight requests finish before evicting.")
     ] = 30.0,
     queue_timeout: Annotated[
-        float, typer.Option(help="Seconds a request may wait for its role (then 503).")
+        float, typer.Option(min=0.001, help="Seconds a request may wait for its role (then 503).")
     ] = 300.0,
-    max_queue: Annotated[int, typer.Option(help="Waiting requests per role (then 429).")] = 64,
-    max_concurrency: Annotated[int, typer.Option(help="Requests per role at once.")] = 4,
-    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
-    max_body: Annotated[int, typer.Option(help="Largest request body in bytes (then 413).")] = 8
-    * 2**20,
+    max_queue: Annotated[
+        int, typer.Option(min=1, help="Waiting requests per role (then 429).")
+    ] = 64,
+    max_concurrency: Annotated[int, typer.Option(min=1, help="Requests per role at once.")] = 4,
+    grace: Annotated[
+        float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")
+    ] = 10.0,
+    max_body: Annotated[
+        int, typer.Option(min=1, help="Largest request body in bytes (then 413).")
+    ] = 8 * 2**20,
     auto_backend_ports: Annotated[
         bool, typer.Option(help="Let the OS choose backend ports instead of the roster's.")
     ] = False,
