@@ -1,0 +1,67 @@
+"""``rosterd up/ps/load/unload`` on bad input: a clear message and an exit status, no traceback."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from rosterd.cli import _register, app
+from test_up_support import EXAMPLES
+
+_register()
+runner = CliRunner()
+
+EXAMPLE = [str(EXAMPLES / "roster.yaml"), "--overlay", str(EXAMPLES / "overlay.yaml")]
+
+
+def test_missing_roster_is_exit_2_naming_the_file(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["up", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert "nope.yaml" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_fleet_is_exit_2_with_its_location(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("nodes:\n  - name: box\n    platform: linux-x86_64\n    memory_gb: lots\n")
+    result = runner.invoke(app, ["up", *EXAMPLE, "--fleet", str(fleet)])
+    assert result.exit_code == 2
+    assert "fleet.yaml" in result.output
+    assert "memory_gb" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_port_in_use_is_exit_2_and_starts_nothing(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        result = runner.invoke(
+            app,
+            [
+                "up",
+                *EXAMPLE,
+                "--fleet",
+                str(EXAMPLES / "fleet.yaml"),
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp_path / "state"),
+            ],
+        )
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert not list((tmp_path / "state").glob("run/*.json"))  # no backend was started
+
+
+def test_ps_load_unload_without_a_running_rosterd_say_so() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    url = f"http://127.0.0.1:{port}"
+    for args in (["ps"], ["load", "chat-small"], ["unload", "chat-small"]):
+        result = runner.invoke(app, [*args, "--url", url])
+        assert result.exit_code == 1
+        assert f"no rosterd up answers at {url}" in result.output
