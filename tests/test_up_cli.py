@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
+from rosterd.cli.serve_cmd import is_local_address
 from test_up_support import EXAMPLES
 
 _register()
@@ -65,3 +66,42 @@ def test_ps_load_unload_without_a_running_rosterd_say_so() -> None:
         result = runner.invoke(app, [*args, "--url", url])
         assert result.exit_code == 1
         assert f"no rosterd up answers at {url}" in result.output
+
+
+def test_local_addresses() -> None:
+    assert is_local_address("127.0.0.1")
+    assert is_local_address("::1")
+    assert is_local_address("localhost")
+    assert not is_local_address("192.0.2.1")  # TEST-NET-1: never this machine
+    assert not is_local_address("studio.example")
+
+
+def test_remote_nodes_are_planned_but_not_started_here(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "nodes:\n"
+        "  - {name: here, memory_gb: 4, reserved_gb: 1, platform: linux-x86_64,"
+        " flavors: [llamacpp], address: 127.0.0.1}\n"
+        "  - {name: studio, memory_gb: 64, reserved_gb: 8, platform: macos-arm64,"
+        " address: 192.0.2.1}\n"
+    )
+    with socket.socket() as held:  # stop right after the plan: the port is taken
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        result = runner.invoke(
+            app,
+            [
+                "up",
+                *EXAMPLE,
+                "--fleet",
+                str(fleet),
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp_path),
+            ],
+        )
+    said = " ".join(result.output.split())  # independent of the terminal's width
+    assert "node studio at 192.0.2.1 is not this machine" in said
+    assert "remote: not started here" in said
