@@ -342,3 +342,29 @@ async def test_busy_exclusion_winner_yields_after_the_drain_time() -> None:
     assert backends.violations == []
     node.release(held)
     await node.shutdown()
+
+
+async def test_busy_role_drains_for_an_older_request_instead_of_starving_it() -> None:
+    limits = SchedulerLimits(max_concurrency=1, drain_s=10.0, min_residency_s=0.0, tick_s=0.02)
+    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + 4.0
+    served_y = asyncio.Event()
+
+    async def keep_x_busy() -> int:
+        done = 0
+        while not served_y.is_set() and loop.time() < stop_at:
+            await use(node, "x", hold_s=0.05)
+            done += 1
+        return done
+
+    workers = [asyncio.create_task(keep_x_busy()) for _ in range(3)]
+    await asyncio.sleep(0.3)  # x is loaded and never idle from here on
+    t0 = loop.time()
+    assert await use(node, "y") == "y"
+    served_y.set()
+    waited = loop.time() - t0
+    assert sum(await asyncio.gather(*workers)) > 3  # x was served, and no request failed
+    assert waited < 2.0, f"y waited {waited:.1f} s behind newer x requests"
+    assert backends.violations == []
+    await node.shutdown()

@@ -15,9 +15,12 @@ supervisor, in ``rosterd up``). The rules it keeps, as issue 5 and USERS.md ask:
   node never holds more than its capacity nor two roles that exclude each
   other, in any order of requests.
 - **No eviction under a request.** A role with leases out is not evicted: the
-  policy answers ``Wait`` naming it. Once the oldest waiter has waited
-  ``drain_s`` the in-flight counts are ignored and the busy role may be
-  evicted (its requests then fail with 502 at the router).
+  policy answers ``Wait`` naming it. The busy role then *drains*: it gives no
+  new lease to a request that arrived after the one waiting for its room, so
+  requests are served in arrival order across a swap instead of one busy role
+  starving the other. Once the oldest waiter has waited ``drain_s`` the
+  in-flight counts are ignored and the busy role may be evicted (its
+  requests then fail with 502 at the router).
 - **No swap ping-pong.** A role loaded less than ``min_residency_s`` ago is
   passed to the policy as ``recently_loaded``: a batch role cannot evict it,
   an interactive one can.
@@ -247,6 +250,10 @@ class _RoleState:
     unload_requested: list[asyncio.Future[None]] = field(default_factory=list)
     unload_since: float | None = None
     waiting_reason: str | None = None
+    # New leases go only to waiters older than this: a request for another role
+    # that needs this role's room came first, so this role drains instead of
+    # serving newer requests forever (None: no one waits for its room).
+    hold_since: float | None = None
 
     def live_waiters(self) -> list[_Waiter]:
         return [w for w in self.waiters if not w.future.done()]
@@ -542,6 +549,8 @@ class NodeScheduler:
             waiter = st.waiters[0]
             if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
                 return
+            if waiter.take_slot and st.hold_since is not None and waiter.since >= st.hold_since:
+                return  # an older request waits for this role's room: let it drain
             st.waiters.popleft()
             waited = now - waiter.since
             if waiter.take_slot:
@@ -572,6 +581,28 @@ class NodeScheduler:
         return False
 
     def _schedule_loads(self, now: float) -> bool:
+        holds: dict[str, float] = {}
+        try:
+            return self._decide_loads(now, holds)
+        finally:
+            for role, st in self._roles.items():
+                st.hold_since = holds.get(role)
+
+    def _hold(self, blocking: Iterable[str], since: float, holds: dict[str, float]) -> None:
+        """Make busy ``blocking`` roles drain for a request that arrived at ``since``.
+
+        Roles still inside their minimum residency are left alone: they cannot
+        be evicted yet anyway, so serving their requests meanwhile costs nothing.
+        """
+        for b in blocking:
+            st = self._roles[b]
+            recent = st.loaded_at is not None and (
+                self._clock() - st.loaded_at < self.limits.min_residency_s
+            )
+            if st.phase is Phase.READY and st.in_flight > 0 and not recent:
+                holds[b] = min(holds.get(b, since), since)
+
+    def _decide_loads(self, now: float, holds: dict[str, float]) -> bool:
         pending = [
             (role, st)
             for role, st in self._roles.items()
@@ -605,6 +636,8 @@ class NodeScheduler:
                         )
                         return True
                     st.waiting_reason = f"{decision.reason}; waiting until it is idle"
+                    if not all(w.no_evict for w in st.waiters):
+                        self._hold(yielding, oldest, holds)
                     continue
                 st.waiting_reason = decision.reason
                 for w in st.waiters:
@@ -616,6 +649,8 @@ class NodeScheduler:
                 if st.waiting_reason != decision.reason:
                     log.info("node %s: %s waits: %s", self.name, role, decision.reason)
                 st.waiting_reason = decision.reason
+                if not all(w.no_evict for w in st.waiters):
+                    self._hold(decision.blocking, oldest, holds)
                 continue
             assert isinstance(decision, Load)
             if decision.evict and all(w.no_evict for w in st.waiters):
