@@ -368,3 +368,38 @@ async def test_busy_role_drains_for_an_older_request_instead_of_starving_it() ->
     assert waited < 2.0, f"y waited {waited:.1f} s behind newer x requests"
     assert backends.violations == []
     await node.shutdown()
+
+
+class SlowToStart:
+    """A backend whose start takes a minute unless stop() interrupts it (as the supervisor)."""
+
+    def __init__(self) -> None:
+        self.stopped = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def start(self, role: str) -> Endpoint:
+        self.started.set()
+        try:
+            async with asyncio.timeout(60):
+                await self.stopped.wait()
+        except TimeoutError:
+            return Endpoint("http://127.0.0.1:1", role)
+        raise RuntimeError(f"{role} was stopped before it was ready")
+
+    async def stop(self, role: str) -> None:
+        self.stopped.set()
+
+
+async def test_shutdown_aborts_a_load_under_way_instead_of_waiting_for_it() -> None:
+    backends = SlowToStart()
+    node = NodeScheduler("n1", 1000 * MIB, {"big": spec("big", 100)}, backends, limits=FAST)
+    node.start()
+    waiter = asyncio.create_task(node.acquire("big"))
+    await backends.started.wait()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await node.shutdown()
+    assert loop.time() - t0 < 5.0
+    assert node.snapshot()["resident"] == []
+    with pytest.raises((ShuttingDownError, LoadFailedError)):
+        await waiter

@@ -96,7 +96,11 @@ class RoleBackends(Protocol):
         ...
 
     async def stop(self, role: str) -> None:
-        """Stop ``role``'s backend; return after it exited."""
+        """Stop ``role``'s backend; return after it exited.
+
+        Called while ``start(role)`` is still running (shutdown), it must make
+        that start fail promptly and leave no process.
+        """
         ...
 
 
@@ -410,7 +414,13 @@ class NodeScheduler:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.limits.drain_s):
                 await self._idle.wait()
-        if self._transition is not None:
+        if self._transition is not None and not self._transition.done():
+            # A load under way is aborted rather than awaited (it may take minutes):
+            # RoleBackends.stop stops a backend that is still starting, too.
+            for role, st in self._roles.items():
+                if st.phase is Phase.LOADING:
+                    with contextlib.suppress(Exception):
+                        await self._backends.stop(role)
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._transition)
         if self._task is not None:
