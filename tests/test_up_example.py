@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import OpenAI
 
@@ -80,6 +81,21 @@ def test_up_on_the_example_serves_real_completions_and_stops_clean(
                 pieces.append(chunk.choices[0].delta.content)
         assert len(pieces) > 3
         assert sum(ch.isalpha() for ch in "".join(pieces)) >= 5
+
+        with httpx.stream(
+            "POST",
+            up.url + "/v1/chat/completions",
+            json={
+                "model": "voice-lite",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+                "stream": True,
+            },
+            timeout=60,
+        ) as raw:
+            assert raw.headers["content-type"].startswith("text/event-stream")
+            assert raw.headers["x-accel-buffering"] == "no"
+            assert b"data: [DONE]" in b"".join(raw.iter_raw())
 
         url = ["--url", up.url]
         assert "scratch-a" in rosterd("load", "scratch-a", *url)
