@@ -42,7 +42,8 @@ Every load and eviction is logged (logger ``rosterd.scheduler``) with its
 cause, counted in :mod:`rosterd.metrics` and kept in a bounded event log
 (:attr:`NodeScheduler.events`) that records the resident set after each step.
 
-Only asyncio from the standard library: the scheduler is rosterd's own job.
+The scheduler itself is plain asyncio (it is rosterd's own job); httpx, the
+project's HTTP client, only talks to a shared ollama server.
 """
 
 from __future__ import annotations
@@ -59,12 +60,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rosterd.adapters import AdapterError, WeightsSource, adapter_for
+import httpx
+
+from rosterd.adapters import Adapter, AdapterError, OllamaAdapter, WeightsSource, adapter_for
+from rosterd.adapters.ollama import DEFAULT_OLLAMA_PORT
 from rosterd.errors import RosterdError
 from rosterd.metrics import RosterdMetrics
 from rosterd.residency import AlreadyResident, Load, NodeState, Refuse, Wait, decide
-from rosterd.spec import InferenceSpec
-from rosterd.supervisor import Supervisor
+from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.supervisor import Backend, Supervisor, ready_timeout_for
 
 log = logging.getLogger("rosterd.scheduler")
 
@@ -906,13 +910,21 @@ def free_port(host: str) -> int:
 class SupervisorBackends:
     """:class:`RoleBackends` over the supervisor and the flavor adapters (what ``rosterd up`` uses).
 
-    ``specs``: role -> spec for the roles of one or more nodes run by
-    ``supervisor``; ``host``: where backends listen (the node's address);
+    ``specs``: role -> spec for the roles of one node run by ``supervisor``;
+    ``host``: where backends listen (the node's address);
     ``resolve_weights(spec)`` gives the role's weights (raises a
     ``RosterdError`` naming what it looked for); ``auto_ports``: ignore the
     roster's ports and let the OS pick free ones (roles without a port always
     get one); ``ready_timeout_s``: readiness deadline, seconds (``None``: the
-    supervisor's, which grows with the weights' size).
+    supervisor's, which grows with the weights' size); ``adapters``: flavor ->
+    adapter (default ``adapter_for``).
+
+    Roles of a flavor with one shared server per node (ollama) are not
+    processes: the first start runs the node's server under the supervisor as
+    ``<flavor>.<node>`` (``node`` names it), ``start`` then loads the role's
+    model into it (``keep_alive`` -1) and ``stop`` unloads it and returns once
+    the server no longer lists it (its memory is free then). The server itself
+    stops with the supervisor.
     """
 
     def __init__(
@@ -924,6 +936,8 @@ class SupervisorBackends:
         resolve_weights: Callable[[InferenceSpec], WeightsSource],
         auto_ports: bool = False,
         ready_timeout_s: float | None = None,
+        adapters: Callable[[InferFlavor], Adapter] = adapter_for,
+        node: str = "node",
     ) -> None:
         self.supervisor = supervisor
         self.specs = dict(specs)
@@ -931,23 +945,23 @@ class SupervisorBackends:
         self.resolve_weights = resolve_weights
         self.auto_ports = auto_ports
         self.ready_timeout_s = ready_timeout_s
+        self.adapters = adapters
+        self.node = node
+        self._shared_lock = asyncio.Lock()
 
     async def start(self, role: str) -> Endpoint:
         """Resolve the weights, build the adapter's launch, start it and wait until ready.
 
         Raises:
-            AdapterError: the flavor cannot serve this role here (e.g. ollama's
-                shared server, which ``rosterd up`` does not run yet).
+            AdapterError: the flavor cannot serve this role (``OllamaError``
+                when ollama refuses the model).
             RosterdError: weights not found; ``SupervisorError`` subclasses
                 (``PortInUseError``, ``BackendStartError`` with the output tail).
         """
         spec = self.specs[role]
-        adapter = adapter_for(spec.flavor)
+        adapter = self.adapters(spec.flavor)
         if adapter.shared_server:
-            raise AdapterError(
-                f"role {role} is {spec.flavor.id}, served by one shared server per node, "
-                "which rosterd up does not start yet"
-            )
+            return await self._load_shared(spec, adapter)
         source = self.resolve_weights(spec)
         port = spec.serve.port
         if self.auto_ports or port is None:
@@ -957,8 +971,55 @@ class SupervisorBackends:
         return Endpoint(backend.base_url, launch.served_model, backend.pid)
 
     async def stop(self, role: str) -> None:
-        """Stop the role's backend; returns after the process exited."""
+        """Stop the role's backend; returns after the process exited (or, for a
+        shared server, after it no longer holds the role's model)."""
+        spec = self.specs[role]
+        adapter = self.adapters(spec.flavor)
+        if adapter.shared_server:
+            await self._unload_shared(spec, adapter)
+            return
         await self.supervisor.stop(role)
+
+    # ---- shared servers (ollama) ----------------------------------------------
+
+    def _shared_name(self, flavor: InferFlavor) -> str:
+        return f"{flavor.id}.{self.node}"
+
+    async def _shared_server(self, spec: InferenceSpec, adapter: Adapter) -> Backend:
+        if not isinstance(adapter, OllamaAdapter):
+            raise AdapterError(f"role {spec.role}: no shared-server support for {spec.flavor.id}")
+        name = self._shared_name(spec.flavor)
+        async with self._shared_lock:  # one server per node, however many roles ask at once
+            running = self.supervisor.backend(name)
+            if running is not None:
+                return running
+            port = spec.serve.port or DEFAULT_OLLAMA_PORT
+            if self.auto_ports:
+                port = free_port(self.host)
+            launch = adapter.server_launch(host=self.host, port=port)
+            return await self.supervisor.start(name, launch, ready_timeout_s=self.ready_timeout_s)
+
+    async def _load_shared(self, spec: InferenceSpec, adapter: Adapter) -> Endpoint:
+        server = await self._shared_server(spec, adapter)
+        assert isinstance(adapter, OllamaAdapter)
+        model = spec.model or spec.role
+        timeout = self.ready_timeout_s or ready_timeout_for(spec.memory.weights_bytes)
+        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+            await adapter.load(client, model, timeout_s=timeout)
+        return Endpoint(server.base_url, model, None)
+
+    async def _unload_shared(self, spec: InferenceSpec, adapter: Adapter) -> None:
+        server = self.supervisor.backend(self._shared_name(spec.flavor))
+        if server is None or not isinstance(adapter, OllamaAdapter):
+            return  # no server: nothing is loaded
+        model = spec.model or spec.role
+        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+            await adapter.unload(client, model, timeout_s=30.0)
+            # ollama frees memory asynchronously: free means "no longer listed".
+            async with asyncio.timeout(60.0):
+                # polling another process's state: there is no event to wait on
+                while model in await adapter.resident(client, timeout_s=5.0):  # noqa: ASYNC110
+                    await asyncio.sleep(0.1)
 
 
 # --------------------------------------------------------------------------- fleet level

@@ -240,6 +240,7 @@ async def _serve(
                 host=node.address if node.address != "localhost" else "127.0.0.1",
                 resolve_weights=weights_for,
                 auto_ports=auto_ports,
+                node=node.name,
             )
             nodes[node.name] = NodeScheduler(
                 node.name, node.capacity_bytes, specs, backends, limits=limits, metrics=metrics
