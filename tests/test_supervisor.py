@@ -9,6 +9,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,9 +33,11 @@ from rosterd.supervisor import (
     BackendNotReadyError,
     BackendStartError,
     PortInUseError,
+    StateDirLockedError,
     Supervisor,
     SupervisorError,
     backoff_delay,
+    lock_state_dir,
     ready_timeout_for,
 )
 from rosterd.tokens import GB
@@ -237,6 +241,13 @@ async def test_reap_leftovers_stops_an_earlier_runs_backend(
     state = tmp_path / "state"
     earlier = Supervisor(state)
     backend = await earlier.start("left", make_fake_launch(free_port), restart=False)
+    # The rosterd that wrote the record is gone (a finished process stands in for it).
+    gone_owner = await asyncio.create_subprocess_exec("true")
+    await gone_owner.wait()
+    record_path = state / "run" / "left.json"
+    record = json.loads(record_path.read_text())
+    assert record["owner_pid"] == os.getpid()
+    record_path.write_text(json.dumps({**record, "owner_pid": gone_owner.pid}))
     later = Supervisor(state, grace_s=2.0)  # a new rosterd run on the same state folder
     assert await later.reap_leftovers() == [backend.pid]
     assert await wait_gone(backend.pid)
@@ -299,3 +310,49 @@ async def test_stop_while_starting_ends_the_start(
     assert gone(info.value.pid)
     assert supervisor.backend("late") is None
     assert port_is_free(free_port)
+
+
+async def test_reap_leftovers_spares_a_running_rosterds_backends(
+    tmp_path: Path, free_port: int, make_fake_launch: FakeLaunch
+) -> None:
+    # Another rosterd (a live process) runs a backend recorded in the same state folder.
+    state = tmp_path / "state"
+    other, backend_pid = await run_rosterd_child(state, make_fake_launch(free_port), 30)
+    try:
+        record = json.loads((state / "run" / "orphan.json").read_text())
+        assert record["owner_pid"] == other.pid
+        assert await Supervisor(state, grace_s=1.0).reap_leftovers() == []
+        assert not gone(backend_pid)
+        assert (state / "run" / "orphan.json").is_file()
+    finally:
+        await kill_rosterd_child(other)
+    assert await wait_gone(backend_pid)
+
+
+def test_state_dir_lock_is_exclusive_between_processes(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from rosterd.supervisor import "
+            "lock_state_dir; lock = lock_state_dir(Path(sys.argv[1])); print('locked', "
+            "flush=True); time.sleep(60)",
+            str(state),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(StateDirLockedError, match=f"pid {holder.pid}") as info:
+            lock_state_dir(state)
+        assert info.value.owner_pid == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    with lock_state_dir(state):  # free once its holder is gone
+        assert (state / "rosterd.lock").read_text().strip() == str(os.getpid())

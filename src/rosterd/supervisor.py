@@ -24,9 +24,14 @@ One ``Supervisor`` per node owns the backend servers that adapters describe
 - **ports**: a port something else listens on is refused with
   ``PortInUseError`` naming the holder when the OS lets us see it.
 - **leftovers**: every started backend is recorded (pid, command line, start
-  time) in ``<state_dir>/run/<name>.json``; ``reap_leftovers`` stops the
-  processes of an earlier run whose pid, command line and start time all match
-  a record, and never anyone else's.
+  time, and the pid and start time of the rosterd that owns it) in
+  ``<state_dir>/run/<name>.json``; ``reap_leftovers`` stops the processes of an
+  earlier run whose pid, command line and start time all match a record and
+  whose owner is no longer running, and never anyone else's.
+- **one owner per state folder**: ``lock_state_dir`` takes an exclusive lock on
+  ``<state_dir>/rosterd.lock`` (holding the owner's pid) for a rosterd's whole
+  life, so a second rosterd on the same folder is refused instead of stopping
+  the first one's backends.
 
 Library choices: asyncio subprocesses (the scheduler and router are asyncio),
 psutil (process start times, command lines and socket owners portably), httpx
@@ -39,6 +44,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import json
 import os
 import signal
@@ -76,6 +82,77 @@ if sys.platform.startswith("linux"):  # pragma: no branch - only Linux has prctl
 
 class SupervisorError(RosterdError):
     """A backend could not be started, stopped or found; the message says which and why."""
+
+
+class StateDirLockedError(SupervisorError):
+    """Another running rosterd holds the state folder's lock.
+
+    ``lock_path`` is the lock file, ``owner_pid`` the pid written in it (``None``
+    when it cannot be read).
+    """
+
+    def __init__(self, lock_path: Path, owner_pid: int | None) -> None:
+        self.lock_path = lock_path
+        self.owner_pid = owner_pid
+        who = f"pid {owner_pid}" if owner_pid is not None else "a process whose pid is unknown"
+        super().__init__(
+            f"another rosterd ({who}) is running with the state folder {lock_path.parent}; "
+            "stop it first, or give this one its own folder with --state-dir"
+        )
+
+
+class StateDirLock:
+    """An exclusive ``fcntl.flock`` on ``<state_dir>/rosterd.lock``, held until :meth:`release`.
+
+    The file holds the owner's pid (decimal text). The lock dies with the
+    process, so a crashed rosterd never leaves the folder locked.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Drop the lock (idempotent); the file stays, a later run reuses it."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)
+
+    def __enter__(self) -> StateDirLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_state_dir(state_dir: Path) -> StateDirLock:
+    """Take the exclusive lock of ``state_dir`` (created if missing) for this process.
+
+    Raises:
+        StateDirLockedError: another process holds it (its pid in the message).
+        OSError: the folder or lock file cannot be created.
+    """
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "rosterd.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            text = os.pread(fd, 64, 0).decode("ascii", errors="replace").strip()
+        except OSError:
+            text = ""
+        os.close(fd)
+        raise StateDirLockedError(path, int(text) if text.isdigit() else None) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return StateDirLock(path, fd)
 
 
 class BackendStartError(SupervisorError):
@@ -480,7 +557,9 @@ class Supervisor:
 
         For each record in ``<state_dir>/run/`` not owned by this supervisor,
         the process is stopped (SIGTERM to its group, grace, SIGKILL) only if
-        its pid, command line and start time all match the record; a record
+        its pid, command line and start time all match the record and the
+        rosterd that started it (``owner_pid``/``owner_create_time``) is no
+        longer running; a live owner's record is left alone, and a record
         whose pid now belongs to another process is just removed.
         """
         reaped: list[int] = []
@@ -488,6 +567,8 @@ class Supervisor:
             if record_path.stem in self._managed:
                 continue
             record = _read_record(record_path)
+            if record is not None and _owner_alive(record):
+                continue  # another running rosterd's backend: never ours to stop
             if record is not None:
                 proc = _matching_process(record)
                 if proc is not None:
@@ -654,6 +735,8 @@ class Supervisor:
             "pid": pid,
             "create_time": create_time,
             "cmdline": list(m.launch.argv),
+            "owner_pid": os.getpid(),
+            "owner_create_time": _process_create_time(os.getpid()),
         }
         tmp = m.record_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
@@ -697,6 +780,32 @@ def _read_record(path: Path) -> Mapping[str, object] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def _process_create_time(pid: int) -> float:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0.0
+
+
+def _owner_alive(record: Mapping[str, object]) -> bool:
+    """Whether the rosterd that wrote ``record`` still runs (same pid and start time).
+
+    Records without an owner (older versions) count as ownerless: ``False``.
+    """
+    pid, created = record.get("owner_pid"), record.get("owner_create_time")
+    if not isinstance(pid, int) or not isinstance(created, float | int):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(proc.create_time() - float(created)) <= 0.05
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True  # it exists; when in doubt, do not stop its backends
 
 
 def _matching_process(record: Mapping[str, object]) -> psutil.Process | None:

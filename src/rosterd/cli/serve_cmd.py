@@ -58,7 +58,7 @@ from rosterd.scheduler import (
     SupervisorBackends,
 )
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent, Supervisor
+from rosterd.supervisor import BackendEvent, Supervisor, lock_state_dir
 from rosterd.tokens import GB
 from rosterd.weights import resolve_weights
 
@@ -450,6 +450,15 @@ def up_cmd(
         min_residency_s=min_residency,
     )
     keys = tuple(k for k in (api_key or []) if k)
+    state = state_dir or default_state_dir()
+    try:
+        # Held for the whole run: a second `up` on this folder would otherwise
+        # take this one's live backends for leftovers of an earlier run.
+        state_lock = lock_state_dir(state)
+    except RosterdError as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    except OSError as exc:
+        raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), 1) from None
     try:
         asyncio.run(
             _serve(
@@ -461,7 +470,7 @@ def up_cmd(
                 port=port,
                 api_keys=keys,
                 max_body_bytes=max_body,
-                state_dir=state_dir or default_state_dir(),
+                state_dir=state,
                 limits=limits,
                 grace_s=grace,
                 auto_ports=auto_backend_ports,
@@ -472,6 +481,8 @@ def up_cmd(
         raise _fail(str(exc), EXIT_BAD_INPUT) from None
     except OSError as exc:  # e.g. the state folder cannot be created
         raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), 1) from None
+    finally:
+        state_lock.release()
 
 
 # --------------------------------------------------------------------------- clients
