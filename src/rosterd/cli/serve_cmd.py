@@ -97,6 +97,38 @@ def is_local_address(address: str) -> bool:
     return False
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on ``host`` keeps the server on this machine (localhost, 127.x, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_api_keys(given: Iterable[str], environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The API keys to require, from ``--api-key`` values (``given``) or ``ROSTERD_API_KEY``.
+
+    Raises:
+        RosterdError: a key is empty or blank, given as an option or as
+            ``ROSTERD_API_KEY`` (an empty key must not silently turn auth off).
+    """
+    keys = tuple(given)
+    if any(not k.strip() for k in keys):
+        raise RosterdError(
+            "--api-key is empty; an empty key would leave the server open to anyone. "
+            "Give a non-empty key, or leave --api-key out to serve without keys"
+        )
+    env = environ.get("ROSTERD_API_KEY")
+    if not keys and env is not None and not env.strip():
+        raise RosterdError(
+            "ROSTERD_API_KEY is set but empty; an empty key would leave the server open to "
+            "anyone. Set it to a non-empty key, or unset it to serve without keys"
+        )
+    return keys
+
+
 def _gib(n_bytes: int) -> str:
     return f"{n_bytes / GB:.2f}"
 
@@ -426,6 +458,10 @@ def up_cmd(
     if not 1 <= port <= 65535:
         raise _fail(f"--port {port} is not a usable port (1..65535)", EXIT_BAD_INPUT)
     try:
+        keys = check_api_keys(api_key or [], os.environ)
+    except RosterdError as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    try:
         roster = load_roster(roster_path, overlay)
         fleet = load_fleet(fleet_path) if fleet_path is not None else local_fleet()
     except RosterdError as exc:
@@ -449,7 +485,16 @@ def up_cmd(
         idle_ttl_s=idle_ttl if idle_ttl > 0 else float("inf"),
         min_residency_s=min_residency,
     )
-    keys = tuple(k for k in (api_key or []) if k)
+    if not keys and not is_loopback_host(host):
+        err_console.print(
+            Text(
+                f"warning: listening on {host} without an API key: anyone who can reach this "
+                "address can use every model and load or unload roles. Pass --api-key KEY "
+                "(or set ROSTERD_API_KEY) to require one.",
+                style="bold yellow",
+            ),
+            soft_wrap=True,
+        )
     state = state_dir or default_state_dir()
     try:
         # Held for the whole run: a second `up` on this folder would otherwise
