@@ -375,6 +375,27 @@ def test_accepted_files_with_nothing_to_import(text: str) -> None:
     result = one(text)
     assert result.specs == ()
     assert result.skipped == ()
+    assert len(result.warnings) == 1  # never silent: no entries, or no `roster:` key
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "roster:\n", "roster: []\n", "{}\n"])
+def test_a_roster_without_entries_warns(text: str) -> None:
+    assert one(text).warnings == ("the roster lists no entries; nothing is imported",)
+
+
+def test_a_misspelt_roster_key_is_accepted_empty_with_a_warning_naming_the_keys() -> None:
+    text = "version: 2\nrooster:\n" + base()
+    result = one(text)
+    assert (result.specs, result.skipped) == ((), ())  # the reference's result
+    [warning] = result.warnings
+    assert '"version", "rooster"' in warning
+    assert "line 1" in warning
+    assert "a roster is a mapping with a `roster:` list" in warning
+    assert '"rooster" looks like a misspelt `roster`' in warning
+
+
+def test_a_roster_with_entries_has_no_emptiness_warning() -> None:
+    assert one("other: 1\n" + roster(base())).warnings == ()
 
 
 def test_bom_crlf_and_tab_after_colon_are_accepted() -> None:

@@ -10,12 +10,14 @@ so no Python object is ever constructed from the file's tags.
 What rosterd adds to the reference: whole-file errors name the file, the field
 path (``roster[3].port``), line and column, what was found and what is
 expected; a merge key (``<<``), which the reference does not apply, gives a
-warning naming the entry and line; each imported spec keeps the roster's
-display name and line. The roster is opened read-only and never written.
+warning naming the entry and line; so does a file without a ``roster:`` key
+or without entries; each imported spec keeps the roster's display name and
+line. The roster is opened read-only and never written.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping as AbcMapping
 from dataclasses import dataclass, field
@@ -124,7 +126,8 @@ class ImportedRoster:
 
     ``specs`` are the importable entries in roster order; ``skipped`` is
     ``(id, reason)`` for every entry not imported, in roster order, with the
-    reference's reason text; ``warnings`` are rosterd's notes (merge keys);
+    reference's reason text; ``warnings`` are rosterd's notes (no ``roster:``
+    key or no entries, merge keys), which never change the rest;
     ``aliases`` maps each id skipped as an alias to the role it aliases.
     """
 
@@ -350,9 +353,11 @@ def _read_roster(reader: DocumentReader, document: Document) -> tuple[list[_RawE
     except ReadError as err:
         raise _located(err, None) from None
     roster_item: Item | None = None
+    other_keys: list[tuple[str, int]] = []
     for key, value in pairs:
         name = _key_text(reader, key, "(top level)")
         if name != "roster":
+            other_keys.append((name, _key_mark(key).line))
             continue  # unknown top-level keys are ignored, as serde does
         if roster_item is not None:
             raise _LocatedError(
@@ -360,11 +365,13 @@ def _read_roster(reader: DocumentReader, document: Document) -> tuple[list[_RawE
             )
         roster_item = value
     if roster_item is None:
-        return [], []
+        return [], [_no_roster_key_warning(other_keys)]
     try:
         items = reader.read_seq(roster_item, "a list of entries")
     except ReadError as err:
         raise _located(err, "roster") from None
+    if not items:
+        return [], [_NO_ENTRIES]
     if len(items) > MAX_ENTRIES:
         raise _LocatedError(
             f"the roster lists {len(items)} entries; expected at most {MAX_ENTRIES}",
@@ -376,6 +383,33 @@ def _read_roster(reader: DocumentReader, document: Document) -> tuple[list[_RawE
     for index, item in enumerate(items):
         entries.append(_read_entry(reader, item, f"roster[{index}]", warnings))
     return entries, warnings
+
+
+#: The warning for a roster without entries (an empty file, ``roster:`` with no value).
+_NO_ENTRIES: Final = "the roster lists no entries; nothing is imported"
+#: Most top-level keys a warning names.
+_MAX_KEYS_SHOWN: Final = 8
+
+
+def _no_roster_key_warning(keys: list[tuple[str, int]]) -> str:
+    """The warning for a file without a ``roster`` key, naming the keys it has.
+
+    ``keys`` is ``(key text, 1-based line)`` per top-level key, in file order.
+    """
+    if not keys:
+        return _NO_ENTRIES
+    names = list(dict.fromkeys(name for name, _ in keys))
+    shown = ", ".join(rust_debug_str(name) for name in names[:_MAX_KEYS_SHOWN])
+    if len(names) > _MAX_KEYS_SHOWN:
+        shown += f" and {len(names) - _MAX_KEYS_SHOWN} more"
+    hint = ""
+    close = difflib.get_close_matches("roster", names[:_MAX_KEYS_SHOWN], n=1, cutoff=0.6)
+    if close:
+        hint = f" ({rust_debug_str(close[0])} looks like a misspelt `roster`)"
+    return (
+        f"the file has no `roster:` key (top-level keys: {shown}, line {keys[0][1]}); "
+        f"a roster is a mapping with a `roster:` list of entries, so nothing is imported{hint}"
+    )
 
 
 def _key_mark(item: Item) -> Mark:
