@@ -115,3 +115,86 @@ def test_invalid_utf8_roster_is_a_clear_error(tmp_path: Path) -> None:
     assert code == 2
     assert f"{path}:2:3:" in err
     assert "UTF-8" in err
+
+
+def test_overlay_typos_reach_json_warnings_and_the_tables(tmp_path: Path) -> None:
+    overlay = tmp_path / "o.yaml"
+    overlay.write_text(
+        "sticky:\n  chat-smal: false\n  translator: false\n  translator: true\n"
+        "excludes:\n  scratch-a: [scratch-c]\n",
+        encoding="utf-8",
+    )
+    code, out, _ = run(str(EXAMPLE), "--overlay", str(overlay), "--json")
+    assert code == 0
+    warnings = json.loads(out)["warnings"]
+    assert warnings[1:] == [
+        'overlay sticky.translator (lines 3 and 4): "translator" is given twice in `sticky`; '
+        "the last (line 4) is used",
+        'overlay sticky.chat-smal (line 2): no roster entry has the id "chat-smal"; '
+        'this setting applies to nothing (did you mean "chat-small"?)',
+        'overlay excludes.scratch-a (line 6): "scratch-c" names no roster entry; '
+        'this exclusion applies to nothing (did you mean "scratch-b"?)',
+    ]
+    code, out, _ = run(str(EXAMPLE), "--overlay", str(overlay))
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "warning: overlay sticky.chat-smal (line 2)" in flat
+    assert "warning: overlay sticky.translator (lines 3 and 4)" in flat
+    assert "warning: overlay excludes.scratch-a (line 6)" in flat
+
+
+def test_misspelt_roster_key_warns_in_the_tables(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("rooster:\n  - id: m\n    backend: ollama\n    ram_gb: 1\n", encoding="utf-8")
+    code, out, _ = run(str(path))
+    assert code == 0
+    assert "Imported specs (0)" in out
+    assert "warning: the file has no `roster:` key" in " ".join(out.split())
+
+
+# --- the import's warnings in `rosterd plan` and `rosterd up` ----------------------------
+
+
+def _typo_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    roster = tmp_path / "roster.yaml"
+    roster.write_text(
+        "roster:\n  - {id: chat, backend: llama-server, ram_gb: 0.1, port: 18301}\n",
+        encoding="utf-8",
+    )
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("sticky:\n  chta: false\n", encoding="utf-8")
+    fleet = tmp_path / "fleet.yaml"  # a node that is not this machine: up stops after the plan
+    fleet.write_text(
+        "nodes:\n  - {name: far, memory_gb: 4, platform: linux-x86_64, address: 192.0.2.1}\n",
+        encoding="utf-8",
+    )
+    return roster, overlay, fleet
+
+
+TYPO_WARNING = (
+    'warning: overlay sticky.chta (line 2): no roster entry has the id "chta"; '
+    'this setting applies to nothing (did you mean "chat"?)'
+)
+
+
+def test_plan_prints_the_import_warnings(tmp_path: Path) -> None:
+    roster, overlay, fleet = _typo_files(tmp_path)
+    _register()
+    result = CliRunner().invoke(
+        app, ["plan", str(roster), "--overlay", str(overlay), "--fleet", str(fleet)]
+    )
+    assert result.exit_code == 0
+    assert TYPO_WARNING in result.stderr
+
+
+def test_up_prints_the_import_warnings(tmp_path: Path) -> None:
+    roster, overlay, fleet = _typo_files(tmp_path)
+    _register()
+    result = CliRunner().invoke(
+        app,
+        ["up", str(roster), "--overlay", str(overlay), "--fleet", str(fleet)],
+        env={"ROSTERD_API_KEY": None},
+    )
+    assert result.exit_code == 2  # no node of this fleet is this machine
+    assert TYPO_WARNING in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output

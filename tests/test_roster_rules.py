@@ -627,6 +627,71 @@ def test_overlay_accepts(text: str, sticky: dict[str, bool]) -> None:
     assert dict(overlay(text).sticky) == sticky
 
 
+TWO_ENTRIES = roster(base(id="coder", port="1"), base(id="vision", backend="mlx-vlm", port="2"))
+
+
+def test_overlay_keys_naming_no_roster_entry_warn_with_section_key_and_line() -> None:
+    ov = overlay(
+        "excludes:\n  codr: [vision]\n"  # line 2
+        "latency_class:\n  coder: interactive\n  cdoer: batch\n"  # line 5
+        "sticky:\n  vision: false\n  Coder: false\n"  # line 8
+    )
+    result = one(TWO_ENTRIES, ov)
+    assert result.warnings == (
+        'overlay excludes.codr (line 2): no roster entry has the id "codr"; '
+        'this setting applies to nothing (did you mean "coder"?)',
+        'overlay latency_class.cdoer (line 5): no roster entry has the id "cdoer"; '
+        'this setting applies to nothing (did you mean "coder"?)',
+        'overlay sticky.Coder (line 8): no roster entry has the id "Coder"; '
+        'this setting applies to nothing (did you mean "coder"?)',
+    )
+    # The warnings change nothing: the same specs and skips as without the typos.
+    plain = one(TWO_ENTRIES, overlay("latency_class:\n  coder: interactive\n"))
+    assert (result.specs, result.skipped) == (plain.specs, plain.skipped)
+
+
+def test_overlay_excludes_items_naming_no_roster_entry_warn_with_their_line() -> None:
+    ov = overlay("excludes:\n  coder:\n    - vision\n    - role:visoin\n    - 'role:coder2'\n")
+    result = one(TWO_ENTRIES, ov)
+    assert result.warnings == (
+        'overlay excludes.coder (line 4): "role:visoin" names no roster entry; '
+        'this exclusion applies to nothing (did you mean "vision"?)',
+        'overlay excludes.coder (line 5): "role:coder2" names no roster entry; '
+        "this exclusion applies to nothing",  # never suggests the role itself
+    )
+    assert result.specs[0].spec.excludes == ("vision", "role:visoin", "role:coder2")
+
+
+def test_overlay_role_given_twice_keeps_the_last_and_warns_with_both_lines() -> None:
+    ov = overlay("sticky:\n  coder: true\n  vision: true\n  coder: false\n")
+    assert dict(ov.sticky) == {"coder": False, "vision": True}
+    result = one(TWO_ENTRIES, ov)
+    assert result.specs[0].spec.sticky is False
+    assert result.warnings == (
+        'overlay sticky.coder (lines 2 and 4): "coder" is given twice in `sticky`; '
+        "the last (line 4) is used",
+    )
+
+
+def test_overlay_naming_every_entry_has_no_warning() -> None:
+    ov = overlay("excludes:\n  coder: ['role:vision']\nsticky: {coder: false, vision: true}\n")
+    assert one(TWO_ENTRIES, ov).warnings == ()
+
+
+def test_overlay_warnings_are_bounded() -> None:
+    keys = "".join(f"  k{i}: true\n" for i in range(200))
+    warnings = one(TWO_ENTRIES, overlay("sticky:\n" + keys)).warnings
+    assert len(warnings) == 51
+    assert warnings[-1] == "overlay: 150 more settings name no roster entry"
+
+
+def test_overlay_built_in_code_warns_without_a_line() -> None:
+    result = one(TWO_ENTRIES, RosterOverlay(sticky={"nope": True}))
+    assert result.warnings == (
+        'overlay sticky.nope: no roster entry has the id "nope"; this setting applies to nothing',
+    )
+
+
 def test_overlay_latency_by_local_tag_and_empty_exclude_list() -> None:
     ov = overlay("latency_class:\n  a: !batch\n  b: 'interactive'\nexcludes:\n  a:\n")
     assert dict(ov.latency_class) == {"a": LatencyClass.BATCH, "b": LatencyClass.INTERACTIVE}

@@ -10,9 +10,11 @@ so no Python object is ever constructed from the file's tags.
 What rosterd adds to the reference: whole-file errors name the file, the field
 path (``roster[3].port``), line and column, what was found and what is
 expected; a merge key (``<<``), which the reference does not apply, gives a
-warning naming the entry and line; so does a file without a ``roster:`` key
-or without entries; each imported spec keeps the roster's display name and
-line. The roster is opened read-only and never written.
+warning naming the entry and line; so do a file without a ``roster:`` key or
+without entries, overlay keys and excludes items naming no roster entry, and
+an overlay role given twice (the reference keeps the last); each imported
+spec keeps the roster's display name and line. The roster is opened
+read-only and never written.
 """
 
 from __future__ import annotations
@@ -72,11 +74,25 @@ class RosterOverlay:
     (``planner`` or ``role:planner``), ``latency_class`` and ``sticky`` map a
     role to its class and stickiness. Roles not named keep the defaults
     (sticky, ``batch`` unless the role's text says voice or realtime).
+    ``key_lines``, ``exclude_lines`` and ``warnings`` are rosterd's own: where
+    each key was written, for the warnings :func:`import_roster` gives about
+    keys that name no roster entry.
     """
 
     excludes: AbcMapping[str, tuple[str, ...]] = field(default_factory=dict)
     latency_class: AbcMapping[str, LatencyClass] = field(default_factory=dict)
     sticky: AbcMapping[str, bool] = field(default_factory=dict)
+    #: Where each role key was written: ``(section, role)`` → 1-based line (the
+    #: last occurrence when a role is given twice). Empty for an overlay built in code.
+    key_lines: AbcMapping[tuple[str, str], int] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    #: 1-based line of each ``excludes`` list item, aligned with ``excludes[role]``.
+    exclude_lines: AbcMapping[str, tuple[int, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    #: Notes found while reading the overlay (a role given twice in one section).
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
     def from_yaml(cls, text: str | bytes, *, file: str | None = None) -> RosterOverlay:
@@ -86,7 +102,8 @@ class RosterOverlay:
         (role → ``interactive``/``batch``, lowercase) and ``sticky`` (role →
         ``true``/``false``); any other key is an error, each may appear once.
         Role keys are the literal text of the key (``42:`` is role ``"42"``); a
-        role given twice keeps the last. An empty file is an empty overlay.
+        role given twice in one section keeps the last, with a warning naming
+        both lines. An empty file is an empty overlay.
 
         Raises:
             RosterError: naming ``file``, the field path (``sticky.m1``), line
@@ -127,7 +144,8 @@ class ImportedRoster:
     ``specs`` are the importable entries in roster order; ``skipped`` is
     ``(id, reason)`` for every entry not imported, in roster order, with the
     reference's reason text; ``warnings`` are rosterd's notes (no ``roster:``
-    key or no entries, merge keys), which never change the rest;
+    key or no entries, merge keys, overlay settings naming no roster entry,
+    overlay roles given twice), which never change the rest;
     ``aliases`` maps each id skipped as an alias to the role it aliases.
     """
 
@@ -210,6 +228,8 @@ def import_roster(
         raise err.to_error(file) from None
     except ReadError as err:
         raise _located(err, "roster").to_error(file) from None
+    warnings += overlay.warnings
+    warnings += _overlay_warnings(overlay, [raw.id for raw in raws])
     return _import_entries(raws, overlay, warnings)
 
 
@@ -489,6 +509,9 @@ def _read_overlay(reader: DocumentReader, document: Document) -> RosterOverlay:
     excludes: dict[str, tuple[str, ...]] = {}
     latency: dict[str, LatencyClass] = {}
     sticky: dict[str, bool] = {}
+    key_lines: dict[tuple[str, str], int] = {}
+    exclude_lines: dict[str, tuple[int, ...]] = {}
+    warnings: list[str] = []
     for key, value in pairs:
         name = _key_text(reader, key, "(top level)")
         if name not in _OVERLAY_FIELDS:
@@ -509,10 +532,20 @@ def _read_overlay(reader: DocumentReader, document: Document) -> RosterOverlay:
         for role_key, role_value in role_pairs:
             role = _key_text(reader, role_key, name)
             path = f"{name}.{role}"
+            line = _key_mark(role_key).line
+            earlier = key_lines.get((name, role))
+            if earlier is not None:
+                warnings.append(
+                    f"overlay {_shown_path(name, role)} (lines {earlier} and {line}): "
+                    f"{rust_debug_str(role)} is given twice in `{name}`; "
+                    f"the last (line {line}) is used"
+                )
+            key_lines[(name, role)] = line
             try:
                 if name == "excludes":
                     items = reader.read_seq(role_value, "a list of roles")
                     excludes[role] = tuple(reader.read_str(i, "a role") for i in items)
+                    exclude_lines[role] = tuple(_key_mark(i).line for i in items)
                 elif name == "latency_class":
                     variant = reader.read_unit_enum(role_value, ("interactive", "batch"))
                     latency[role] = LatencyClass(variant)
@@ -524,10 +557,81 @@ def _read_overlay(reader: DocumentReader, document: Document) -> RosterOverlay:
         excludes=MappingProxyType(excludes),
         latency_class=MappingProxyType(latency),
         sticky=MappingProxyType(sticky),
+        key_lines=MappingProxyType(key_lines),
+        exclude_lines=MappingProxyType(exclude_lines),
+        warnings=tuple(warnings),
     )
 
 
+def _shown_path(section: str, role: str) -> str:
+    """``section.role`` for a warning; the role quoted when it is empty or not printable."""
+    shown = role if role and role.isprintable() and role.strip() == role else rust_debug_str(role)
+    return f"{section}.{shown}"
+
+
 # --- import -------------------------------------------------------------------
+
+#: Most overlay keys (or excludes items) naming no roster entry that get their
+#: own warning; the rest are counted in one more.
+_MAX_OVERLAY_MISSES: Final = 50
+
+
+def _overlay_warnings(overlay: RosterOverlay, ids: list[str]) -> list[str]:
+    """Warnings for overlay settings that name no roster entry.
+
+    ``ids`` are the ids of every roster entry (imported or skipped). A role key
+    of ``excludes``, ``latency_class`` or ``sticky`` and an ``excludes`` item
+    (one leading ``role:`` removed) that is none of them applies to nothing:
+    each gets a warning naming the section, the key and its overlay line, and
+    the closest id when one is close (for an excludes item, other than the
+    role itself); past 50 such warnings one more gives the count. The import's
+    result does not change.
+    """
+    known = set(ids)
+    candidates = list(dict.fromkeys(ids))
+    misses: list[str] = []
+
+    def hint(name: str, not_this: str | None = None) -> str:
+        if len(misses) >= _MAX_OVERLAY_MISSES:
+            return ""
+        pool = [c for c in candidates if c != not_this] if not_this is not None else candidates
+        close = difflib.get_close_matches(name, pool, n=1, cutoff=0.75)
+        return f" (did you mean {rust_debug_str(close[0])}?)" if close else ""
+
+    def where(section: str, role: str, line: int | None) -> str:
+        at = f" (line {line})" if line is not None else ""
+        return f"overlay {_shown_path(section, role)}{at}"
+
+    sections: tuple[tuple[str, AbcMapping[str, object]], ...] = (
+        ("excludes", overlay.excludes),
+        ("latency_class", overlay.latency_class),
+        ("sticky", overlay.sticky),
+    )
+    for section, settings in sections:
+        for role in settings:
+            if role in known:
+                continue
+            line = overlay.key_lines.get((section, role))
+            misses.append(
+                f"{where(section, role, line)}: no roster entry has the id "
+                f"{rust_debug_str(role)}; this setting applies to nothing{hint(role)}"
+            )
+    for role, excluded in overlay.excludes.items():
+        lines = overlay.exclude_lines.get(role, ())
+        for index, item in enumerate(excluded):
+            target = item.removeprefix("role:")
+            if target in known:
+                continue
+            line = lines[index] if index < len(lines) else None
+            misses.append(
+                f"{where('excludes', role, line)}: {rust_debug_str(item)} names no roster "
+                f"entry; this exclusion applies to nothing{hint(target, not_this=role)}"
+            )
+    if len(misses) > _MAX_OVERLAY_MISSES:
+        extra = len(misses) - _MAX_OVERLAY_MISSES
+        misses = misses[:_MAX_OVERLAY_MISSES]
+        misses.append(f"overlay: {extra} more settings name no roster entry")
+    return misses
 
 
 def _ascii_lower(text: str) -> str:

@@ -466,6 +466,8 @@ def up_cmd(
         fleet = load_fleet(fleet_path) if fleet_path is not None else local_fleet()
     except RosterdError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows them
+        err_console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     result = plan([s.spec for s in roster.specs], fleet)
     local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
     print_plan(result, fleet, roster, (n.name for n in local_nodes), console)
