@@ -193,3 +193,14 @@ def test_roster_text_is_shown_literally_not_as_markup(tmp_path: Path) -> None:
     code, out, _ = run("plan", str(roster), "--fleet", str(fleet))
     assert code == 0
     assert "[bold]x[/bold]" in out
+
+
+@pytest.mark.parametrize(
+    "command", [["roster", "import"], ["plan"], ["up"]], ids=["roster-import", "plan", "up"]
+)
+def test_every_command_prefixes_its_errors_with_rosterd(command: list[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    code, out, err = run(*command, str(missing))
+    assert code == 2
+    assert out == ""
+    assert err.startswith(f"rosterd: {missing}: cannot open the roster")

@@ -154,7 +154,8 @@ def plan_cmd(
             typer.echo(json.dumps({"error": str(err)}))
         else:
             # Plain echo, not Rich: an error line must not be wrapped or re-styled.
-            typer.echo(f"error: {err}", err=True)
+            # "rosterd: " as every other command's errors start.
+            typer.echo(f"rosterd: {err}", err=True)
         raise typer.Exit(2) from None
     result = plan([s.spec for s in imported.specs], nodes, time_limit_s=time_limit)
     if as_json:
