@@ -24,6 +24,7 @@ from rosterd.scheduler import (
     ShuttingDownError,
 )
 from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec
+from rosterd.supervisor import BackendEvent
 
 MIB = 2**20
 
@@ -403,3 +404,56 @@ async def test_shutdown_aborts_a_load_under_way_instead_of_waiting_for_it() -> N
     assert node.snapshot()["resident"] == []
     with pytest.raises((ShuttingDownError, LoadFailedError)):
         await waiter
+
+
+async def test_a_crashed_role_waits_for_its_restart_then_serves_with_the_new_pid() -> None:
+    node, backends = make_node([spec("a", 100)], 1000)
+    assert await use(node, "a") == "a"
+    node.backend_event(BackendEvent("a", "exited", pid=111, exit_code=-9))
+    node.backend_event(BackendEvent("a", "restarting", pid=111, delay_s=0.5))
+    waiting = asyncio.create_task(node.acquire("a"))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # no 502 at once: it waits as for a load
+    info = node.snapshot()["roles"]["a"]  # type: ignore[index]
+    assert info["phase"] == "restarting"
+    assert info["pid"] is None
+    assert node.snapshot()["resident"] == ["a"]  # the restart holds its memory
+    node.backend_event(BackendEvent("a", "restart_failed", detail="not yet"))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # the supervisor tries again
+    node.backend_event(BackendEvent("a", "ready", pid=222))
+    lease = await asyncio.wait_for(waiting, 2)
+    assert lease.endpoint.pid == 222
+    assert lease.endpoint.base_url == "http://127.0.0.1:1/a"
+    node.release(lease)
+    info = node.snapshot()["roles"]["a"]  # type: ignore[index]
+    assert (info["phase"], info["pid"]) == ("ready", 222)
+    assert backends.starts == ["a"]  # the supervisor restarted it, not a new load
+    assert [e.kind for e in node.events][-2:] == ["crashed", "restarted"]
+    await node.shutdown()
+
+
+async def test_a_restart_given_up_fails_the_waiters_and_frees_the_role() -> None:
+    node, backends = make_node([spec("a", 100)], 1000)
+    assert await use(node, "a") == "a"
+    node.backend_event(BackendEvent("a", "exited", pid=111, exit_code=1))
+    waiting = asyncio.create_task(node.acquire("a"))
+    await asyncio.sleep(0.1)
+    node.backend_event(
+        BackendEvent(
+            "a",
+            "restart_failed",
+            detail="gave up: backend a exited with code 1\nlast lines of /var/x.log",
+            final=True,
+        )
+    )
+    with pytest.raises(LoadFailedError, match="could not be restarted") as info:
+        await asyncio.wait_for(waiting, 2)
+    assert "/var/x.log" not in str(info.value)
+    assert "rosterd ps" in str(info.value)
+    assert node.snapshot()["resident"] == []
+    assert node.snapshot()["roles"]["a"]["phase"] == "stopped"  # type: ignore[index]
+    # A later request loads it again, as any role that is not resident.
+    assert await use(node, "a") == "a"
+    assert backends.starts == ["a", "a"]
+    await node.shutdown()

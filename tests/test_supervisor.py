@@ -356,3 +356,41 @@ def test_state_dir_lock_is_exclusive_between_processes(tmp_path: Path) -> None:
             holder.stdout.close()
     with lock_state_dir(state):  # free once its holder is gone
         assert (state / "rosterd.lock").read_text().strip() == str(os.getpid())
+
+
+async def test_restarts_give_up_after_max_restart_failures(
+    tmp_path: Path, free_port: int, make_fake_launch: FakeLaunch
+) -> None:
+    events: list[BackendEvent] = []
+    gave_up = asyncio.Event()
+
+    def on_event(event: BackendEvent) -> None:
+        events.append(event)
+        if event.final:
+            gave_up.set()
+
+    sup = Supervisor(
+        tmp_path / "state",
+        grace_s=1.0,
+        initial_backoff_s=0.3,
+        max_backoff_s=0.3,
+        max_restart_failures=2,
+        on_event=on_event,
+    )
+    try:
+        pid = (await sup.start("doomed", make_fake_launch(free_port))).pid
+        os.kill(pid, signal.SIGKILL)
+        assert await wait_gone(pid)
+        with socket.socket() as squatter:  # every restart now finds its port taken
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", free_port))
+            squatter.listen(1)
+            await asyncio.wait_for(gave_up.wait(), 10)
+        failed = [e for e in events if e.kind == "restart_failed"]
+        assert [e.final for e in failed] == [False, True]
+        assert "gave up after 2 failed restart(s)" in failed[-1].detail
+        assert sup.backend("doomed") is None
+        assert sup.names() == ()
+        assert list((sup.state_dir / "run").glob("*.json")) == []
+    finally:
+        await sup.stop_all()

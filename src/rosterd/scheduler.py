@@ -33,6 +33,13 @@ supervisor, in ``rosterd up``). The rules it keeps, as issue 5 and USERS.md ask:
   winner kept busy past ``drain_s`` yields as well, so the loser cannot starve.
 - **Idle TTL.** A ready, non-sticky batch role with nothing in flight or
   queued for ``idle_ttl_s`` is unloaded.
+- **Crash restarts are loads too.** When the supervisor reports that a ready
+  backend exited (:meth:`NodeScheduler.backend_event`), the role goes to
+  ``restarting``: it keeps its memory, leases of the dead process are void,
+  and new requests wait for the restart as for a load (up to
+  ``queue_timeout_s``). Once the restart is ready the role is ``ready`` with
+  the new pid; if the supervisor gives up, the role is ``stopped`` (its
+  process has exited) and the waiting requests fail with the reason.
 - **Per-role concurrency and a bounded queue.** At most ``max_concurrency``
   leases per role; at most ``max_queue`` waiters per role, beyond which
   :class:`QueueFullError` is raised at once; a waiter gives up after
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import math
@@ -68,9 +76,12 @@ from rosterd.errors import RosterdError
 from rosterd.metrics import RosterdMetrics
 from rosterd.residency import AlreadyResident, Load, NodeState, Refuse, Wait, decide
 from rosterd.spec import InferenceSpec, InferFlavor
-from rosterd.supervisor import Backend, Supervisor, ready_timeout_for
+from rosterd.supervisor import Backend, BackendEvent, Supervisor, ready_timeout_for
 
 log = logging.getLogger("rosterd.scheduler")
+
+#: Where a client whose request failed on a backend is pointed for the details.
+_SEE_LOG = "see `rosterd ps` / the backend log"
 
 
 # --------------------------------------------------------------------------- values
@@ -147,15 +158,19 @@ class Lease:
 
 
 class Phase(enum.Enum):
-    """Where a role's backend is: ``loading``, ``ready`` and ``stopping`` hold memory."""
+    """Where a role's backend is: every phase but ``stopped`` holds memory.
+
+    ``restarting``: the backend crashed and the supervisor is starting it again.
+    """
 
     STOPPED = "stopped"
     LOADING = "loading"
     READY = "ready"
+    RESTARTING = "restarting"
     STOPPING = "stopping"
 
 
-HOLDS_MEMORY = frozenset({Phase.LOADING, Phase.READY, Phase.STOPPING})
+HOLDS_MEMORY = frozenset({Phase.LOADING, Phase.READY, Phase.RESTARTING, Phase.STOPPING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,11 +301,16 @@ class _Unload:
 
 
 @dataclass(frozen=True, slots=True)
+class _BackendChange:
+    event: BackendEvent
+
+
+@dataclass(frozen=True, slots=True)
 class _Kick:
     """Something changed outside the inbox (a transition finished): decide again."""
 
 
-_Message = _Acquire | _Release | _Unload | _Kick
+_Message = _Acquire | _Release | _Unload | _BackendChange | _Kick
 
 
 class NodeScheduler:
@@ -395,6 +415,17 @@ class NodeScheduler:
         """Give back a lease taken with ``take_slot`` (safe to call from any task, once)."""
         self._inbox.put_nowait(_Release(lease.role, lease.generation))
 
+    def backend_event(self, event: BackendEvent) -> None:
+        """Tell the node what the supervisor saw happen to a role's backend (any task).
+
+        ``exited``/``restarting`` of a ready role: it goes to ``restarting``;
+        ``ready``: the restarted process (``event.pid``) serves it again;
+        a final ``restart_failed``: it is no longer resident. Events for other
+        names (a shared server) or phases (a load or stop under way) are ignored.
+        """
+        if event.name in self._roles:
+            self._inbox.put_nowait(_BackendChange(event))
+
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
 
@@ -436,7 +467,7 @@ class NodeScheduler:
             with contextlib.suppress(Exception):
                 await self._transition
         for role, st in self._roles.items():
-            if st.phase in (Phase.READY, Phase.LOADING):
+            if st.phase in (Phase.READY, Phase.LOADING, Phase.RESTARTING):
                 await self._stop_role(role, "shutdown")
             for future in st.unload_requested:  # stopped now, as asked
                 if not future.done():
@@ -512,6 +543,43 @@ class NodeScheduler:
             st.unload_requested.append(message.future)
             if st.unload_since is None:
                 st.unload_since = self._clock()
+        elif isinstance(message, _BackendChange):
+            self._on_backend_event(message.event)
+
+    def _on_backend_event(self, event: BackendEvent) -> None:
+        role = event.name
+        st = self._roles[role]
+        if event.kind in ("exited", "restarting") and st.phase is Phase.READY:
+            st.phase = Phase.RESTARTING
+            st.generation += 1  # leases of the dead process are void
+            st.in_flight = 0
+            if st.endpoint is not None:  # same address and name; no live pid until it is back
+                st.endpoint = dataclasses.replace(st.endpoint, pid=None)
+            st.waiting_reason = "its backend crashed and is being restarted"
+            why = f"exit code {event.exit_code}" if event.exit_code is not None else event.kind
+            self._emit("crashed", role, f"backend pid {event.pid} exited ({why}); restarting")
+            self._update_gauges(role)
+        elif event.kind == "ready" and st.phase is Phase.RESTARTING and st.endpoint is not None:
+            st.phase = Phase.READY
+            st.endpoint = dataclasses.replace(st.endpoint, pid=event.pid)
+            st.last_used = self._clock()
+            st.waiting_reason = None
+            self._emit("restarted", role, f"backend restarted as pid {event.pid}")
+            self._grant(role, st)
+        elif event.kind == "restart_failed" and st.phase is Phase.RESTARTING:
+            if not event.final:
+                st.waiting_reason = "its backend crashed; restarting it failed, trying again"
+                return
+            st.phase = Phase.STOPPED  # the supervisor gave up: no process is left
+            st.endpoint = None
+            st.loaded_at = None
+            message = f"backend for role {role!r} crashed and could not be restarted"
+            log.warning("node %s: %s: %s", self.name, message, event.detail)
+            for w in st.live_waiters():
+                w.future.set_exception(LoadFailedError(f"{message}; {_SEE_LOG}"))
+            st.waiters.clear()
+            self._emit("restart_failed", role, "the supervisor gave up restarting it")
+            self._update_gauges(role)
 
     def _on_acquire(self, role: str, waiter: _Waiter) -> None:
         st = self._roles[role]
@@ -1067,6 +1135,16 @@ class Scheduler:
     def release(self, lease: Lease) -> None:
         """Give back a lease from :meth:`acquire`."""
         self.nodes[lease.node].release(lease)
+
+    def backend_event(self, event: BackendEvent) -> None:
+        """Pass a supervisor event to the node owning ``event.name`` (other names are ignored).
+
+        Wire it to ``Supervisor(on_event=...)`` so crashes and restarts reach
+        the scheduler; see :meth:`NodeScheduler.backend_event`.
+        """
+        node = self._node_of.get(event.name)
+        if node is not None:
+            node.backend_event(event)
 
     async def load(
         self, role: str, *, no_evict: bool = False, timeout_s: float | None = None

@@ -20,7 +20,9 @@ One ``Supervisor`` per node owns the backend servers that adapters describe
   so its memory can be counted as free when it returns.
 - **restarts**: a backend that exits by itself is restarted after an
   exponential backoff (``initial_backoff_s`` doubling up to ``max_backoff_s``),
-  reset once a backend has run ``healthy_reset_s`` seconds.
+  reset once a backend has run ``healthy_reset_s`` seconds; after
+  ``max_restart_failures`` restarts in a row fail to become ready it gives up
+  (a final ``restart_failed`` event) and the backend is no longer supervised.
 - **ports**: a port something else listens on is refused with
   ``PortInUseError`` naming the holder when the OS lets us see it.
 - **leftovers**: every started backend is recorded (pid, command line, start
@@ -236,7 +238,8 @@ class BackendEvent:
 
     ``kind``: ``ready`` (started or restarted and ready), ``exited`` (died by
     itself; ``exit_code`` set), ``restarting`` (``delay_s`` until the next
-    try), ``restart_failed`` (``detail`` says why), ``stopped`` (by ``stop``).
+    try), ``restart_failed`` (``detail`` says why; ``final`` when the
+    supervisor gave up and no process is left), ``stopped`` (by ``stop``).
     """
 
     name: str
@@ -245,6 +248,7 @@ class BackendEvent:
     exit_code: int | None = None
     delay_s: float | None = None
     detail: str = ""
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +397,8 @@ class Supervisor:
     ``state_dir`` holds ``logs/`` and ``run/`` (created if missing);
     ``grace_s`` is the time between SIGTERM and SIGKILL; restarts back off
     from ``initial_backoff_s`` doubling to ``max_backoff_s``, and the backoff
-    resets after ``healthy_reset_s`` seconds of healthy running; ``on_event``
+    resets after ``healthy_reset_s`` seconds of healthy running; after
+    ``max_restart_failures`` failed restarts in a row it gives up; ``on_event``
     (optional, called on the event loop, must not block) hears every
     ``BackendEvent``. All durations are seconds. Use from one event loop.
     """
@@ -406,6 +411,7 @@ class Supervisor:
         initial_backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         healthy_reset_s: float = 60.0,
+        max_restart_failures: int = 5,
         on_event: Callable[[BackendEvent], None] | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
@@ -413,6 +419,7 @@ class Supervisor:
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
         self.healthy_reset_s = healthy_reset_s
+        self.max_restart_failures = max_restart_failures
         self._on_event = on_event
         self._logs = self.state_dir / "logs"
         self._run = self.state_dir / "run"
@@ -693,6 +700,7 @@ class Supervisor:
                 return
             if m.ready_at and time.monotonic() - m.ready_at >= self.healthy_reset_s:
                 m.failures = 0
+            failed_tries = 0
             while True:
                 delay = backoff_delay(m.failures, self.initial_backoff_s, self.max_backoff_s)
                 m.failures += 1
@@ -704,7 +712,16 @@ class Supervisor:
                     await self._spawn_until_ready(m)
                 except SupervisorError as err:
                     m.ready_at = 0.0
-                    self._emit(BackendEvent(m.name, "restart_failed", detail=str(err)))
+                    failed_tries += 1
+                    final = failed_tries >= self.max_restart_failures
+                    if final:  # the failed try's process is gone: nothing runs any more
+                        self._managed.pop(m.name, None)
+                    detail = str(err)
+                    if final:
+                        detail = f"gave up after {failed_tries} failed restart(s): {detail}"
+                    self._emit(BackendEvent(m.name, "restart_failed", detail=detail, final=final))
+                    if final:
+                        return
                     continue
                 m.restarts += 1
                 break

@@ -238,8 +238,14 @@ async def _serve(
         loop.add_signal_handler(sig, on_signal, sig)
 
     sock = _bind(host, port)
-    supervisor = Supervisor(state_dir, grace_s=grace_s, on_event=_print_backend_event)
     scheduler: Scheduler | None = None
+
+    def on_backend_event(event: BackendEvent) -> None:
+        _print_backend_event(event)
+        if scheduler is not None:  # crashes and restarts change what the scheduler serves
+            scheduler.backend_event(event)
+
+    supervisor = Supervisor(state_dir, grace_s=grace_s, on_event=on_backend_event)
     try:
         reaped = await supervisor.reap_leftovers()
         if reaped:
