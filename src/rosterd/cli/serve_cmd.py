@@ -48,7 +48,7 @@ from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
 from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
-from rosterd.roster import ImportedRoster, load_roster
+from rosterd.roster import ImportedRoster, ImportedSpec, load_roster
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.scheduler import (
     NodeScheduler,
@@ -133,11 +133,20 @@ def _gib(n_bytes: int) -> str:
     return f"{n_bytes / GB:.2f}"
 
 
+def first_by_role(roster: ImportedRoster) -> dict[str, ImportedSpec]:
+    """Role id -> its first imported entry: the one planned when an id is given twice
+    (placement reports the later ones as unplaced duplicates)."""
+    first: dict[str, ImportedSpec] = {}
+    for imported in roster.specs:
+        first.setdefault(imported.spec.role, imported)
+    return first
+
+
 def print_plan(
     result: Plan, fleet: Fleet, roster: ImportedRoster, local: Iterable[str], out: Console
 ) -> None:
     """The plan as people read it: per node its roles and memory, then unplaced roles."""
-    specs = {s.spec.role: s.spec for s in roster.specs}
+    specs = {role: s.spec for role, s in first_by_role(roster).items()}
     local = set(local)
     for node in fleet.nodes:
         node_plan = result.nodes.get(node.name)
@@ -250,8 +259,8 @@ async def _serve(
         reaped = await supervisor.reap_leftovers()
         if reaped:
             console.print(f"stopped {len(reaped)} backend(s) left by an earlier run: {reaped}")
-        by_role = {s.spec.role: s for s in roster.specs}
-        repos = {s.spec.role: s.repo for s in roster.specs}
+        by_role = first_by_role(roster)
+        repos = {role: s.repo for role, s in by_role.items()}
         metrics = RosterdMetrics()
 
         def weights_for(spec: InferenceSpec) -> WeightsSource:

@@ -1,0 +1,81 @@
+"""Which roster entry a role is: ``rosterd plan --json`` and a real ``rosterd up``
+(without warm-up, so no backend starts) over HTTP.
+
+A roster gives ``scratch-a`` twice (tiny-a, 0.1 GiB, then tiny-b, 5 GiB, which
+would not even fit the 3 GiB node): the first entry is planned, listed and
+routed to, the second is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+
+from backend_helpers import pick_free_port
+from test_up_support import llama_entry, rosterd_argv, start_up, write_roster
+
+GIB = 2**30
+
+
+def _lab(tmp_path: Path) -> list[str]:
+    roster = write_roster(
+        tmp_path / "roster.yaml",
+        [
+            llama_entry("scratch-a", "tiny-a", 0.1, 8311),
+            llama_entry("scratch-a", "tiny-b", 5.0, 8312),
+            {**llama_entry("planner", "Qwen3-30B-A3B", 1.0, 8080), "backend": "mlx_lm"},
+            {**llama_entry("ollama-x", "phi4-mini", 1.0, 11434), "backend": "ollama"},
+        ],
+    )
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "nodes:\n"
+        "  - {name: here, memory_gb: 4, reserved_gb: 1, platform: linux-x86_64,"
+        " flavors: [llamacpp], address: 127.0.0.1}\n"
+        "  - {name: studio, memory_gb: 64, reserved_gb: 8, platform: macos-arm64,"
+        " flavors: [mlx_lm], address: 192.0.2.1}\n"
+    )
+    return [str(roster), "--fleet", str(fleet)]
+
+
+def test_plan_json_plans_the_first_entry_of_a_duplicate_id(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*rosterd_argv(), "plan", *_lab(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    result = json.loads(out)
+    assert result["placements"] == {"scratch-a": "here", "planner": "studio"}
+    assert result["nodes"]["here"]["swappable"] == ["scratch-a"]  # the 0.1 GiB entry fits
+    reasons = dict(result["unplaced"][:1])
+    assert "first roster entry with this id is the one planned" in reasons["scratch-a"]
+    assert [r for r, _ in result["unplaced"]] == ["scratch-a", "ollama-x"]
+
+
+def test_up_routes_the_first_entry_of_a_duplicate_id(tmp_path: Path) -> None:
+    port = pick_free_port()
+    up = start_up([*_lab(tmp_path), "--no-warm-up"], tmp_path, port)
+    try:
+        models = up.get("/v1/models")["data"]
+        assert [m["id"] for m in models] == ["scratch-a"]
+        (scratch,) = models
+        assert scratch["aliases"] == ["tiny-a"]
+        assert scratch["resident_bytes"] == int(0.1 * GIB)
+        r = httpx.post(
+            f"{up.url}/v1/chat/completions",
+            json={"model": "tiny-b", "messages": []},
+            trust_env=False,
+            timeout=10,
+        )
+        assert r.status_code == 404, r.text
+    finally:
+        assert up.stop(signal.SIGINT) == 0
+    said = " ".join(up.output().split())
+    assert "scratch-a │ llamacpp │ tiny-a" in said
+    assert "tiny-b" not in said.split("unplaced roles")[0]  # the plan table shows tiny-a
