@@ -198,3 +198,35 @@ def test_up_prints_the_import_warnings(tmp_path: Path) -> None:
     assert result.exit_code == 2  # no node of this fleet is this machine
     assert TYPO_WARNING in " ".join(result.stderr.split())
     assert "Traceback" not in result.output
+
+
+# --- the README's roster format ------------------------------------------------------------
+
+
+def test_readme_roster_and_overlay_examples_import_as_documented(tmp_path: Path) -> None:
+    """The annotated roster and overlay in the README's "Importing the roster" are real files."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Importing the roster", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    roster_text, overlay_text = blocks[:2]
+    assert roster_text.startswith("roster:")
+    for field_name in ("id", "role", "name", "repo", "ram_gb", "backend", "port", "status"):
+        assert f"    {field_name}: " in roster_text or f"- {field_name}: " in roster_text
+    for section_name in ("excludes:", "latency_class:", "sticky:"):
+        assert section_name in overlay_text
+    (tmp_path / "roster.yaml").write_text(roster_text, encoding="utf-8")
+    (tmp_path / "overlay.yaml").write_text(overlay_text, encoding="utf-8")
+    code, out, _ = run(
+        str(tmp_path / "roster.yaml"), "--overlay", str(tmp_path / "overlay.yaml"), "--json"
+    )
+    assert code == 0
+    doc = json.loads(out)
+    specs = {s["role"]: s for s in doc["specs"]}
+    assert set(specs) == {"chat-small", "voice-lite"}
+    assert specs["chat-small"]["flavor"] == specs["voice-lite"]["flavor"] == "llamacpp"
+    assert specs["chat-small"]["excludes"] == ["voice-lite"]
+    assert specs["chat-small"]["latency_class"] == "interactive"
+    assert specs["voice-lite"]["latency_class"] == "interactive"  # "voice" in its id
+    assert specs["voice-lite"]["sticky"] is False
+    assert doc["skipped"] == [["vision", 'backend "mlx-vlm" has no inference adapter']]
+    assert doc["warnings"] == []
