@@ -19,9 +19,11 @@ from rosterd.scheduler import (
     QueueFullError,
     QueueTimeoutError,
     RoleRefusedError,
+    RoleUnavailableError,
     Scheduler,
     SchedulerLimits,
     ShuttingDownError,
+    client_reason,
 )
 from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec
 from rosterd.supervisor import BackendEvent
@@ -457,3 +459,60 @@ async def test_a_restart_given_up_fails_the_waiters_and_frees_the_role() -> None
     assert await use(node, "a") == "a"
     assert backends.starts == ["a", "a"]
     await node.shutdown()
+
+
+async def test_an_unavailable_role_fails_at_once_without_a_load() -> None:
+    by_role = {"a": spec("a", 100), "b": spec("b", 100)}
+    backends = FakeBackends(by_role, 1000 * MIB)
+    why = "role a: models: a: /srv/models/a.gguf does not exist"
+    node = NodeScheduler("n1", 1000 * MIB, by_role, backends, limits=FAST, unavailable={"a": why})
+    node.start()
+    with pytest.raises(RoleUnavailableError, match=r"role 'a' is unavailable: .*a\.gguf") as info:
+        await node.acquire("a")
+    assert "/srv/models" not in str(info.value)
+    with pytest.raises(RoleUnavailableError):
+        await node.acquire("a", take_slot=False)  # rosterd load, warm-up
+    assert await use(node, "b") == "b"
+    assert backends.starts == ["b"]  # never tried to load a
+    roles = node.snapshot()["roles"]
+    assert roles["a"]["phase"] == "unavailable"  # type: ignore[index]
+    assert roles["a"]["unavailable_reason"] == why  # type: ignore[index]
+    assert roles["b"]["unavailable_reason"] is None  # type: ignore[index]
+    await node.shutdown()
+
+
+class TailError(Exception):
+    pass
+
+
+async def test_a_failed_load_tells_the_client_the_reason_without_paths_or_log_tail() -> None:
+    class Failing(FakeBackends):
+        async def start(self, role: str) -> Endpoint:
+            raise TailError(
+                "backend a exited with code 1 before it was ready\n"
+                "last lines of /home/op/.local/state/rosterd/logs/a.log:\n"
+                "  | /opt/llama/bin/llama-server -m /srv/models/a.gguf --port 9"
+            )
+
+    by_role = {"a": spec("a", 100)}
+    node = NodeScheduler("n1", 1000 * MIB, by_role, Failing(by_role, 1000 * MIB), limits=FAST)
+    node.start()
+    with pytest.raises(LoadFailedError) as info:
+        await node.acquire("a")
+    message = str(info.value)
+    assert message == (
+        "backend for role 'a' failed to load: backend a exited with code 1 before it was "
+        "ready; see `rosterd ps` / the backend log"
+    )
+    assert node.events[-1].kind == "load_failed"
+    assert "/srv/models/a.gguf" in node.events[-1].cause  # the full error stays in the log
+    await node.shutdown()
+
+
+def test_client_reason_cuts_paths_but_not_urls() -> None:
+    assert client_reason("x: /srv/models/a.gguf does not exist\ntail") == "x: a.gguf does not exist"
+    assert client_reason("no answer from http://127.0.0.1:9/v1/x") == (
+        "no answer from http://127.0.0.1:9/v1/x"
+    )
+    assert client_reason("in / and /tmp/") == "in / and /"
+    assert len(client_reason("y" * 1000)) == 300

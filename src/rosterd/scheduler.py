@@ -61,6 +61,7 @@ import dataclasses
 import enum
 import logging
 import math
+import re
 import socket
 import time
 from collections import deque
@@ -82,6 +83,21 @@ log = logging.getLogger("rosterd.scheduler")
 
 #: Where a client whose request failed on a backend is pointed for the details.
 _SEE_LOG = "see `rosterd ps` / the backend log"
+
+# An absolute path (not the path part of a URL): "/a/b/c" -> its last part "c".
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\"`,;()/]+/)*([^\s'\"`,;()/]*)")
+
+
+def client_reason(text: str, *, limit: int = 300) -> str:
+    """``text`` (an error message) fit for an HTTP client: its first line only, with
+    absolute paths cut to their last part, at most ``limit`` characters.
+
+    Full messages (log tails, command lines, paths) stay in rosterd's log and the
+    backend's log file; clients get the short reason.
+    """
+    first = text.strip().splitlines()[0] if text.strip() else "unknown error"
+    short = _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", first)
+    return short if len(short) <= limit else short[: limit - 1] + "…"
 
 
 # --------------------------------------------------------------------------- values
@@ -245,6 +261,11 @@ class LoadFailedError(SchedulerError):
     """The role's backend failed to start or become ready; the message says why."""
 
 
+class RoleUnavailableError(SchedulerError):
+    """The role cannot be served at all (found at start, e.g. its weights are missing);
+    no load is tried. The router answers 503 ``model_unavailable``."""
+
+
 class ShuttingDownError(SchedulerError):
     """rosterd is stopping and takes no new requests."""
 
@@ -318,7 +339,10 @@ class NodeScheduler:
 
     ``specs``: the roles placed on the node (role -> spec); ``capacity_bytes``:
     the node's budget (``Node.capacity_bytes``); ``backends`` starts and stops
-    them. ``clock`` (monotonic seconds) is injectable for tests.
+    them. ``unavailable``: role -> why it cannot be served (checked at start,
+    e.g. missing weights); requests for it fail at once with
+    :class:`RoleUnavailableError` and no load is tried. ``clock`` (monotonic
+    seconds) is injectable for tests.
     """
 
     def __init__(
@@ -332,8 +356,10 @@ class NodeScheduler:
         metrics: RosterdMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         event_log_size: int = 2000,
+        unavailable: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
         self.capacity_bytes = capacity_bytes
         self.specs = dict(specs)
         self.limits = limits or SchedulerLimits()
@@ -379,11 +405,15 @@ class NodeScheduler:
         Cancelling the caller only removes its place in the queue.
 
         Raises:
-            UnknownRoleError, QueueFullError, QueueTimeoutError,
-            RoleRefusedError, LoadFailedError, ShuttingDownError.
+            UnknownRoleError, RoleUnavailableError, QueueFullError,
+            QueueTimeoutError, RoleRefusedError, LoadFailedError, ShuttingDownError.
         """
         if role not in self._roles:
             raise UnknownRoleError(f"role {role!r} is not placed on node {self.name!r}")
+        if role in self.unavailable:
+            raise RoleUnavailableError(
+                f"role {role!r} is unavailable: {client_reason(self.unavailable[role])}"
+            )
         if self._shutting_down:
             raise ShuttingDownError("rosterd is shutting down")
         loop = asyncio.get_running_loop()
@@ -479,15 +509,17 @@ class NodeScheduler:
 
         ``{"capacity_bytes", "resident_bytes", "resident": [...], "roles": {role:
         {"phase", "latency_class", "sticky", "resident_bytes", "in_flight",
-        "queued", "idle_s", "loaded_for_s", "waiting_reason", "base_url", "pid"}}}``
-        (durations in seconds, ``None`` when not resident).
+        "queued", "idle_s", "loaded_for_s", "waiting_reason", "base_url", "pid",
+        "unavailable_reason"}}}`` (durations in seconds, ``None`` when not
+        resident; ``phase`` is ``unavailable`` for a role that cannot be served,
+        ``unavailable_reason`` then says why).
         """
         now = self._clock()
         roles: dict[str, object] = {}
         for role, st in self._roles.items():
             resident = st.phase in HOLDS_MEMORY
             roles[role] = {
-                "phase": st.phase.value,
+                "phase": "unavailable" if role in self.unavailable else st.phase.value,
                 "latency_class": st.spec.latency_class.value,
                 "sticky": st.spec.sticky,
                 "resident_bytes": st.spec.memory.resident_bytes,
@@ -502,6 +534,7 @@ class NodeScheduler:
                 "waiting_reason": st.waiting_reason if st.live_waiters() else None,
                 "base_url": st.endpoint.base_url if st.endpoint else None,
                 "pid": st.endpoint.pid if st.endpoint else None,
+                "unavailable_reason": self.unavailable.get(role),
             }
         return {
             "capacity_bytes": self.capacity_bytes,
@@ -872,7 +905,9 @@ class NodeScheduler:
             endpoint = await self._backends.start(role)
         except Exception as exc:
             st.phase = Phase.STOPPED
-            message = f"backend for role {role!r} failed to load: {exc}"
+            # The full error (log tail, paths) goes to the log below; clients get the gist.
+            message = f"backend for role {role!r} failed to load: {client_reason(str(exc))}; "
+            message += _SEE_LOG
             for w in st.live_waiters():
                 w.future.set_exception(LoadFailedError(message))
             st.waiters.clear()

@@ -1,0 +1,68 @@
+"""``rosterd up`` checks every local role's weights at start: a role whose weights are
+missing is named with the reason, shown as unavailable in ``/status``, and its requests
+get a 503 ``model_unavailable`` at once, without a load being tried."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import httpx
+
+from backend_helpers import pick_free_port
+from test_up_support import MODELS, llama_entry, start_up, write_roster
+
+
+def test_missing_weights_are_reported_at_start_and_answered_with_503(tmp_path: Path) -> None:
+    roster = write_roster(
+        tmp_path / "roster.yaml",
+        [llama_entry("tiny", "tiny-a", 0.1, 18941), llama_entry("broken", "nowhere", 0.1, 18942)],
+    )
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        json.dumps(
+            {
+                "nodes": [
+                    {
+                        "name": "box",
+                        "memory_gb": 4,
+                        "reserved_gb": 1,
+                        "platform": "linux-x86_64",
+                        "address": "127.0.0.1",
+                    }
+                ],
+                "models": {
+                    "tiny-a": {"path": str(MODELS / "tiny-a.gguf")},
+                    "broken": {"path": str(MODELS / "missing-weights.gguf")},
+                },
+                "model_roots": [str(MODELS)],
+            }
+        )
+    )
+    up = start_up([str(roster), "--fleet", str(fleet), "--no-warm-up"], tmp_path, pick_free_port())
+    try:
+        output = " ".join(up.output().split())
+        assert "role broken is unavailable (requests get 503)" in output
+        assert "missing-weights.gguf does not exist" in output
+        assert "role tiny is unavailable" not in output
+        roles = up.get("/status")["nodes"]["box"]["roles"]
+        assert roles["broken"]["phase"] == "unavailable"
+        assert "does not exist" in roles["broken"]["unavailable_reason"]
+        assert roles["tiny"]["phase"] == "stopped"
+        answer = httpx.post(
+            up.url + "/v1/chat/completions",
+            json={"model": "broken", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+            trust_env=False,
+        )
+        assert answer.status_code == 503
+        error = answer.json()["error"]
+        assert error["code"] == "model_unavailable"
+        assert "role 'broken' is unavailable" in error["message"]
+        assert "missing-weights.gguf does not exist" in error["message"]
+        assert str(MODELS) not in error["message"]  # no absolute paths for clients
+        events = up.get("/rosterd/events")["events"]
+        assert not [e for e in events if e["role"] == "broken"]  # no load was tried
+    finally:
+        assert up.stop(signal.SIGINT) == 0
