@@ -1,9 +1,10 @@
-"""Which roster entry a role is: ``rosterd plan --json`` and a real ``rosterd up``
-(without warm-up, so no backend starts) over HTTP.
+"""Which roster entry a role is, and why a known role is not served: ``rosterd plan --json``
+and a real ``rosterd up`` (without warm-up, so no backend starts) over HTTP.
 
 A roster gives ``scratch-a`` twice (tiny-a, 0.1 GiB, then tiny-b, 5 GiB, which
 would not even fit the 3 GiB node): the first entry is planned, listed and
-routed to, the second is reported.
+routed to, the second is reported. ``planner`` (mlx_lm) is planned on a remote
+Mac and ``ollama-x`` on no node at all; a request for either says so.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def test_plan_json_plans_the_first_entry_of_a_duplicate_id(tmp_path: Path) -> No
     assert [r for r, _ in result["unplaced"]] == ["scratch-a", "ollama-x"]
 
 
-def test_up_routes_the_first_entry_of_a_duplicate_id(tmp_path: Path) -> None:
+def test_up_routes_the_first_entry_and_says_why_others_are_not_served(tmp_path: Path) -> None:
     port = pick_free_port()
     up = start_up([*_lab(tmp_path), "--no-warm-up"], tmp_path, port)
     try:
@@ -67,13 +68,22 @@ def test_up_routes_the_first_entry_of_a_duplicate_id(tmp_path: Path) -> None:
         (scratch,) = models
         assert scratch["aliases"] == ["tiny-a"]
         assert scratch["resident_bytes"] == int(0.1 * GIB)
-        r = httpx.post(
-            f"{up.url}/v1/chat/completions",
-            json={"model": "tiny-b", "messages": []},
-            trust_env=False,
-            timeout=10,
-        )
-        assert r.status_code == 404, r.text
+        assert up.get("/v1/models/tiny-a")["id"] == "scratch-a"
+        r = httpx.get(f"{up.url}/v1/models/tiny-b", trust_env=False, timeout=10)
+        assert r.status_code == 404
+        for model, why in (
+            ("planner", "planned on node studio, which this process does not run"),
+            ("Qwen3-30B-A3B", "planned on node studio"),
+            ("ollama-x", "unplaced: "),
+        ):
+            r = httpx.post(
+                f"{up.url}/v1/chat/completions",
+                json={"model": model, "messages": []},
+                trust_env=False,
+                timeout=10,
+            )
+            assert r.status_code == 404, r.text
+            assert why in r.json()["error"]["message"]
     finally:
         assert up.stop(signal.SIGINT) == 0
     said = " ".join(up.output().split())

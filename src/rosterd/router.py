@@ -14,14 +14,16 @@ Endpoints:
   is rewritten to what the backend answers to; ``"stream": true`` answers are
   passed through chunk by chunk (``X-Accel-Buffering: no``).
 - ``GET /v1/models``: every role served here (``id`` = role, ``aliases`` = other
-  names that route to it).
+  names that route to it); ``GET /v1/models/{model}``: one of them, by any
+  name (OpenAI's retrieve).
 - ``GET /health``, ``GET /status`` (JSON: nodes, resident roles, memory, queue),
   ``GET /metrics`` (Prometheus).
 - ``GET /rosterd/ps``, ``GET /rosterd/events``, ``POST /rosterd/load/{role}``,
   ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to.
 
 Every error is OpenAI-shaped: ``{"error": {"message", "type", "code"}}``, with
-404 for an unknown model (naming the known ones), 413 for a body over the
+404 for an unknown model (naming the known ones, and why a known role is not
+served here), 413 for a body over the
 limit, 401 for a missing or wrong API key, 429 (queue full) and 503 (queue
 timeout, shutting down) with ``Retry-After``, 502 when the backend fails.
 """
@@ -55,7 +57,6 @@ from rosterd.scheduler import (
     QueueFullError,
     QueueTimeoutError,
     RoleRefusedError,
-    RoleUnavailableError,
     Scheduler,
     SchedulerError,
     ShuttingDownError,
@@ -153,8 +154,6 @@ def _scheduler_http_error(exc: SchedulerError) -> _HttpError:
         return _HttpError(503, str(exc), "server_error", "shutting_down", 5.0)
     if isinstance(exc, RoleRefusedError):
         return _HttpError(503, str(exc), "server_error", "role_refused")
-    if isinstance(exc, RoleUnavailableError):
-        return _HttpError(503, str(exc), "server_error", "model_unavailable")
     if isinstance(exc, LoadFailedError):
         return _HttpError(502, str(exc), "upstream_error", "backend_load_failed", 5.0)
     if isinstance(exc, UnknownRoleError):
@@ -163,24 +162,35 @@ def _scheduler_http_error(exc: SchedulerError) -> _HttpError:
 
 
 class _ModelNames:
-    """``model`` field -> role: role ids first, then roster model names and aliases (sorted)."""
+    """``model`` field -> role: role ids first, then roster model names and aliases (sorted).
 
-    def __init__(self, routes: Mapping[str, RoleRoute]) -> None:
+    ``unserved``: names this process knows but does not serve (a role left
+    unplaced, or planned on a node this process does not run) -> why; a
+    request for one gets a 404 that gives that reason.
+    """
+
+    def __init__(
+        self, routes: Mapping[str, RoleRoute], unserved: Mapping[str, str] | None = None
+    ) -> None:
         self.by_name: dict[str, str] = {}
         for role in sorted(routes):
             self.by_name[role] = role
         for role in sorted(routes):
             for name in routes[role].names:
                 self.by_name.setdefault(name, role)
+        self.unserved = dict(unserved or {})
 
     def resolve(self, model: str) -> str:
+        """The role serving ``model``; raises :class:`_HttpError` 404 ``model_not_found``."""
         try:
             return self.by_name[model]
         except KeyError:
             known = ", ".join(sorted(set(self.by_name.values())))
+            why = self.unserved.get(model)
+            detail = f" ({why})" if why else ""
             raise _HttpError(
                 404,
-                f"model {model!r} is not served here; known models: {known}",
+                f"model {model!r} is not served here{detail}; known models: {known}",
                 "invalid_request_error",
                 "model_not_found",
             ) from None
@@ -482,14 +492,17 @@ def create_app(
     metrics: RosterdMetrics | None = None,
     status_extra: Callable[[], Mapping[str, object]] | None = None,
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+    unserved: Mapping[str, str] | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
     ``routes``: role -> :class:`RoleRoute` for every role ``scheduler`` serves;
     ``status_extra()`` adds keys to ``/status`` (e.g. ``unplaced``, remote
     nodes); ``on_shutdown`` coroutines run when the app's lifespan ends (after
-    the upstream client is closed). The scheduler's tasks are started with the
-    app's lifespan.
+    the upstream client is closed); ``unserved``: names (role ids, model
+    names) known but not served by this process -> why (unplaced, or planned
+    on another node), given in their 404. The scheduler's tasks are started
+    with the app's lifespan.
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
@@ -506,7 +519,7 @@ def create_app(
     state = _RouterState(
         scheduler=scheduler,
         routes=routes,
-        names=_ModelNames(routes),
+        names=_ModelNames(routes, unserved),
         config=config,
         metrics=metrics,
         client=client,
@@ -517,20 +530,30 @@ def create_app(
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    def model_entry(role: str) -> dict[str, object]:
+        route = routes.get(role, RoleRoute(role))
+        entry: dict[str, object] = {
+            "id": role,
+            "object": "model",
+            "created": int(state.started_at),
+            "owned_by": "rosterd",
+            "aliases": sorted(set(route.names)),
+        }
+        entry.update(route.info)
+        return entry
+
     async def models(_: Request) -> Response:
-        data = []
-        for role in scheduler.roles:
-            route = routes.get(role, RoleRoute(role))
-            entry: dict[str, object] = {
-                "id": role,
-                "object": "model",
-                "created": int(state.started_at),
-                "owned_by": "rosterd",
-                "aliases": sorted(set(route.names)),
-            }
-            entry.update(route.info)
-            data.append(entry)
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse(
+            {"object": "list", "data": [model_entry(role) for role in scheduler.roles]}
+        )
+
+    async def model(request: Request) -> Response:
+        """OpenAI's retrieve: one model by role id, model name or alias (404 if unknown)."""
+        try:
+            role = state.names.resolve(request.path_params["model"])
+        except _HttpError as err:
+            return _error_response(err)
+        return JSONResponse(model_entry(role))
 
     def ps_data() -> dict[str, object]:
         snap = scheduler.snapshot()
@@ -623,6 +646,7 @@ def create_app(
         Route("/status", status, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/rosterd/ps", ps, methods=["GET"]),
         Route("/rosterd/events", events, methods=["GET"]),
         Route("/rosterd/load/{role}", load, methods=["POST"]),

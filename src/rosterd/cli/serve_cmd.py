@@ -30,7 +30,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -140,6 +140,33 @@ def first_by_role(roster: ImportedRoster) -> dict[str, ImportedSpec]:
     for imported in roster.specs:
         first.setdefault(imported.spec.role, imported)
     return first
+
+
+def unserved_reasons(
+    result: Plan, roster: ImportedRoster, served_nodes: Iterable[str]
+) -> dict[str, str]:
+    """Name (role id, roster model name, alias) -> why this process does not serve it:
+    the plan's reason for an unplaced role, or the node it is planned on when this
+    process does not run that node. Roles served here are left out."""
+    served = set(served_nodes)
+    why: dict[str, str] = {}
+    for role, reason in result.unplaced:
+        if role not in result.placements:  # a duplicate id's first entry is placed
+            why.setdefault(role, f"unplaced: {reason}")
+    for role, node in result.placements.items():
+        if node not in served:
+            why[role] = f"planned on node {node}, which this process does not run"
+    by_role = first_by_role(roster)
+    out = dict(why)
+    for role, reason in why.items():
+        s = by_role.get(role)
+        for name in (s.spec.model, s.name) if s is not None else ():
+            if name:
+                out.setdefault(name, reason)
+    for alias, role in roster.aliases.items():
+        if role in why:
+            out.setdefault(alias, why[role])
+    return out
 
 
 def print_plan(
@@ -281,7 +308,6 @@ async def _serve(
                 for role, name in result.placements.items()
                 if name == node.name
             }
-            unavailable = _check_weights(specs.values(), weights_for)
             backends = SupervisorBackends(
                 supervisor,
                 specs,
@@ -291,13 +317,7 @@ async def _serve(
                 node=node.name,
             )
             nodes[node.name] = NodeScheduler(
-                node.name,
-                node.capacity_bytes,
-                specs,
-                backends,
-                limits=limits,
-                metrics=metrics,
-                unavailable=unavailable,
+                node.name, node.capacity_bytes, specs, backends, limits=limits, metrics=metrics
             )
         scheduler = Scheduler(nodes)
 
@@ -339,6 +359,7 @@ async def _serve(
             config=RouterConfig(api_keys=api_keys, max_body_bytes=max_body_bytes),
             metrics=metrics,
             status_extra=status_extra,
+            unserved=unserved_reasons(result, roster, nodes),
         )
         scheduler.start()
         config = uvicorn.Config(
@@ -378,27 +399,6 @@ async def _serve(
         console.print("rosterd stopped; no backend left running")
 
 
-def _check_weights(
-    specs: Iterable[InferenceSpec], weights_for: Callable[[InferenceSpec], WeightsSource]
-) -> dict[str, str]:
-    """Resolve every role's weights now; role -> why it cannot be served, printed.
-
-    Flavors that keep their own weights (ollama) need none and always pass.
-    """
-    unavailable: dict[str, str] = {}
-    for spec in specs:
-        if adapter_for(spec.flavor).shared_server:
-            continue
-        try:
-            weights_for(spec)
-        except RosterdError as exc:
-            unavailable[spec.role] = str(exc)
-            console.print(
-                Text(f"role {spec.role} is unavailable (requests get 503): {exc}", style="red")
-            )
-    return unavailable
-
-
 async def _warm_up(scheduler: Scheduler, nodes: Mapping[str, NodeScheduler]) -> None:
     """Load each node's interactive, then sticky roles, one by one, evicting nothing.
 
@@ -407,8 +407,6 @@ async def _warm_up(scheduler: Scheduler, nodes: Mapping[str, NodeScheduler]) -> 
     """
     for node in nodes.values():
         for role in _warm_up_order(node.specs):
-            if role in node.unavailable:
-                continue  # named at start; requests for it get 503 at once
             try:
                 await scheduler.load(role, no_evict=True)
             except SchedulerError as exc:
