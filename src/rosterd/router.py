@@ -57,6 +57,7 @@ from rosterd.scheduler import (
     QueueFullError,
     QueueTimeoutError,
     RoleRefusedError,
+    RoleUnavailableError,
     Scheduler,
     SchedulerError,
     ShuttingDownError,
@@ -154,6 +155,8 @@ def _scheduler_http_error(exc: SchedulerError) -> _HttpError:
         return _HttpError(503, str(exc), "server_error", "shutting_down", 5.0)
     if isinstance(exc, RoleRefusedError):
         return _HttpError(503, str(exc), "server_error", "role_refused")
+    if isinstance(exc, RoleUnavailableError):
+        return _HttpError(503, str(exc), "server_error", "model_unavailable")
     if isinstance(exc, LoadFailedError):
         return _HttpError(502, str(exc), "upstream_error", "backend_load_failed", 5.0)
     if isinstance(exc, UnknownRoleError):

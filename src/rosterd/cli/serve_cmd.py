@@ -30,7 +30,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -308,6 +308,7 @@ async def _serve(
                 for role, name in result.placements.items()
                 if name == node.name
             }
+            unavailable = _check_weights(specs.values(), weights_for)
             backends = SupervisorBackends(
                 supervisor,
                 specs,
@@ -317,7 +318,13 @@ async def _serve(
                 node=node.name,
             )
             nodes[node.name] = NodeScheduler(
-                node.name, node.capacity_bytes, specs, backends, limits=limits, metrics=metrics
+                node.name,
+                node.capacity_bytes,
+                specs,
+                backends,
+                limits=limits,
+                metrics=metrics,
+                unavailable=unavailable,
             )
         scheduler = Scheduler(nodes)
 
@@ -399,6 +406,27 @@ async def _serve(
         console.print("rosterd stopped; no backend left running")
 
 
+def _check_weights(
+    specs: Iterable[InferenceSpec], weights_for: Callable[[InferenceSpec], WeightsSource]
+) -> dict[str, str]:
+    """Resolve every role's weights now; role -> why it cannot be served, printed.
+
+    Flavors that keep their own weights (ollama) need none and always pass.
+    """
+    unavailable: dict[str, str] = {}
+    for spec in specs:
+        if adapter_for(spec.flavor).shared_server:
+            continue
+        try:
+            weights_for(spec)
+        except RosterdError as exc:
+            unavailable[spec.role] = str(exc)
+            console.print(
+                Text(f"role {spec.role} is unavailable (requests get 503): {exc}", style="red")
+            )
+    return unavailable
+
+
 async def _warm_up(scheduler: Scheduler, nodes: Mapping[str, NodeScheduler]) -> None:
     """Load each node's interactive, then sticky roles, one by one, evicting nothing.
 
@@ -407,6 +435,8 @@ async def _warm_up(scheduler: Scheduler, nodes: Mapping[str, NodeScheduler]) -> 
     """
     for node in nodes.values():
         for role in _warm_up_order(node.specs):
+            if role in node.unavailable:
+                continue  # named at start; requests for it get 503 at once
             try:
                 await scheduler.load(role, no_evict=True)
             except SchedulerError as exc:
