@@ -140,6 +140,30 @@ def _error(response: httpx.Response, status: int, code: str) -> str:
     return str(error["message"])
 
 
+async def test_non_strict_json_is_400_before_any_load() -> None:
+    bodies = [
+        b'{"model":"done","max_tokens":NaN,"messages":[]}',
+        b'{"model":"done","temperature":Infinity,"messages":[]}',
+        b'{"model":"done","temperature":-Infinity,"messages":[]}',
+        b'{"model":"done","max_tokens":1e999,"messages":[]}',
+        b'{"model":"done","messages":[{"role":"user","content":"\\ud800"}]}',
+        b'{"model":"done","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"model":"done","x":"\xff"}',
+        b'{"model":"done","max_tokens":' + b"9" * 5000 + b"}",
+    ]
+    async with serve() as up, httpx.AsyncClient(timeout=10) as client:
+        for body in bodies:
+            r = await client.post(
+                f"{up.url}/v1/chat/completions",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+            assert "not JSON" in _error(r, 400, "invalid_json") or "nested" in r.text
+        assert up.backends.started == []  # nothing was loaded for a bad body
+        events = (await client.get(f"{up.url}/rosterd/events")).json()["events"]
+        assert events == []
+
+
 async def test_an_unserved_role_404_says_why() -> None:
     unserved = {
         "planner": "unplaced: no node runs mlx_lm",

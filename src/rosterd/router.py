@@ -22,6 +22,7 @@ Endpoints:
   ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to.
 
 Every error is OpenAI-shaped: ``{"error": {"message", "type", "code"}}``, with
+400 for a body that is not strict JSON (``NaN`` and ``Infinity`` included),
 404 for an unknown model (naming the known ones, and why a known role is not
 served here), 413 for a body over the
 limit, 401 for a missing or wrong API key, 429 (queue full) and 503 (queue
@@ -409,9 +410,34 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
 def _parse_json_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, parsed strictly (RFC 8259).
+
+    ``NaN``, ``Infinity`` and ``-Infinity``, numbers that overflow a float,
+    invalid UTF-8 or lone surrogates, and nesting deeper than Python's
+    recursion limit are refused, because the body could not be forwarded as
+    valid JSON. Raises :class:`_HttpError` 400 ``invalid_json``.
+    """
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+        # What the upstream request will be: UTF-8 without escapes, so a lone
+        # surrogate ("\ud800") fails here rather than while forwarding.
+        json.dumps(data, ensure_ascii=False, allow_nan=False).encode()
+    except RecursionError:
+        raise _HttpError(
+            400, "the request body is nested too deeply", "invalid_request_error", "invalid_json"
+        ) from None
     except ValueError as exc:
         raise _HttpError(
             400, f"the request body is not JSON: {exc}", "invalid_request_error", "invalid_json"
