@@ -11,10 +11,11 @@ from pathlib import Path
 import httpx
 
 from backend_helpers import pick_free_port
-from test_up_support import MODELS, llama_entry, start_up, write_roster
+from test_up_support import MODELS, llama_entry, prepare_example_models, start_up, write_roster
 
 
 def test_missing_weights_are_reported_at_start_and_answered_with_503(tmp_path: Path) -> None:
+    prepare_example_models()
     roster = write_roster(
         tmp_path / "roster.yaml",
         [llama_entry("tiny", "tiny-a", 0.1, 18941), llama_entry("broken", "nowhere", 0.1, 18942)],
