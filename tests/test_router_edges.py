@@ -164,6 +164,45 @@ async def test_non_strict_json_is_400_before_any_load() -> None:
         assert events == []
 
 
+async def _stream(client: httpx.AsyncClient, url: str, model: str) -> list[str]:
+    body = {"model": model, "messages": [], "stream": True}
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        return [line async for line in r.aiter_lines() if line]
+
+
+async def test_a_finished_stream_has_no_error_event() -> None:
+    async with serve() as up, httpx.AsyncClient(timeout=10) as client:
+        lines = await _stream(client, up.url, "done")
+        assert lines[-1] == "data: [DONE]"
+        assert not any("error" in line for line in lines)
+
+
+async def test_a_stream_the_backend_stops_ends_with_an_error_event() -> None:
+    async with serve() as up, httpx.AsyncClient(timeout=10) as client:
+        lines = await _stream(client, up.url, "stops")
+        assert len(lines) == 3
+        error = json.loads(lines[-1].removeprefix("data: "))["error"]
+        assert error["code"] == "backend_error"
+        assert "ended before it finished" in error["message"]
+
+
+async def test_a_stream_cut_by_the_drain_time_at_shutdown_ends_with_an_error_event() -> None:
+    async with serve() as up, httpx.AsyncClient(timeout=10) as client:
+        body = {"model": "hangs", "messages": [], "stream": True}
+        lines: list[str] = []
+        async with client.stream("POST", f"{up.url}/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line:
+                    lines.append(line)
+                if len(lines) == 2:
+                    up.server.should_exit = True  # shutdown; drain time 1 s, then cut
+        assert len(lines) == 3, lines
+        error = json.loads(lines[-1].removeprefix("data: "))["error"]
+        assert error["code"] == "shutting_down"
+        assert "drain time" in error["message"]
+
+
 async def test_an_unserved_role_404_says_why() -> None:
     unserved = {
         "planner": "unplaced: no node runs mlx_lm",

@@ -26,7 +26,9 @@ Every error is OpenAI-shaped: ``{"error": {"message", "type", "code"}}``, with
 404 for an unknown model (naming the known ones, and why a known role is not
 served here), 413 for a body over the
 limit, 401 for a missing or wrong API key, 429 (queue full) and 503 (queue
-timeout, shutting down) with ``Retry-After``, 502 when the backend fails.
+timeout, shutting down) with ``Retry-After``, 502 when the backend fails. A
+stream cut after it started (the backend stopped or failed, or the drain time
+at shutdown ran out) ends with an SSE error event, ``data: {"error": {...}}``.
 """
 
 from __future__ import annotations
@@ -260,10 +262,17 @@ class _Proxy:
         started = time.perf_counter()
         role = "-"
         status = {"code": 0}
+        sse = {"open": False}  # an event stream has started and not ended
 
         async def tracked_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = int(message["status"])
+                sse["open"] = any(
+                    k == b"content-type" and v.startswith(b"text/event-stream")
+                    for k, v in message.get("headers", [])
+                )
+            elif not message.get("more_body", False):
+                sse["open"] = False
             await send(message)
 
         try:
@@ -281,6 +290,29 @@ class _Proxy:
             await self._race_disconnect(role, payload, receive, tracked_send)
         except _ClientGoneError:
             status["code"] = 499  # nginx's "client closed request"
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when the drain time at
+            # shutdown is over. End the response so the client can tell it was cut
+            # (a 503, or an SSE error event if a stream had started); not re-raised,
+            # since the response is then complete and uvicorn has nothing left to do.
+            with contextlib.suppress(Exception):
+                if status["code"] == 0:
+                    err = _scheduler_http_error(ShuttingDownError("rosterd is shutting down"))
+                    await _send_json(
+                        tracked_send,
+                        err.status,
+                        error_body(err.message, err.err_type, err.code),
+                        {"Retry-After": "5"},
+                    )
+                elif sse["open"]:
+                    await tracked_send(
+                        _sse_error(
+                            f"the stream from role {role!r} was cut: rosterd is shutting down "
+                            "and the drain time is over",
+                            "server_error",
+                            "shutting_down",
+                        )
+                    )
         except _HttpError as err:
             await _send_json(
                 tracked_send,
@@ -371,9 +403,24 @@ class _Proxy:
                 {"type": "http.response.start", "status": upstream.status_code, "headers": headers}
             )
             started = True
+            stream = content_type.startswith("text/event-stream")
+            tail = b""
             async for chunk in upstream.aiter_raw():
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    tail = (tail + chunk)[-64:]
+            if stream and b"data: [DONE]" not in tail:
+                # The backend closed the stream without its final [DONE]: it was
+                # stopped (evicted after the drain time, or it died) mid-generation.
+                await send(
+                    _sse_error(
+                        f"the stream from role {lease.role!r} ended before it finished: "
+                        "its backend stopped (evicted after the drain time, or it exited)",
+                        "upstream_error",
+                        "backend_error",
+                    )
+                )
+                return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except httpx.HTTPError as exc:
             if not started:
@@ -384,23 +431,22 @@ class _Proxy:
                     "backend_error",
                 ) from None
             # Headers are out: end the stream with an SSE error event the client can see.
-            event = json.dumps(
-                error_body(
-                    f"backend of role {lease.role!r} failed mid-stream: {exc}",
-                    "upstream_error",
-                    "backend_error",
-                )
-            )
             with contextlib.suppress(Exception):
                 await send(
-                    {
-                        "type": "http.response.body",
-                        "body": f"data: {event}\n\n".encode(),
-                        "more_body": False,
-                    }
+                    _sse_error(
+                        f"backend of role {lease.role!r} failed mid-stream: {exc}",
+                        "upstream_error",
+                        "backend_error",
+                    )
                 )
         finally:
             await upstream.aclose()
+
+
+def _sse_error(message: str, err_type: str, code: str) -> Message:
+    """The last body message of a cut stream: ``data: {"error": {...}}\\n\\n`` (OpenAI's shape)."""
+    event = json.dumps(error_body(message, err_type, code))
+    return {"type": "http.response.body", "body": f"data: {event}\n\n".encode(), "more_body": False}
 
 
 async def _wait_disconnect(receive: Receive) -> None:
