@@ -5,6 +5,7 @@ A roster gives ``scratch-a`` twice (tiny-a, 0.1 GiB, then tiny-b, 5 GiB, which
 would not even fit the 3 GiB node): the first entry is planned, listed and
 routed to, the second is reported. ``planner`` (mlx_lm) is planned on a remote
 Mac and ``ollama-x`` on no node at all; a request for either says so.
+Last, the README's embeddings recipe on a real llama-server.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import openai
 
 from backend_helpers import pick_free_port
 from test_up_support import llama_entry, rosterd_argv, start_up, write_roster
@@ -89,3 +91,27 @@ def test_up_routes_the_first_entry_and_says_why_others_are_not_served(tmp_path: 
     said = " ".join(up.output().split())
     assert "scratch-a │ llamacpp │ tiny-a" in said
     assert "tiny-b" not in said.split("unplaced roles")[0]  # the plan table shows tiny-a
+
+
+def test_embeddings_through_the_router_with_extra_args(
+    tmp_path: Path, tiny_gguf: Path, llama_server_binary: Path
+) -> None:
+    """The README's embeddings recipe, on a real llama-server: ``extra_args:
+    [--embeddings, --pooling, mean]`` in the fleet's ``models:`` entry."""
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("embedder", "tiny", 0.1, 8311)])
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "nodes:\n"
+        "  - {name: here, memory_gb: 4, reserved_gb: 1, platform: linux-x86_64,"
+        " flavors: [llamacpp], address: 127.0.0.1}\n"
+        f"models:\n  tiny: {{path: {tiny_gguf}, extra_args: [--embeddings, --pooling, mean]}}\n"
+        f"model_roots: [{tiny_gguf.parent}]\n"
+    )
+    up = start_up([str(roster), "--fleet", str(fleet), "--no-warm-up"], tmp_path, pick_free_port())
+    try:
+        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0)
+        reply = client.embeddings.create(model="embedder", input=["hello", "world"])
+        assert [len(d.embedding) for d in reply.data] == [64, 64]  # the tiny model's n_embd
+        assert reply.data[0].embedding != reply.data[1].embedding
+    finally:
+        assert up.stop(signal.SIGINT) == 0
