@@ -7,7 +7,11 @@ own module and registers itself on :data:`app`.
 
 from __future__ import annotations
 
+import sys
+from typing import TextIO
+
 import typer
+from rich.console import Console
 
 app = typer.Typer(
     name="rosterd",
@@ -16,6 +20,56 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+#: Console width, in columns, when the output is not a terminal (a pipe, a file, nohup):
+#: wide enough that tables never shrink or cut a name; lines are only as long as their text.
+PIPE_WIDTH = 1000
+
+
+class _TrimmedLines:
+    """A text stream that writes to ``sys.stdout``/``sys.stderr`` (looked up at each write,
+    so a redirection made later still applies) with trailing spaces removed from each line."""
+
+    def __init__(self, stderr: bool) -> None:
+        self.stderr = stderr
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr if self.stderr else sys.stdout
+
+    def write(self, text: str) -> int:
+        self.stream.write("\n".join(line.rstrip(" ") for line in text.split("\n")))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A Rich console on stdout (or stderr) for what a command prints.
+
+    On a terminal: Rich's usual one, sized to the terminal. Otherwise (a pipe, a
+    file, nohup): :data:`PIPE_WIDTH` columns, no soft wrapping of printed text
+    (a message stays one line) and no trailing spaces, so logs
+    keep whole names and lines. Decided when called, so call it when the
+    command runs.
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr, highlight=False)
+    return Console(
+        file=_TrimmedLines(stderr),  # type: ignore[arg-type]
+        width=PIPE_WIDTH,
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 def _register() -> None:

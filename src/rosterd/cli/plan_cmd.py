@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rosterd.cli import app
+from rosterd.cli import app, make_console
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, load_fleet, local_fleet
 from rosterd.placement import Plan, plan
@@ -145,7 +145,7 @@ def plan_cmd(
 ) -> None:
     """Show which role lives on which node, what stays resident, what swaps, and why any
     role cannot be placed."""
-    out = Console(soft_wrap=False)
+    out = make_console()  # wide and unwrapped when piped
     try:
         imported = load_roster(roster, overlay)
         nodes = load_fleet(fleet) if fleet is not None else local_fleet()

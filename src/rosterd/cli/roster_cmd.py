@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rosterd.cli import app
+from rosterd.cli import app, make_console
 from rosterd.errors import RosterdError
 from rosterd.roster import ImportedRoster, load_roster, spec_to_json
 from rosterd.rust_debug import rust_debug_str
@@ -124,10 +124,7 @@ def import_cmd(
     if as_json:
         sys.stdout.write(json.dumps(result_to_json(result)) + "\n")
         return
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        # Piped output (logs, docs) gets room for full model names.
-        console = Console(highlight=False, width=160)
+    console = make_console()  # piped output (logs, docs) gets room for full model names
     render_tables(result, console)
 
 

@@ -43,7 +43,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rosterd.adapters import WeightsSource, adapter_for
-from rosterd.cli import app
+from rosterd.cli import app, make_console
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
 from rosterd.metrics import RosterdMetrics
@@ -72,6 +72,14 @@ EXIT_UNREACHABLE = 1
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)
+
+
+def _use_command_consoles() -> None:
+    """Size :data:`console` and :data:`err_console` for where the output goes now: a
+    terminal, or (a pipe, a file, nohup) wide, unwrapped lines without trailing spaces."""
+    global console, err_console
+    console = make_console()
+    err_console = make_console(stderr=True)
 
 
 def default_state_dir() -> Path:
@@ -186,7 +194,10 @@ def print_plan(
         )
         for column in ("role", "flavor", "model", "GiB", "class", "sticky", "residency"):
             table.add_column(
-                column, justify="right" if column == "GiB" else "left", no_wrap=column != "model"
+                column,
+                justify="right" if column == "GiB" else "left",
+                no_wrap=column not in ("role", "model"),
+                overflow="fold",  # a long name wraps, never cut to "gemma-3-2…"
             )
         always = set(node_plan.always_resident) if node_plan else set()
         for role in roles:
@@ -528,6 +539,7 @@ def up_cmd(
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
     _configure_logging(verbose)
+    _use_command_consoles()
     if not 1 <= port <= 65535:
         raise _fail(f"--port {port} is not a usable port (1..65535)", EXIT_BAD_INPUT)
     try:
