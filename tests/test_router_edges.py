@@ -217,6 +217,8 @@ async def test_an_unserved_role_404_says_why() -> None:
             assert "done, hangs, stops" in message
         r = await client.post(f"{up.url}/v1/chat/completions", json={"model": "nope"})
         assert "not served here; known models" in _error(r, 404, "model_not_found")
+        r = await client.post(f"{up.url}/v1/chat/completions", json={"model": "x" * 100_000})
+        assert len(_error(r, 404, "model_not_found")) < 300  # a huge name is not echoed whole
 
 
 async def test_models_retrieve_with_the_openai_client() -> None:

@@ -194,9 +194,10 @@ class _ModelNames:
             known = ", ".join(sorted(set(self.by_name.values())))
             why = self.unserved.get(model)
             detail = f" ({why})" if why else ""
+            shown = repr(model) if len(model) <= 200 else f"{model[:200]!r}…"
             raise _HttpError(
                 404,
-                f"model {model!r} is not served here{detail}; known models: {known}",
+                f"model {shown} is not served here{detail}; known models: {known}",
                 "invalid_request_error",
                 "model_not_found",
             ) from None
