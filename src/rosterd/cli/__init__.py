@@ -7,6 +7,7 @@ own module and registers itself on :data:`app`.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TextIO
 
@@ -82,6 +83,21 @@ def _register() -> None:
 
 
 def main() -> None:
-    """Entry point of the ``rosterd`` console script."""
+    """Entry point of the ``rosterd`` console script.
+
+    Commands report every error a user can cause themselves (exit 2). Anything
+    else is a rosterd bug: it still ends in one line on stderr and exit 1, not a
+    traceback, unless ``ROSTERD_DEBUG=1`` asks for the traceback.
+    """
     _register()
-    app()
+    try:
+        app(standalone_mode=True)
+    except Exception as exc:
+        if os.environ.get("ROSTERD_DEBUG") == "1":
+            raise
+        typer.echo(
+            f"rosterd: internal error ({type(exc).__name__}: {exc}); this is a bug in "
+            "rosterd: run again with ROSTERD_DEBUG=1 for the traceback and report it",
+            err=True,
+        )
+        sys.exit(1)
