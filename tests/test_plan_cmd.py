@@ -204,3 +204,18 @@ def test_every_command_prefixes_its_errors_with_rosterd(command: list[str], tmp_
     assert code == 2
     assert out == ""
     assert err.startswith(f"rosterd: {missing}: cannot open the roster")
+
+
+def test_json_keeps_stdout_one_document_and_warns_on_stderr(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    roster, fleet = files
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("sticky:\n  chat-smal: false\n")
+    code, out, err = run(
+        "plan", str(roster), "--fleet", str(fleet), "--overlay", str(overlay), "--json"
+    )
+    assert code == 0
+    assert "placements" in json.loads(out)
+    assert "chat-smal" in err
+    assert err.startswith("warning:")

@@ -157,10 +157,11 @@ def plan_cmd(
             # "rosterd: " as every other command's errors start.
             typer.echo(f"rosterd: {err}", err=True)
         raise typer.Exit(2) from None
+    # Warnings go to stderr in both modes, so `--json` keeps stdout one JSON document.
+    for warning in imported.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     result = plan([s.spec for s in imported.specs], nodes, time_limit_s=time_limit)
     if as_json:
         typer.echo(json.dumps(plan_to_json(result), indent=2))
         return
-    for warning in imported.warnings:
-        typer.echo(f"warning: {warning}", err=True)
     _render(out, result, nodes, imported)
