@@ -551,6 +551,16 @@ def up_cmd(
         fleet = load_fleet(fleet_path) if fleet_path is not None else local_fleet()
     except RosterdError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    state = state_dir or default_state_dir()
+    try:
+        # Held for the whole run: a second `up` on this folder would otherwise
+        # take this one's live backends for leftovers of an earlier run. Taken
+        # before the plan is printed, so a refused second `up` prints only why.
+        state_lock = lock_state_dir(state)
+    except RosterdError as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    except OSError as exc:
+        raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), 1) from None
     for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows them
         err_console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     result = plan([s.spec for s in roster.specs], fleet)
@@ -582,15 +592,6 @@ def up_cmd(
             ),
             soft_wrap=True,
         )
-    state = state_dir or default_state_dir()
-    try:
-        # Held for the whole run: a second `up` on this folder would otherwise
-        # take this one's live backends for leftovers of an earlier run.
-        state_lock = lock_state_dir(state)
-    except RosterdError as exc:
-        raise _fail(str(exc), EXIT_BAD_INPUT) from None
-    except OSError as exc:
-        raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), 1) from None
     try:
         asyncio.run(
             _serve(
