@@ -192,7 +192,16 @@ def test_up_prints_the_import_warnings(tmp_path: Path) -> None:
     _register()
     result = CliRunner().invoke(
         app,
-        ["up", str(roster), "--overlay", str(overlay), "--fleet", str(fleet)],
+        [
+            "up",
+            str(roster),
+            "--overlay",
+            str(overlay),
+            "--fleet",
+            str(fleet),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
         env={"ROSTERD_API_KEY": None},
     )
     assert result.exit_code == 2  # no node of this fleet is this machine

@@ -551,6 +551,8 @@ def up_cmd(
         fleet = load_fleet(fleet_path) if fleet_path is not None else local_fleet()
     except RosterdError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT) from None
+    for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows them
+        err_console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     state = state_dir or default_state_dir()
     try:
         # Held for the whole run: a second `up` on this folder would otherwise
@@ -561,8 +563,6 @@ def up_cmd(
         raise _fail(str(exc), EXIT_BAD_INPUT) from None
     except OSError as exc:
         raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), 1) from None
-    for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows them
-        err_console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     result = plan([s.spec for s in roster.specs], fleet)
     local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
     print_plan(result, fleet, roster, (n.name for n in local_nodes), console)
