@@ -153,6 +153,25 @@ def rewrite_model_field(body: Mapping[str, object], served_model: str) -> dict[s
     return out
 
 
+class OpenAICompatible:
+    """``generation_probe`` and ``rewrite_request`` for a backend that speaks the OpenAI API.
+
+    Mixed into the adapters of servers with ``/v1/completions`` (llama-server,
+    llama-cpp-python's server, mlx_lm.server): the probe is
+    ``one_token_completion`` and a request's ``model`` becomes the served name.
+    """
+
+    __slots__ = ()
+
+    def generation_probe(self, served_model: str) -> HttpProbe:
+        """A one-token ``/v1/completions`` against ``served_model``."""
+        return one_token_completion(served_model)
+
+    def rewrite_request(self, body: Mapping[str, object], served_model: str) -> dict[str, object]:
+        """``body`` with ``model`` set to the name the server was launched with."""
+        return rewrite_model_field(body, served_model)
+
+
 def weights_size_hint(spec: InferenceSpec, source: WeightsSource) -> int:
     """The weights' size in bytes for the readiness deadline, without touching the disk.
 

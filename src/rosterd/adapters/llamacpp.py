@@ -30,9 +30,8 @@ from rosterd.adapters.base import (
     AdapterError,
     HttpProbe,
     Launch,
+    OpenAICompatible,
     WeightsSource,
-    one_token_completion,
-    rewrite_model_field,
     weights_size_hint,
 )
 from rosterd.spec import InferenceSpec, InferFlavor
@@ -95,7 +94,7 @@ def find_llama_server(env: Mapping[str, str] | None = None) -> Path:
 
 
 @dataclass(frozen=True, slots=True)
-class LlamaCppAdapter:
+class LlamaCppAdapter(OpenAICompatible):
     """Builds launches for the ``llamacpp`` flavor.
 
     ``mode`` picks the server (see the module docstring); ``server_binary`` is
@@ -188,11 +187,3 @@ class LlamaCppAdapter:
             served_model=served,
             weights_bytes=weights_size_hint(spec, source),
         )
-
-    def generation_probe(self, served_model: str) -> HttpProbe:
-        """A one-token ``/v1/completions`` (both modes speak the OpenAI API)."""
-        return one_token_completion(served_model)
-
-    def rewrite_request(self, body: Mapping[str, object], served_model: str) -> dict[str, object]:
-        """``body`` with ``model`` set to the alias the server was launched with."""
-        return rewrite_model_field(body, served_model)

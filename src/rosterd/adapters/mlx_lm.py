@@ -12,23 +12,21 @@ nothing is downloaded at serve time.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rosterd.adapters.base import (
     AdapterError,
-    HttpProbe,
     Launch,
+    OpenAICompatible,
     WeightsSource,
     one_token_completion,
-    rewrite_model_field,
     weights_size_hint,
 )
 from rosterd.spec import InferenceSpec, InferFlavor
 
 
 @dataclass(frozen=True, slots=True)
-class MlxLmAdapter:
+class MlxLmAdapter(OpenAICompatible):
     """Builds launches for the ``mlx_lm`` flavor.
 
     ``python`` is the interpreter that has ``mlx_lm`` installed; ``hf_hub_cache``
@@ -90,11 +88,3 @@ class MlxLmAdapter:
             env=env,
             weights_bytes=weights_size_hint(spec, source),
         )
-
-    def generation_probe(self, served_model: str) -> HttpProbe:
-        """A one-token ``/v1/completions`` against the launched model path."""
-        return one_token_completion(served_model)
-
-    def rewrite_request(self, body: Mapping[str, object], served_model: str) -> dict[str, object]:
-        """``body`` with ``model`` set to the launched path, so the server never fetches another."""
-        return rewrite_model_field(body, served_model)
