@@ -4,7 +4,7 @@ and rosters checked against brute force."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,30 +12,12 @@ from hypothesis import strategies as st
 from rosterd.fleet import Fleet, Node, Platform
 from rosterd.placement import Plan, greedy_plan, plan, score, violations
 from rosterd.residency import Load, NodeState, decide, excludes_each_other
-from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec
+from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.tokens import GB
+from spec_helpers import spec
 
 LLAMA = InferFlavor.LLAMACPP
 MLX = InferFlavor.MLX_LM
-
-
-def spec(
-    role: str,
-    gb: float,
-    *,
-    interactive: bool = False,
-    sticky: bool = True,
-    excludes: Iterable[str] = (),
-    flavor: InferFlavor = LLAMA,
-) -> InferenceSpec:
-    return InferenceSpec(
-        role=role,
-        flavor=flavor,
-        memory=MemorySpec(weights_bytes=int(gb * GB)),
-        sticky=sticky,
-        latency_class=LatencyClass.INTERACTIVE if interactive else LatencyClass.BATCH,
-        excludes=tuple(excludes),
-    )
 
 
 def node(name: str, capacity_gb: float, platform: Platform = Platform.LINUX_X86_64) -> Node:

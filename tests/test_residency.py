@@ -18,26 +18,9 @@ from rosterd.residency import (
     Wait,
     decide,
 )
-from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec
+from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB
-
-
-def spec(
-    role: str,
-    gb: float,
-    *,
-    interactive: bool = False,
-    sticky: bool = True,
-    excludes: Iterable[str] = (),
-) -> InferenceSpec:
-    return InferenceSpec(
-        role=role,
-        flavor=InferFlavor.LLAMACPP,
-        memory=MemorySpec(weights_bytes=int(gb * GB)),
-        sticky=sticky,
-        latency_class=LatencyClass.INTERACTIVE if interactive else LatencyClass.BATCH,
-        excludes=tuple(excludes),
-    )
+from spec_helpers import spec
 
 
 def state(

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
+import spec_helpers
 from rosterd.scheduler import (
     Endpoint,
     LoadFailedError,
@@ -25,29 +27,15 @@ from rosterd.scheduler import (
     ShuttingDownError,
     client_reason,
 )
-from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec
+from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 
 MIB = 2**20
 
 
-def spec(
-    role: str,
-    mib: int,
-    *,
-    interactive: bool = False,
-    sticky: bool = True,
-    excludes: Iterable[str] = (),
-) -> InferenceSpec:
-    return InferenceSpec(
-        role=role,
-        flavor=InferFlavor.LLAMACPP,
-        model=role,
-        memory=MemorySpec(weights_bytes=mib * MIB),
-        sticky=sticky,
-        latency_class=LatencyClass.INTERACTIVE if interactive else LatencyClass.BATCH,
-        excludes=tuple(excludes),
-    )
+def spec(role: str, mib: int, **options: Any) -> InferenceSpec:
+    """A llama.cpp spec of ``mib`` MiB whose model is named like the role."""
+    return spec_helpers.spec(role, mib, unit=MIB, model=role, **options)
 
 
 class FakeBackends:
