@@ -19,10 +19,10 @@ from openai import OpenAI
 
 from test_up_support import (
     GEMMA,
-    MODELS,
     llama_entry,
     prepare_example_models,
     start_up,
+    write_box_fleet,
     write_roster,
 )
 
@@ -36,23 +36,10 @@ def test_disconnect_mid_stream_frees_the_backend_at_once(
     roster = write_roster(
         tmp_path / "roster.yaml", [llama_entry("chat", "gemma-3-270m", 0.5, 18521)]
     )
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(
-        json.dumps(
-            {
-                "nodes": [
-                    {
-                        "name": "box",
-                        "memory_gb": 4,
-                        "reserved_gb": 1,
-                        "platform": "linux-x86_64",
-                        "flavors": ["llamacpp"],
-                    }
-                ],
-                "models": {"gemma-3-270m": {"path": str(GEMMA), "ctx_size": 2048, "parallel": 1}},
-                "model_roots": [str(MODELS)],
-            }
-        )
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml",
+        {"gemma-3-270m": {"path": str(GEMMA), "ctx_size": 2048, "parallel": 1}},
+        flavors=["llamacpp"],
     )
     up = start_up(
         [str(roster), "--fleet", str(fleet), "--max-concurrency", "1"], tmp_path, free_port

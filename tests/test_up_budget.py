@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import threading
 import time
@@ -32,6 +31,7 @@ from test_up_support import (
     llama_entry,
     prepare_example_models,
     start_up,
+    write_box_fleet,
     write_roster,
 )
 
@@ -41,25 +41,17 @@ GIB = 2**30
 
 
 def write_fleet(path: Path, memory_gb: float, reserved_gb: float) -> Path:
-    fleet = {
-        "nodes": [
-            {
-                "name": "box",
-                "memory_gb": memory_gb,
-                "reserved_gb": reserved_gb,
-                "platform": "linux-x86_64",
-                "flavors": ["llamacpp"],
-                "address": "127.0.0.1",
-            }
-        ],
-        "models": {
+    return write_box_fleet(
+        path,
+        {
             "tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 2},
             "tiny-b": {"path": str(MODELS / "tiny-b.gguf"), "ctx_size": 256, "parallel": 2},
         },
-        "model_roots": [str(MODELS)],
-    }
-    path.write_text(json.dumps(fleet))
-    return path
+        memory_gb=memory_gb,
+        reserved_gb=reserved_gb,
+        flavors=["llamacpp"],
+        address="127.0.0.1",
+    )
 
 
 async def ask(client: AsyncOpenAI, model: str, stream: bool) -> str:

@@ -4,7 +4,6 @@ restarted process's pid."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -22,6 +21,7 @@ from test_up_support import (
     prepare_example_models,
     start_up,
     wait_resident,
+    write_box_fleet,
     write_roster,
 )
 
@@ -39,23 +39,10 @@ def test_a_request_right_after_kill_9_waits_for_the_restart(tmp_path: Path) -> N
         pytest.skip("llama-server is not built (scripts/build-llama-server)")
     prepare_example_models()
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18931)])
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(
-        json.dumps(
-            {
-                "nodes": [
-                    {
-                        "name": "box",
-                        "memory_gb": 4,
-                        "reserved_gb": 1,
-                        "platform": "linux-x86_64",
-                        "address": "127.0.0.1",
-                    }
-                ],
-                "models": {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256}},
-                "model_roots": [str(MODELS)],
-            }
-        )
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml",
+        {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256}},
+        address="127.0.0.1",
     )
     up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, pick_free_port())
     try:

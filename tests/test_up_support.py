@@ -145,6 +145,31 @@ def write_roster(path: Path, entries: list[dict[str, object]]) -> Path:
     return path
 
 
+def write_box_fleet(
+    path: Path,
+    models: dict[str, dict[str, object]],
+    *,
+    memory_gb: float = 4,
+    reserved_gb: float = 1,
+    flavors: list[str] | None = None,
+    address: str | None = None,
+) -> Path:
+    """A fleet file of one linux-x86_64 node ``box`` (with ``flavors`` and ``address`` when
+    given), the fleet's ``models`` map and ``MODELS`` as its model root (JSON is valid YAML)."""
+    node: dict[str, object] = {
+        "name": "box",
+        "memory_gb": memory_gb,
+        "reserved_gb": reserved_gb,
+        "platform": "linux-x86_64",
+    }
+    if flavors is not None:
+        node["flavors"] = flavors
+    if address is not None:
+        node["address"] = address
+    path.write_text(json.dumps({"nodes": [node], "models": models, "model_roots": [str(MODELS)]}))
+    return path
+
+
 def llama_entry(role: str, name: str, ram_gb: float, port: int) -> dict[str, object]:
     """A llama.cpp roster entry."""
     return {

@@ -4,14 +4,20 @@ get a 503 ``model_unavailable`` at once, without a load being tried."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
 import httpx
 
 from backend_helpers import pick_free_port
-from test_up_support import MODELS, llama_entry, prepare_example_models, start_up, write_roster
+from test_up_support import (
+    MODELS,
+    llama_entry,
+    prepare_example_models,
+    start_up,
+    write_box_fleet,
+    write_roster,
+)
 
 
 def test_missing_weights_are_reported_at_start_and_answered_with_503(tmp_path: Path) -> None:
@@ -20,26 +26,13 @@ def test_missing_weights_are_reported_at_start_and_answered_with_503(tmp_path: P
         tmp_path / "roster.yaml",
         [llama_entry("tiny", "tiny-a", 0.1, 18941), llama_entry("broken", "nowhere", 0.1, 18942)],
     )
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(
-        json.dumps(
-            {
-                "nodes": [
-                    {
-                        "name": "box",
-                        "memory_gb": 4,
-                        "reserved_gb": 1,
-                        "platform": "linux-x86_64",
-                        "address": "127.0.0.1",
-                    }
-                ],
-                "models": {
-                    "tiny-a": {"path": str(MODELS / "tiny-a.gguf")},
-                    "broken": {"path": str(MODELS / "missing-weights.gguf")},
-                },
-                "model_roots": [str(MODELS)],
-            }
-        )
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml",
+        {
+            "tiny-a": {"path": str(MODELS / "tiny-a.gguf")},
+            "broken": {"path": str(MODELS / "missing-weights.gguf")},
+        },
+        address="127.0.0.1",
     )
     up = start_up([str(roster), "--fleet", str(fleet), "--no-warm-up"], tmp_path, pick_free_port())
     try:
