@@ -12,19 +12,12 @@ from typer.testing import CliRunner
 from backend_helpers import pick_free_port
 from rosterd.cli import _register, app
 from rosterd.cli.serve_cmd import is_loopback_host
-from test_up_support import EXAMPLES, start_up
+from test_up_support import EXAMPLE_LAB, start_up
 
 _register()
 runner = CliRunner()
 
-EXAMPLE = [
-    str(EXAMPLES / "roster.yaml"),
-    "--overlay",
-    str(EXAMPLES / "overlay.yaml"),
-    "--fleet",
-    str(EXAMPLES / "fleet.yaml"),
-    "--no-warm-up",
-]
+EXAMPLE = [*EXAMPLE_LAB, "--no-warm-up"]
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from test_up_support import (
-    EXAMPLES,
+    EXAMPLE_LAB,
     all_gone,
     prepare_example_models,
     rosterd_argv,
@@ -28,15 +28,8 @@ from test_up_support import (
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE_ARGS = [
-    str(EXAMPLES / "roster.yaml"),
-    "--overlay",
-    str(EXAMPLES / "overlay.yaml"),
-    "--fleet",
-    str(EXAMPLES / "fleet.yaml"),
-    "--min-residency",  # the scratch swap below need not wait the default 10 s
-    "1",
-]
+# --min-residency 1: the scratch swap below need not wait the default 10 s
+EXAMPLE_ARGS = [*EXAMPLE_LAB, "--min-residency", "1"]
 
 
 def rosterd(*args: str) -> str:

@@ -8,16 +8,9 @@ import subprocess
 from pathlib import Path
 
 from backend_helpers import pick_free_port
-from test_up_support import EXAMPLES, rosterd_argv, start_up
+from test_up_support import EXAMPLE_LAB, rosterd_argv, start_up
 
-EXAMPLE = [
-    str(EXAMPLES / "roster.yaml"),
-    "--overlay",
-    str(EXAMPLES / "overlay.yaml"),
-    "--fleet",
-    str(EXAMPLES / "fleet.yaml"),
-    "--no-warm-up",
-]
+EXAMPLE = [*EXAMPLE_LAB, "--no-warm-up"]
 
 
 def test_second_up_on_the_same_state_dir_exits_2_naming_the_first(tmp_path: Path) -> None:

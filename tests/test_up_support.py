@@ -21,6 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = EXAMPLES / "models"
 GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
+#: ``rosterd up``'s arguments for the example lab: its roster, overlay and fleet.
+EXAMPLE_LAB = [
+    str(EXAMPLES / "roster.yaml"),
+    "--overlay",
+    str(EXAMPLES / "overlay.yaml"),
+    "--fleet",
+    str(EXAMPLES / "fleet.yaml"),
+]
 
 
 def prepare_example_models() -> None:
