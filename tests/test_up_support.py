@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import psutil
 
+from backend_helpers import gone
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = EXAMPLES / "models"
@@ -137,12 +139,7 @@ def all_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:
     deadline = time.monotonic() + timeout_s
     alive = set(pids)
     while alive and time.monotonic() < deadline:
-        for pid in list(alive):
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    alive.discard(pid)
-            except psutil.NoSuchProcess:
-                alive.discard(pid)
+        alive = {pid for pid in alive if not gone(pid)}
         time.sleep(0.05)
     return alive
 
