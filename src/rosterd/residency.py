@@ -49,7 +49,7 @@ Memory per role is ``InferenceSpec.memory.resident_bytes``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rosterd.spec import InferenceSpec
@@ -143,8 +143,18 @@ def _why_precedence(winner: InferenceSpec, loser: InferenceSpec) -> str:
     )
 
 
-def _has(names: list[str]) -> str:
-    return "has" if len(names) == 1 else "have"
+def _why_blocking(blocking: Sequence[str], busy: Callable[[str], bool]) -> str:
+    """Why each of ``blocking`` cannot be evicted yet: requests in flight, else a batch
+    role asks and it was loaded too recently (``; ``-separated)."""
+    busy_names = [r for r in blocking if busy(r)]
+    recent_names = [r for r in blocking if not busy(r)]
+    parts = []
+    if busy_names:
+        has = "has" if len(busy_names) == 1 else "have"
+        parts.append(f"{', '.join(busy_names)} {has} requests in flight")
+    if recent_names:
+        parts.append(f"{', '.join(recent_names)} loaded too recently to evict for a batch role")
+    return "; ".join(parts)
 
 
 def decide(state: NodeState, role: str) -> Decision:
@@ -199,17 +209,10 @@ def decide(state: NodeState, role: str) -> Decision:
             conflict_evict.append(other)
     if conflict_wait:
         names = ", ".join(conflict_wait)
-        busy_names = [r for r in conflict_wait if busy(r)]
-        recent_names = [r for r in conflict_wait if not busy(r)]
-        parts = []
-        if busy_names:
-            parts.append(f"{', '.join(busy_names)} {_has(busy_names)} requests in flight")
-        if recent_names:
-            parts.append(f"{', '.join(recent_names)} loaded too recently to evict for a batch role")
         return Wait(
             role,
             tuple(conflict_wait),
-            f"{role} and {names} exclude each other; {'; '.join(parts)}; "
+            f"{role} and {names} exclude each other; {_why_blocking(conflict_wait, busy)}; "
             f"{role} loads once {'it is' if len(conflict_wait) == 1 else 'they are'} evictable",
         )
 
@@ -270,18 +273,11 @@ def decide(state: NodeState, role: str) -> Decision:
     allowed_bytes = sum(state.specs[r].memory.resident_bytes for r in allowed)
     if free + allowed_bytes >= need:
         blocking = tuple(r for r in allowed if r not in idle)
-        parts = []
-        busy_names = [r for r in blocking if busy(r)]
-        recent_names = [r for r in blocking if not busy(r)]
-        if busy_names:
-            parts.append(f"{', '.join(busy_names)} {_has(busy_names)} requests in flight")
-        if recent_names:
-            parts.append(f"{', '.join(recent_names)} loaded too recently to evict for a batch role")
         return Wait(
             role,
             blocking,
             f"{role} needs {gib(need)}; {gib(free)} free and idle roles free only "
-            f"{gib(freed)}; {'; '.join(parts)}",
+            f"{gib(freed)}; {_why_blocking(blocking, busy)}",
         )
     protected = [r for r in remaining if r not in allowed]
     protected_bytes = sum(state.specs[r].memory.resident_bytes for r in protected)
