@@ -75,7 +75,15 @@ from rosterd.adapters import Adapter, AdapterError, OllamaAdapter, WeightsSource
 from rosterd.adapters.ollama import DEFAULT_OLLAMA_PORT
 from rosterd.errors import RosterdError
 from rosterd.metrics import RosterdMetrics
-from rosterd.residency import AlreadyResident, Load, NodeState, Refuse, Wait, decide
+from rosterd.residency import (
+    AlreadyResident,
+    Load,
+    NodeState,
+    Refuse,
+    Wait,
+    decide,
+    excludes_each_other,
+)
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import Backend, BackendEvent, Supervisor, ready_timeout_for
 
@@ -811,8 +819,7 @@ class NodeScheduler:
         blockers = tuple(
             other
             for other in self._resident()
-            if other != role
-            and (other in spec.excluded_roles() or role in self._roles[other].spec.excluded_roles())
+            if other != role and excludes_each_other(spec, self._roles[other].spec)
         )
         if not blockers:
             return None
