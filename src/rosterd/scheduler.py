@@ -310,6 +310,12 @@ class _RoleState:
     def live_waiters(self) -> list[_Waiter]:
         return [w for w in self.waiters if not w.future.done()]
 
+    def fail_waiters(self, error: type[SchedulerError], message: str) -> None:
+        """Fail every waiting request with its own ``error(message)``; the queue is empty after."""
+        for w in self.live_waiters():
+            w.future.set_exception(error(message))
+        self.waiters.clear()
+
 
 @dataclass(frozen=True, slots=True)
 class _Acquire:
@@ -616,9 +622,7 @@ class NodeScheduler:
             st.loaded_at = None
             message = f"backend for role {role!r} crashed and could not be restarted"
             log.warning("node %s: %s: %s", self.name, message, event.detail)
-            for w in st.live_waiters():
-                w.future.set_exception(LoadFailedError(f"{message}; {_SEE_LOG}"))
-            st.waiters.clear()
+            st.fail_waiters(LoadFailedError, f"{message}; {_SEE_LOG}")
             self._emit("restart_failed", role, "the supervisor gave up restarting it")
             self._update_gauges(role)
 
@@ -649,9 +653,7 @@ class NodeScheduler:
             if any(w.future.done() for w in st.waiters):  # gave up: leave the queue
                 st.waiters = deque(st.live_waiters())
             if self._shutting_down:
-                for w in st.waiters:
-                    w.future.set_exception(ShuttingDownError("rosterd is shutting down"))
-                st.waiters.clear()
+                st.fail_waiters(ShuttingDownError, "rosterd is shutting down")
             self._grant(role, st)
             if len(st.waiters) != queued:
                 self._update_gauges(role)
@@ -763,9 +765,7 @@ class NodeScheduler:
                         self._hold(yielding, oldest, holds)
                     continue
                 st.waiting_reason = decision.reason
-                for w in st.waiters:
-                    w.future.set_exception(RoleRefusedError(decision.reason))
-                st.waiters.clear()
+                st.fail_waiters(RoleRefusedError, decision.reason)
                 self._emit("refused", role, decision.reason)
                 continue
             if isinstance(decision, Wait):
@@ -778,9 +778,7 @@ class NodeScheduler:
             assert isinstance(decision, Load)
             if decision.evict and all(w.no_evict for w in st.waiters):
                 reason = f"not warmed up: it would evict {', '.join(decision.evict)}"
-                for w in st.waiters:
-                    w.future.set_exception(RoleRefusedError(reason))
-                st.waiters.clear()
+                st.fail_waiters(RoleRefusedError, reason)
                 continue
             st.waiting_reason = decision.reason
             self._begin_transition(evict=decision.evict, load=role, cause=decision.reason)
@@ -915,9 +913,7 @@ class NodeScheduler:
             # The full error (log tail, paths) goes to the log below; clients get the gist.
             message = f"backend for role {role!r} failed to load: {client_reason(str(exc))}; "
             message += _SEE_LOG
-            for w in st.live_waiters():
-                w.future.set_exception(LoadFailedError(message))
-            st.waiters.clear()
+            st.fail_waiters(LoadFailedError, message)
             if self._metrics is not None:
                 self._metrics.load_failures.labels(node=self.name, role=role).inc()
             self._emit("load_failed", role, str(exc), duration_s=self._clock() - started)
