@@ -625,30 +625,34 @@ class Supervisor:
         self._emit(BackendEvent(m.name, "ready", pid=proc.pid))
 
     async def _wait_ready(self, m: _Managed, proc: asyncio.subprocess.Process, offset: int) -> None:
+        def failed(
+            message: str, exit_code: int | None, error: type[BackendStartError] = BackendStartError
+        ) -> BackendStartError:
+            return error(
+                message,
+                name=m.name,
+                pid=proc.pid,
+                exit_code=exit_code,
+                output_tail=_tail(m.log_path, offset),
+                log_path=m.log_path,
+            )
+
         deadline = time.monotonic() + m.ready_timeout_s
         exited = asyncio.ensure_future(proc.wait())
         try:
             async with httpx.AsyncClient() as client:
                 while True:
                     if m.stopping:  # stop() came before this process existed for it
-                        raise BackendStartError(
-                            f"backend {m.name} was stopped before it was ready",
-                            name=m.name,
-                            pid=proc.pid,
-                            exit_code=proc.returncode,
-                            output_tail=_tail(m.log_path, offset),
-                            log_path=m.log_path,
+                        raise failed(
+                            f"backend {m.name} was stopped before it was ready", proc.returncode
                         )
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise BackendNotReadyError(
+                        raise failed(
                             f"backend {m.name} was not ready within {m.ready_timeout_s:g} s "
                             f"({m.launch.readiness.method} {m.launch.readiness.path}); killed it",
-                            name=m.name,
-                            pid=proc.pid,
-                            exit_code=None,
-                            output_tail=_tail(m.log_path, offset),
-                            log_path=m.log_path,
+                            None,
+                            BackendNotReadyError,
                         )
                     probing = asyncio.ensure_future(
                         run_probe(
@@ -665,14 +669,7 @@ class Supervisor:
                             await probing
                         code = exited.result()
                         why = "was stopped" if m.stopping else f"exited with code {code}"
-                        raise BackendStartError(
-                            f"backend {m.name} {why} before it was ready",
-                            name=m.name,
-                            pid=proc.pid,
-                            exit_code=code,
-                            output_tail=_tail(m.log_path, offset),
-                            log_path=m.log_path,
-                        )
+                        raise failed(f"backend {m.name} {why} before it was ready", code)
                     if probing.result().ok:
                         return
                     with contextlib.suppress(asyncio.TimeoutError):
