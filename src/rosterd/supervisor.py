@@ -710,16 +710,14 @@ class Supervisor:
                 except SupervisorError as err:
                     m.ready_at = 0.0
                     failed_tries += 1
-                    final = failed_tries >= self.max_restart_failures
-                    if final:  # the failed try's process is gone: nothing runs any more
-                        self._managed.pop(m.name, None)
-                    detail = str(err)
-                    if final:
-                        detail = f"gave up after {failed_tries} failed restart(s): {detail}"
-                    self._emit(BackendEvent(m.name, "restart_failed", detail=detail, final=final))
-                    if final:
-                        return
-                    continue
+                    if failed_tries < self.max_restart_failures:
+                        self._emit(BackendEvent(m.name, "restart_failed", detail=str(err)))
+                        continue
+                    # the failed try's process is gone: nothing runs any more
+                    self._managed.pop(m.name, None)
+                    detail = f"gave up after {failed_tries} failed restart(s): {err}"
+                    self._emit(BackendEvent(m.name, "restart_failed", detail=detail, final=True))
+                    return
                 m.restarts += 1
                 break
 
