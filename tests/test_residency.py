@@ -3,6 +3,7 @@ random request sequences (never over capacity, never two excluded roles resident
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import pytest
@@ -49,14 +50,7 @@ def apply(st_: NodeState, decision: Decision) -> NodeState:
         return st_
     resident = (st_.resident - set(decision.evict)) | {decision.role}
     recency = tuple(r for r in st_.recency if r in resident and r != decision.role)
-    return NodeState(
-        capacity_bytes=st_.capacity_bytes,
-        specs=st_.specs,
-        resident=frozenset(resident),
-        in_flight=st_.in_flight,
-        recency=(*recency, decision.role),
-        recently_loaded=st_.recently_loaded,
-    )
+    return dataclasses.replace(st_, resident=frozenset(resident), recency=(*recency, decision.role))
 
 
 # ---------------------------------------------------------------------------
@@ -351,33 +345,14 @@ def test_no_decision_sequence_exceeds_capacity_or_colocates_exclusions(
             if isinstance(decision, Load | AlreadyResident):
                 flights = dict(current.in_flight)
                 flights[role] = flights.get(role, 0) + 1
-                current = NodeState(
-                    current.capacity_bytes,
-                    current.specs,
-                    current.resident,
-                    flights,
-                    current.recency,
-                    current.recently_loaded | {role},
+                current = dataclasses.replace(
+                    current, in_flight=flights, recently_loaded=current.recently_loaded | {role}
                 )
         elif op == "done":
             flights = {k: v for k, v in current.in_flight.items() if k != role}
-            current = NodeState(
-                current.capacity_bytes,
-                current.specs,
-                current.resident,
-                flights,
-                current.recency,
-                current.recently_loaded,
-            )
+            current = dataclasses.replace(current, in_flight=flights)
         else:  # time passes: nothing is recent any more
-            current = NodeState(
-                current.capacity_bytes,
-                current.specs,
-                current.resident,
-                current.in_flight,
-                current.recency,
-                frozenset(),
-            )
+            current = dataclasses.replace(current, recently_loaded=frozenset())
         used = sum(current.specs[r].memory.resident_bytes for r in current.resident)
         assert used <= current.capacity_bytes
         for a in current.resident:

@@ -8,6 +8,7 @@ are checked against real llama-server processes in ``test_up_budget.py``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -174,15 +175,7 @@ async def test_role_in_use_is_not_evicted_until_released() -> None:
 
 
 async def test_busy_role_is_evicted_after_the_drain_time() -> None:
-    limits = SchedulerLimits(
-        max_concurrency=4,
-        max_queue=16,
-        queue_timeout_s=10.0,
-        drain_s=0.3,
-        idle_ttl_s=float("inf"),
-        min_residency_s=0.0,
-        tick_s=0.02,
-    )
+    limits = dataclasses.replace(FAST, drain_s=0.3)
     node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
     stuck = await node.acquire("x")  # never released in time
     loop = asyncio.get_running_loop()
