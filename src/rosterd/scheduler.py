@@ -721,9 +721,7 @@ class NodeScheduler:
         """
         for b in blocking:
             st = self._roles[b]
-            recent = st.loaded_at is not None and (
-                self._clock() - st.loaded_at < self.limits.min_residency_s
-            )
+            recent = self._recently_loaded(st, self._clock())
             if st.phase is Phase.READY and st.in_flight > 0 and not recent:
                 holds[b] = min(holds.get(b, since), since)
 
@@ -831,8 +829,12 @@ class NodeScheduler:
             st.phase is Phase.READY
             and st.in_flight == 0
             and not st.waiters
-            and (st.loaded_at is None or now - st.loaded_at >= self.limits.min_residency_s)
+            and not self._recently_loaded(st, now)
         )
+
+    def _recently_loaded(self, st: _RoleState, now: float) -> bool:
+        """Whether the role was loaded less than ``min_residency_s`` before ``now``."""
+        return st.loaded_at is not None and now - st.loaded_at < self.limits.min_residency_s
 
     def _node_state(self, now: float, *, ignore_in_flight: bool) -> NodeState:
         resident = self._resident()
@@ -844,12 +846,7 @@ class NodeScheduler:
             elif st.in_flight and not ignore_in_flight:
                 busy[role] = st.in_flight
         recency = tuple(sorted(resident, key=lambda r: (self._roles[r].last_used, r)))
-        recent = frozenset(
-            r
-            for r in resident
-            if (la := self._roles[r].loaded_at) is not None
-            and now - la < self.limits.min_residency_s
-        )
+        recent = frozenset(r for r in resident if self._recently_loaded(self._roles[r], now))
         return NodeState(
             capacity_bytes=self.capacity_bytes,
             specs=self.specs,
