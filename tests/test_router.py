@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
 import uvicorn
 
+from backend_helpers import pick_free_port
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler, SchedulerLimits
@@ -26,18 +26,12 @@ from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 MIB = 2**20
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class StandInBackends:
     """``slow`` loads take ``load_s``; ``broken`` fails to load; others point at a dead port."""
 
     def __init__(self, load_s: float = 0.0) -> None:
         self.load_s = load_s
-        self.dead_port = _free_port()
+        self.dead_port = pick_free_port()
 
     async def start(self, role: str) -> Endpoint:
         await asyncio.sleep(self.load_s if role == "slow" else 0.0)
@@ -76,7 +70,7 @@ async def serve(
     scheduler = Scheduler({"n1": node})
     routes = {r: RoleRoute(r, names=(f"{r}-model", f"{r}-alias")) for r in roles}
     app = create_app(scheduler, routes, config=config, metrics=metrics)
-    port = _free_port()
+    port = pick_free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )

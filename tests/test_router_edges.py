@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from backend_helpers import pick_free_port
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, create_app
 from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler, SchedulerLimits
@@ -33,12 +33,6 @@ from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 
 MIB = 2**20
 ROLES = ("done", "stops", "hangs")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _chunk(text: str) -> bytes:
@@ -102,7 +96,7 @@ async def _serve_app(
 
 @contextlib.asynccontextmanager
 async def serve(unserved: dict[str, str] | None = None) -> AsyncIterator[Up]:
-    upstream_port = _free_port()
+    upstream_port = pick_free_port()
     upstream, upstream_task = await _serve_app(
         Starlette(routes=[Route("/v1/chat/completions", _upstream_chat, methods=["POST"])]),
         upstream_port,
@@ -121,7 +115,7 @@ async def serve(unserved: dict[str, str] | None = None) -> AsyncIterator[Up]:
     scheduler = Scheduler({"n1": node})
     routes = {r: RoleRoute(r, names=(f"{r}-model",)) for r in ROLES}
     app = create_app(scheduler, routes, metrics=metrics, unserved=unserved)
-    port = _free_port()
+    port = pick_free_port()
     server, task = await _serve_app(app, port, lifespan="on", timeout_graceful_shutdown=1)
     try:
         yield Up(f"http://127.0.0.1:{port}", server, backends)
