@@ -60,7 +60,7 @@ from rosterd.scheduler import (
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, Supervisor, lock_state_dir
 from rosterd.tokens import GB
-from rosterd.weights import resolve_weights
+from rosterd.weights import resolve_for_fleet
 
 #: Where ``rosterd up`` listens unless told otherwise.
 DEFAULT_HOST = "127.0.0.1"
@@ -302,12 +302,7 @@ async def _serve(
         metrics = RosterdMetrics()
 
         def weights_for(spec: InferenceSpec) -> WeightsSource:
-            found = resolve_weights(
-                spec,
-                models=fleet.models,
-                model_roots=fleet.model_roots,
-                repo=repos.get(spec.role) or None,
-            )
+            found = resolve_for_fleet(spec, fleet, repo=repos.get(spec.role) or None)
             if found is None:
                 raise RosterdError(f"role {spec.role}: its flavor keeps its own weights")
             return found
