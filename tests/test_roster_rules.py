@@ -499,6 +499,29 @@ def test_alias_check_comes_before_ram_gb() -> None:
     assert result.skipped == (("b", "alias of a (same server, port and weights)"),)
 
 
+def test_alias_with_another_name_is_still_skipped_but_warns() -> None:
+    text = roster(
+        entry(id="alpha", name="model-alpha", backend="llama-server", ram_gb="1"),
+        entry(id="beta", name="model-beta", backend="llama.cpp", ram_gb="2"),
+    )
+    result = one(text)
+    assert [s.spec.role for s in result.specs] == ["alpha"]
+    assert result.skipped == (("beta", "alias of alpha (same server, port and weights)"),)
+    assert result.aliases == {"beta": "alpha"}
+    assert len(result.warnings) == 1
+    warning = result.warnings[0]
+    for part in ('roster[1] (id "beta", line 6)', '"alpha" (line 2)', '"model-beta"'):
+        assert part in warning
+    assert '"model-alpha"' in warning
+    assert "its own `port` or `repo`" in warning
+
+
+def test_alias_with_the_same_name_does_not_warn() -> None:
+    result = one(roster(base(id="a", name="same"), base(id="b", name="same")))
+    assert result.skipped == (("b", "alias of a (same server, port and weights)"),)
+    assert result.warnings == ()
+
+
 # --- reasons, flavors, latency -------------------------------------------------------------
 
 

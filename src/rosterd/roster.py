@@ -12,7 +12,8 @@ path (``roster[3].port``), line and column, what was found and what is
 expected; a merge key (``<<``), which the reference does not apply, gives a
 warning naming the entry and line; so do a file without a ``roster:`` key or
 without entries, overlay keys and excludes items naming no roster entry, and
-an overlay role given twice (the reference keeps the last); each imported
+an overlay role given twice (the reference keeps the last), and an entry
+skipped as an alias whose ``name`` differs from its target's; each imported
 spec keeps the roster's display name and line. The roster is opened
 read-only and never written.
 """
@@ -145,7 +146,8 @@ class ImportedRoster:
     ``(id, reason)`` for every entry not imported, in roster order, with the
     reference's reason text; ``warnings`` are rosterd's notes (no ``roster:``
     key or no entries, merge keys, overlay settings naming no roster entry,
-    overlay roles given twice), which never change the rest;
+    overlay roles given twice, aliases whose ``name`` differs from their
+    target's), which never change the rest;
     ``aliases`` maps each id skipped as an alias to the role it aliases.
     """
 
@@ -638,6 +640,25 @@ def _ascii_lower(text: str) -> str:
     return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
 
 
+def _alias_name_warning(index: int, alias: _RawEntry, target: _RawEntry) -> str:
+    """The warning for an alias entry whose ``name`` differs from its target's.
+
+    ``index`` is the alias entry's 0-based position in the roster. The entry is
+    skipped as an alias (same flavor, port and repo as ``target``), so requests
+    for it are served by the target's model although its name says otherwise.
+    """
+    alias_id, target_id = rust_debug_str(alias.id), rust_debug_str(target.id)
+    return (
+        f"roster[{index}] (id {alias_id}, line {alias.line}): skipped as an alias of "
+        f"{target_id} (line {target.line}), which has the same backend flavor, port and repo, "
+        f"but it is named {rust_debug_str(alias.name)} where {target_id} is named "
+        f"{rust_debug_str(target.name)}; requests for {alias_id} are served by {target_id}. "
+        f"Give {alias_id} its own `port` or `repo` to serve it separately (entries on the "
+        "same backend without port and repo are aliases of each other), or the same "
+        "`name` if it is meant as an alias"
+    )
+
+
 def _import_entries(
     raws: list[_RawEntry], overlay: RosterOverlay, warnings: list[str]
 ) -> ImportedRoster:
@@ -646,7 +667,9 @@ def _import_entries(
     aliases: dict[str, str] = {}
     # (flavor id, port, repo) -> id of the first imported entry, to spot aliases.
     seen: dict[tuple[str, int | None, str], str] = {}
-    for raw in raws:
+    # id of each imported entry -> its raw entry, for the alias warning.
+    imported_raws: dict[str, _RawEntry] = {}
+    for index, raw in enumerate(raws):
         if not valid_token(raw.id, 64):
             skipped.append((raw.id, "id is not a plain token"))
             continue
@@ -661,6 +684,9 @@ def _import_entries(
         if first is not None:
             skipped.append((raw.id, f"alias of {first} (same server, port and weights)"))
             aliases[raw.id] = first
+            target = imported_raws[first]
+            if raw.name != target.name:
+                warnings.append(_alias_name_warning(index, raw, target))
             continue
         weights = ram_bytes(raw.ram_gb)
         if weights is None:
@@ -687,6 +713,7 @@ def _import_entries(
             skipped.append((raw.id, f"not a valid inference spec: {err}"))
             continue
         seen[key] = raw.id
+        imported_raws[raw.id] = raw
         specs.append(
             ImportedSpec(spec=spec, repo=raw.repo, status=raw.status, name=raw.name, line=raw.line)
         )
