@@ -206,3 +206,15 @@ async def test_admin_load_and_unload() -> None:
         assert ps["nodes"]["n1"]["resident"] == []
         r = await client.post(f"{up.url}/rosterd/load/nope")
         assert_openai_error(r, 404, "model_not_found")
+
+
+async def test_admin_load_and_unload_refuse_a_role_that_is_not_a_plain_token() -> None:
+    async with serve(limits=LIMITS) as up, httpx.AsyncClient(timeout=10) as client:
+        for action in ("load", "unload"):
+            for raw in ("slow%3Fx%3D1", "%2E%2E", "slow%20model", "-slow", "s" * 65):
+                r = await client.post(f"{up.url}/rosterd/{action}/{raw}")
+                message = assert_openai_error(r, 400, "invalid_role")
+                assert "not a plain token" in message
+                assert r.json()["error"]["type"] == "invalid_request_error"
+        ps = (await client.get(f"{up.url}/rosterd/ps")).json()
+        assert ps["nodes"]["n1"]["resident"] == []  # nothing was loaded

@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
-from rosterd.cli.serve_cmd import is_local_address
+from rosterd.cli.serve_cmd import _role_path, is_local_address
 from test_up_support import EXAMPLES
 
 _register()
@@ -66,6 +66,25 @@ def test_ps_load_unload_without_a_running_rosterd_say_so() -> None:
         result = runner.invoke(app, [*args, "--url", url])
         assert result.exit_code == 1
         assert f"no rosterd up answers at {url}" in result.output
+
+
+def test_load_unload_refuse_a_role_that_is_not_a_plain_token_before_any_request() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens: a request would be exit 1
+    url = f"http://127.0.0.1:{port}"
+    for action in ("load", "unload"):
+        for role in ("../load/scratch-b", "scratch-a?x=1", "a/b", "a b", ".a", "x" * 65):
+            result = runner.invoke(app, [action, role, "--url", url])
+            assert result.exit_code == 2, (action, role, result.output)
+            assert f"ROLE {role!r} is not a plain token" in result.output
+            assert "no rosterd up answers" not in result.output
+            assert "Traceback" not in result.output
+
+
+def test_role_path_is_one_percent_encoded_segment() -> None:
+    assert _role_path("load", "scratch-a") == "/rosterd/load/scratch-a"
+    assert _role_path("unload", "Qwen2.5-7B_v1") == "/rosterd/unload/Qwen2.5-7B_v1"
 
 
 def test_local_addresses() -> None:

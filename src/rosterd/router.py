@@ -19,7 +19,8 @@ Endpoints:
 - ``GET /health``, ``GET /status`` (JSON: nodes, resident roles, memory, queue),
   ``GET /metrics`` (Prometheus).
 - ``GET /rosterd/ps``, ``GET /rosterd/events``, ``POST /rosterd/load/{role}``,
-  ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to.
+  ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to;
+  ``{role}`` must be a plain token of at most 64 bytes (else 400 ``invalid_role``).
 
 Every error is OpenAI-shaped: ``{"error": {"message", "type", "code"}}``, with
 400 for a body that is not strict JSON (``NaN`` and ``Infinity`` included),
@@ -66,6 +67,7 @@ from rosterd.scheduler import (
     ShuttingDownError,
     UnknownRoleError,
 )
+from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.router")
 
@@ -656,7 +658,19 @@ def create_app(
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     def admin_role(request: Request) -> str:
+        """The role ``{role}`` names; raises :class:`_HttpError` 400 ``invalid_role`` for a
+        name that is not a plain token (at most 64 bytes), 404 for an unknown one."""
         name = request.path_params["role"]
+        if not valid_token(name, 64):
+            shown = repr(name) if len(name) <= 200 else f"{name[:200]!r}…"
+            raise _HttpError(
+                400,
+                f"role {shown} is not a plain token (1 to 64 ASCII letters, digits, '.', '_' "
+                "or '-', starting with a letter or digit); give a role id, an alias id or a "
+                "model name that is one",
+                "invalid_request_error",
+                "invalid_role",
+            )
         return state.names.resolve(name)
 
     async def load(request: Request) -> Response:

@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Generator, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -59,7 +60,7 @@ from rosterd.scheduler import (
 )
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, Supervisor, lock_state_dir
-from rosterd.tokens import GB
+from rosterd.tokens import GB, valid_token
 from rosterd.weights import resolve_for_fleet
 
 #: Where ``rosterd up`` listens unless told otherwise.
@@ -643,6 +644,23 @@ def _call(method: str, url: str, path: str, api_key: str | None, timeout_s: floa
     return data
 
 
+def _role_path(action: str, role: str) -> str:
+    """``/rosterd/{action}/{role}`` with ``role`` percent-encoded as one path segment.
+
+    Raises:
+        typer.Exit: code 2 (with a message on stderr) when ``role`` is not a plain
+            token of at most 64 bytes, such as ``../load/x`` or ``x?y=1``.
+    """
+    if not valid_token(role, 64):
+        raise _fail(
+            f"ROLE {role!r} is not a plain token (1 to 64 ASCII letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit); give a role id, an alias id or a "
+            "model name that is one (`rosterd ps` lists the roles)",
+            EXIT_BAD_INPUT,
+        )
+    return f"/rosterd/{action}/{urllib.parse.quote(role, safe='')}"
+
+
 def _age(seconds: object) -> str:
     if not isinstance(seconds, int | float):
         return "-"
@@ -690,7 +708,7 @@ def load_cmd(
 ) -> None:
     """Make ROLE resident now (evicting idle roles if the policy allows)."""
     started = time.monotonic()
-    data = _call("POST", url, f"/rosterd/load/{role}", api_key, 3600.0)
+    data = _call("POST", url, _role_path("load", role), api_key, 3600.0)
     console.print(
         Text(
             f"{data['role']} is resident on {data['node']} at {data['base_url']} "
@@ -706,5 +724,5 @@ def unload_cmd(
     api_key: KeyOption = None,
 ) -> None:
     """Stop ROLE's backend once its requests finished; its memory is free when this returns."""
-    data = _call("POST", url, f"/rosterd/unload/{role}", api_key, 3600.0)
+    data = _call("POST", url, _role_path("unload", role), api_key, 3600.0)
     console.print(Text(f"{data['role']} is no longer resident"))
