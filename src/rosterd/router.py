@@ -365,6 +365,23 @@ class _Proxy:
         finally:
             state.scheduler.release(lease)
 
+    async def _send_upstream(self, request: httpx.Request, role: str) -> httpx.Response:
+        """Send ``request`` upstream (streamed), retrying once on a fresh connection when the
+        backend closed the pooled connection without answering.
+
+        llama-server answers on a few HTTP threads and closes idle keep-alive
+        connections; one the pool hands out just as the backend closes it fails
+        with "Server disconnected without sending a response" before any
+        response byte, so the backend never took the request and sending it
+        again (on a new connection, never a pooled one) is safe. Raises
+        ``httpx.HTTPError`` when the retry fails too, or for any other error.
+        """
+        try:
+            return await self.state.client.send(request, stream=True)
+        except _RETRYABLE_UPSTREAM_ERRORS as exc:
+            log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
+        return await self.state.fresh_client.send(request, stream=True)
+
     async def _forward(self, lease: Lease, payload: dict[str, Any], send: Send) -> None:
         route = self.state.routes[lease.role]
         upstream_body = route.rewrite(payload, lease.endpoint.served_model)
@@ -377,7 +394,7 @@ class _Proxy:
             },
         )
         try:
-            upstream = await self.state.client.send(request, stream=True)
+            upstream = await self._send_upstream(request, lease.role)
         except httpx.HTTPError as exc:
             raise _HttpError(
                 502,
@@ -446,6 +463,11 @@ class _Proxy:
             await upstream.aclose()
 
 
+#: Upstream errors raised before any response byte on a reused connection: the backend
+#: closed it without reading the request, so it is sent again on a fresh connection.
+_RETRYABLE_UPSTREAM_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
 def _sse_error(message: str, err_type: str, code: str) -> Message:
     """The last body message of a cut stream: ``data: {"error": {...}}\\n\\n`` (OpenAI's shape)."""
     event = json.dumps(error_body(message, err_type, code))
@@ -506,6 +528,8 @@ class _RouterState:
     config: RouterConfig
     metrics: RosterdMetrics
     client: httpx.AsyncClient
+    # No keep-alive: every request it sends goes on a new connection (the one retry).
+    fresh_client: httpx.AsyncClient
     status_extra: Callable[[], Mapping[str, object]]
     started_at: float
 
@@ -594,6 +618,11 @@ def create_app(
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         trust_env=False,  # backends are local: never route them through a proxy
     )
+    fresh_client = httpx.AsyncClient(
+        timeout=client.timeout,
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+        trust_env=False,
+    )
     state = _RouterState(
         scheduler=scheduler,
         routes=routes,
@@ -601,6 +630,7 @@ def create_app(
         config=config,
         metrics=metrics,
         client=client,
+        fresh_client=fresh_client,
         status_extra=status_extra or dict,
         started_at=time.time(),
     )
@@ -728,6 +758,7 @@ def create_app(
             yield
         finally:
             await client.aclose()
+            await fresh_client.aclose()
             for hook in on_shutdown:
                 await hook()
 
