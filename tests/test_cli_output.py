@@ -1,13 +1,20 @@
-"""What ``rosterd up``, ``plan`` and ``roster import`` print when stdout is not a terminal
-(a pipe, a file, nohup): whole names, one line per message, no trailing spaces, whatever
-width the environment claims."""
+"""What ``rosterd up``, ``plan``, ``roster import``, ``ps/load/unload`` and ``--help`` print
+when stdout is not a terminal (a pipe, a file, nohup): whole names, one line per message, no
+trailing spaces, whatever width the environment claims."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import typer
+
+from rosterd.cli import _register, app
+from test_router import LIMITS, serve
 from test_up_support import llama_entry, rosterd_argv, write_roster
 
 LONG_MODEL = "gemma-3-270m-it-a-rather-long-model-name-for-a-narrow-terminal-Q4_K_M"
@@ -74,3 +81,68 @@ def test_plan_and_roster_import_piped_keep_names_whole(tmp_path: Path) -> None:
     code, out = _run(["roster", "import", _lab(tmp_path)[0]], tmp_path)
     assert code == 0, out
     _assert_readable(out)
+
+
+async def _run_piped(args: list[str]) -> tuple[int, str]:
+    """``rosterd ARGS`` in a subprocess with stdout a pipe (no event-loop blocking)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = await asyncio.create_subprocess_exec(
+        *rosterd_argv(),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=env,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode()
+
+
+async def test_ps_load_unload_piped_have_no_trailing_spaces() -> None:
+    async with serve(limits=LIMITS) as up:
+        code, out = await _run_piped(["load", "slow-model", "--url", up.url])
+        assert code == 0, out
+        assert out.startswith("slow is resident on n1 at http://127.0.0.1:"), out
+        code, out = await _run_piped(["ps", "--url", up.url])
+        assert code == 0, out
+        lines = out.splitlines()
+        assert [line for line in lines if line != line.rstrip()] == [], out
+        assert any(line.startswith("node n1:") for line in lines), out
+        assert sum("ready" in line or "idle" in line for line in lines) >= 2, out
+        assert any("slow" in line and "ready" in line for line in lines), out
+        code, out = await _run_piped(["unload", "slow", "--url", up.url])
+        assert code == 0, out
+        assert out == "slow is no longer resident\n"
+
+
+def _command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path under ``command`` (a Click command or group), itself first."""
+    paths = [path]
+    for name, sub in getattr(command, "commands", {}).items():
+        paths += _command_paths(sub, (*path, name))
+    return paths
+
+
+def test_help_piped_keeps_every_option_name_whole(tmp_path: Path) -> None:
+    _register()
+    root = typer.main.get_command(app)
+    paths = _command_paths(root)
+    assert ("up",) in paths
+    assert ("roster", "import") in paths
+    for path in paths:
+        code, out = _run([*path, "--help"], tmp_path)
+        assert code == 0, out
+        assert [line for line in out.splitlines() if line != line.rstrip()] == [], (path, out)
+        assert "╭" not in out, out  # plain text, not panels sized to 80 columns
+        command: Any = root
+        for name in path:
+            command = command.commands[name]
+        for param in command.params:
+            if param.param_type_name == "option":
+                for opt in (*param.opts, *param.secondary_opts):
+                    assert opt in re.findall(r"--?[\w-]+", out), (path, opt, out)
+        if path == ():
+            commands = out.split("Commands:", 1)[1].splitlines()
+            assert [line for line in commands if line.endswith("...")] == [], out
+    code, out = _run(["up", "--help"], tmp_path)
+    assert "--max-concurrency" in re.findall(r"--?[\w-]+", out)

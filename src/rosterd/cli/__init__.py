@@ -27,6 +27,27 @@ app = typer.Typer(
 #: wide enough that tables never shrink or cut a name; lines are only as long as their text.
 PIPE_WIDTH = 1000
 
+#: Width, in columns, of ``--help`` when stdout is not a terminal: Click's plain help text,
+#: which wraps descriptions and puts a long option name on its own line, never cutting it.
+PIPE_HELP_WIDTH = 120
+
+
+def _plain_help_when_piped() -> None:
+    """When stdout is not a terminal, make ``--help`` and usage errors Click's plain text,
+    :data:`PIPE_HELP_WIDTH` columns wide.
+
+    Typer's Rich panels are sized to 80 columns when stdout is a pipe or a file,
+    which cuts option names (``--max-concurren…``) and pads lines with spaces. On
+    a terminal the Rich help stays. Call before :data:`app` runs.
+    """
+    if sys.stdout.isatty():
+        return
+    app.rich_markup_mode = None
+    app.info.context_settings = {
+        "max_content_width": PIPE_HELP_WIDTH,
+        "terminal_width": PIPE_HELP_WIDTH,
+    }
+
 
 class _TrimmedLines:
     """A text stream that writes to ``sys.stdout``/``sys.stderr`` (looked up at each write,
@@ -90,6 +111,7 @@ def main() -> None:
     traceback, unless ``ROSTERD_DEBUG=1`` asks for the traceback.
     """
     _register()
+    _plain_help_when_piped()
     try:
         app(standalone_mode=True)
     except Exception as exc:

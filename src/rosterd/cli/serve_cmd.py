@@ -672,6 +672,7 @@ def _age(seconds: object) -> str:
 @app.command("ps")
 def ps_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
     """What is resident where: memory (planned and measured), requests, idle time."""
+    _use_command_consoles()
     data = _call("GET", url, "/rosterd/ps", api_key, 10.0)
     for name, node in data.get("nodes", {}).items():
         table = Table(
@@ -707,6 +708,7 @@ def load_cmd(
     api_key: KeyOption = None,
 ) -> None:
     """Make ROLE resident now (evicting idle roles if the policy allows)."""
+    _use_command_consoles()
     started = time.monotonic()
     data = _call("POST", url, _role_path("load", role), api_key, 3600.0)
     console.print(
@@ -724,5 +726,6 @@ def unload_cmd(
     api_key: KeyOption = None,
 ) -> None:
     """Stop ROLE's backend once its requests finished; its memory is free when this returns."""
+    _use_command_consoles()
     data = _call("POST", url, _role_path("unload", role), api_key, 3600.0)
     console.print(Text(f"{data['role']} is no longer resident"))
