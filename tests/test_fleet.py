@@ -21,6 +21,38 @@ from rosterd.spec import InferFlavor
 from rosterd.tokens import GB
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+README = EXAMPLES.parent / "README.md"
+
+
+def _readme_fleet_example() -> list[str]:
+    """The README's fleet file example (the YAML block that starts with ``nodes:``), by line."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("```yaml\nnodes:") + len("```yaml\n")
+    return text[start : text.index("```", start)].splitlines()
+
+
+def test_readme_fleet_example_marks_exactly_the_required_node_keys(tmp_path: Path) -> None:
+    lines = _readme_fleet_example()
+    fleet = parse_fleet("\n".join(lines), file="fleet.yaml", base_dir=tmp_path)
+    assert fleet.nodes[0].name == "studio"
+    assert set(fleet.models) == {"gemma-3-270m", "tiny-a"}
+    node_keys = [
+        (i, line.split(":")[0].strip(" -"))
+        for i, line in enumerate(lines)
+        if line.startswith("    ") or line.startswith("  - ")
+    ]
+    required = {key for i, key in node_keys if "# required" in lines[i]}
+    assert required == {"name", "memory_gb", "platform"}
+    for i, key in node_keys:
+        without = [line for j, line in enumerate(lines) if j != i]
+        if key == "name":  # the list item starts with it: start it with the next key
+            without[i] = "  - " + without[i].lstrip()
+        text = "\n".join(without)
+        if key in required:
+            with pytest.raises(FleetError, match=f"missing required key '{key}'"):
+                parse_fleet(text, file="fleet.yaml", base_dir=tmp_path)
+        else:
+            parse_fleet(text, file="fleet.yaml", base_dir=tmp_path)
 
 
 def test_documented_example_node(tmp_path: Path) -> None:
@@ -161,6 +193,17 @@ BAD = [
         2,
         5,
         ["missing required key 'name'"],
+    ),
+    (
+        "nodes:\n  - {name: a, memory_gb: 8}\n",
+        "nodes[0].platform",
+        2,
+        5,
+        [
+            "missing required key 'platform'",
+            "every node needs `name` (a plain token), `memory_gb` (total RAM, GiB) and "
+            "`platform` (macos-arm64, linux-x86_64, linux-arm64)",
+        ],
     ),
     (
         "nodes:\n  - {name: 'a b', memory_gb: 8, platform: linux-x86_64}\n",

@@ -385,7 +385,13 @@ class _FleetReader:
         fields = self.mapping(item, path, _NODE_KEYS, "a node mapping")
         for required in ("name", "memory_gb", "platform"):
             if required not in fields:
-                raise self.fail(item, f"{path}.{required}", f"missing required key {required!r}")
+                raise self.fail(
+                    item,
+                    f"{path}.{required}",
+                    f"missing required key {required!r}; every node needs `name` (a plain "
+                    "token), `memory_gb` (total RAM, GiB) and `platform` "
+                    f"({', '.join(p.value for p in Platform)}); the other keys have defaults",
+                )
         name_node = fields["name"][1]
         name = self.text(name_node, f"{path}.name", "a plain token (letters, digits, . _ -)")
         if not valid_token(name, 64):
