@@ -14,22 +14,24 @@ from typing import TextIO
 import typer
 from rich.console import Console
 
+#: Width, in columns, of ``--help`` when stdout is not a terminal: Click's plain help text,
+#: which wraps descriptions and puts a long option name on its own line, never cutting it.
+PIPE_HELP_WIDTH = 120
+
 app = typer.Typer(
     name="rosterd",
     help="Serve a model lab's roster of local LLMs: import, plan, launch, route.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Used only by Click's plain help (see _plain_help_when_piped); Rich help ignores them.
+    context_settings={"max_content_width": PIPE_HELP_WIDTH, "terminal_width": PIPE_HELP_WIDTH},
 )
 
 
 #: Console width, in columns, when the output is not a terminal (a pipe, a file, nohup):
 #: wide enough that tables never shrink or cut a name; lines are only as long as their text.
 PIPE_WIDTH = 1000
-
-#: Width, in columns, of ``--help`` when stdout is not a terminal: Click's plain help text,
-#: which wraps descriptions and puts a long option name on its own line, never cutting it.
-PIPE_HELP_WIDTH = 120
 
 
 def _plain_help_when_piped() -> None:
@@ -40,13 +42,8 @@ def _plain_help_when_piped() -> None:
     which cuts option names (``--max-concurren…``) and pads lines with spaces. On
     a terminal the Rich help stays. Call before :data:`app` runs.
     """
-    if sys.stdout.isatty():
-        return
-    app.rich_markup_mode = None
-    app.info.context_settings = {
-        "max_content_width": PIPE_HELP_WIDTH,
-        "terminal_width": PIPE_HELP_WIDTH,
-    }
+    if not sys.stdout.isatty():
+        app.rich_markup_mode = None
 
 
 class _TrimmedLines:
