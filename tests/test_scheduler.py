@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Iterable
 from typing import Any
 
 import pytest
 
 import spec_helpers
+from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler import (
     Endpoint,
     LoadFailedError,
     NodeScheduler,
     QueueFullError,
     QueueTimeoutError,
+    Revocation,
     RoleRefusedError,
     RoleUnavailableError,
     Scheduler,
@@ -497,3 +500,99 @@ def test_client_reason_cuts_paths_but_not_urls() -> None:
     )
     assert client_reason("in / and /tmp/") == "in / and /"
     assert len(client_reason("y" * 1000)) == 300
+
+
+async def test_evicting_a_busy_role_revokes_its_leases_so_the_stop_is_prompt() -> None:
+    limits = dataclasses.replace(FAST, drain_s=0.3)
+    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    held = await node.acquire("x")
+    assert held.revoked is not None
+
+    async def hold_until_revoked() -> Revocation:
+        assert held.revoked is not None
+        try:
+            return await held.revoked  # what the router does: end the request, release
+        finally:
+            node.release(held)
+
+    holder = asyncio.create_task(hold_until_revoked())
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await use(node, "y") == "y"
+    assert loop.time() - t0 < 1.2  # drain time, then a prompt stop
+    revocation = await holder
+    assert revocation.code == "evicted"
+    assert revocation.message == "role x was unloaded to make room for y after --drain 0.3 s"
+    stopping = [e for e in node.events if e.kind == "stopping" and e.role == "x"]
+    assert "1 request(s) in flight cut after --drain 0.3 s" in stopping[0].cause
+    assert backends.stops == ["x"]
+    await node.shutdown()
+
+
+@pytest.mark.parametrize(("busy", "waiting"), [("a", "b"), ("b", "a")])
+async def test_a_busy_excluded_role_is_not_logged_as_idle_when_it_yields(
+    busy: str, waiting: str
+) -> None:
+    limits = SchedulerLimits(drain_s=0.3, min_residency_s=0.0, tick_s=0.02)
+    node, _ = make_node(
+        [spec("a", 100, sticky=False, excludes=["b"]), spec("b", 100)], 1000, limits
+    )
+    held = await node.acquire(busy)
+    assert held.revoked is not None
+    held.revoked.add_done_callback(lambda _: node.release(held))
+    assert await use(node, waiting) == waiting
+    assert held.revoked.result().message == (
+        f"role {busy} was unloaded for {waiting} (they exclude each other) after --drain 0.3 s"
+    )
+    stopping = next(e for e in node.events if e.kind == "stopping" and e.role == busy)
+    assert not stopping.cause.startswith("idle"), stopping.cause
+    assert "--drain 0.3 s" in stopping.cause
+    await node.shutdown()
+
+
+async def test_eviction_causes_are_a_short_fixed_set_of_metric_labels() -> None:
+    limits = SchedulerLimits(
+        drain_s=0.3, min_residency_s=0.0, idle_ttl_s=0.3, tick_s=0.02, max_concurrency=4
+    )
+    specs = {
+        s.role: s
+        for s in [
+            spec("scratch-a", 100, sticky=False, excludes=["scratch-b"]),
+            spec("scratch-b", 100, sticky=False),
+            spec("big", 700),
+            spec("other", 700),
+        ]
+    }
+    metrics = RosterdMetrics()
+    backends = FakeBackends(specs, 1000 * MIB)
+    node = NodeScheduler("n1", 1000 * MIB, specs, backends, limits=limits, metrics=metrics)
+    node.start()
+    await use(node, "scratch-a")
+    await use(node, "scratch-b")  # scratch-a yields: exclusion
+    await asyncio.sleep(0.6)  # scratch-b unloads: idle_ttl
+    await use(node, "big")
+    await use(node, "other")  # big makes room: make_room
+    held = await node.acquire("other")
+    assert held.revoked is not None
+    held.revoked.add_done_callback(lambda _: node.release(held))
+    await use(node, "big")  # other is busy past --drain: drain
+    await node.unload("big")  # unload
+    await use(node, "scratch-a")
+    await node.shutdown()  # shutdown
+    text = metrics.render().decode()
+    labels = {
+        (m["role"], m["cause"])
+        for m in (
+            dict(re.findall(r'(\w+)="([^"]*)"', line))
+            for line in text.splitlines()
+            if line.startswith("rosterd_evictions_total{")
+        )
+    }
+    assert labels == {
+        ("scratch-a", "exclusion"),
+        ("scratch-b", "idle_ttl"),
+        ("big", "make_room"),
+        ("other", "drain"),
+        ("big", "unload"),
+        ("scratch-a", "shutdown"),
+    }

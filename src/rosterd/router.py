@@ -361,9 +361,55 @@ class _Proxy:
         except SchedulerError as exc:
             raise _scheduler_http_error(exc) from None
         try:
-            await self._forward(lease, payload, send)
+            await self._forward_unless_revoked(lease, payload, send)
         finally:
             state.scheduler.release(lease)
+
+    async def _forward_unless_revoked(
+        self, lease: Lease, payload: dict[str, Any], send: Send
+    ) -> None:
+        """Forward the request, but end it at once if the scheduler revokes the lease.
+
+        The scheduler revokes the leases of a role it stops with requests still in
+        flight (evicted after ``--drain``, unloaded, shutdown): the upstream
+        request is closed here (llama-server keeps an open stream going through
+        SIGTERM), and the client gets the reason: an SSE error event if its
+        stream had started, else 503 with the revocation's code (``evicted``).
+        """
+        response: dict[str, bool] = {"started": False, "stream": False}
+
+        async def tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                response["started"] = True
+                response["stream"] = any(
+                    k == b"content-type" and v.startswith(b"text/event-stream")
+                    for k, v in message.get("headers", [])
+                )
+            await send(message)
+
+        forward = asyncio.ensure_future(self._forward(lease, payload, tracked))
+        if lease.revoked is None:
+            await forward
+            return
+        try:
+            racing: set[asyncio.Future[Any]] = {forward, lease.revoked}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not forward.done():
+                forward.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await forward
+        if not forward.cancelled():
+            forward.result()
+            return
+        revocation = lease.revoked.result()
+        log.info("ended a %s request to %s: %s", self.label, lease.role, revocation.message)
+        if not response["started"]:
+            raise _HttpError(503, revocation.message, "server_error", revocation.code, 1.0)
+        if response["stream"]:
+            await send(_sse_error(revocation.message, "server_error", revocation.code))
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _send_upstream(self, request: httpx.Request, role: str) -> httpx.Response:
         """Send ``request`` upstream (streamed), retrying once on a fresh connection when the

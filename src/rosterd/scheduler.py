@@ -89,6 +89,9 @@ from rosterd.supervisor import Backend, BackendEvent, Supervisor, ready_timeout_
 
 log = logging.getLogger("rosterd.scheduler")
 
+#: How long a stop waits for the router to end revoked requests, seconds.
+_REVOKE_WAIT_S = 1.0
+
 #: Where a client whose request failed on a backend is pointed for the details.
 _SEE_LOG = "see `rosterd ps` / the backend log"
 
@@ -166,12 +169,27 @@ class SchedulerLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class Revocation:
+    """Why the leases of a role were revoked: the scheduler stops the role's backend while
+    requests are still in flight (after ``drain_s``), so the router ends them itself.
+
+    ``code``: the OpenAI error code for the client (``evicted``, ``shutting_down``);
+    ``message``: what the client is told (no paths, no pids).
+    """
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """Permission to send requests to ``role``'s backend at ``endpoint`` until released.
 
     ``generation`` tells leases of an earlier load of the same role apart (a
     release from a stopped generation is ignored); ``waited_s`` is the time
-    spent queued, seconds.
+    spent queued, seconds. ``revoked`` gets a :class:`Revocation` when the
+    scheduler stops the backend before the lease was released: the holder must
+    end its upstream request at once and release the lease.
     """
 
     role: str
@@ -179,6 +197,7 @@ class Lease:
     endpoint: Endpoint
     generation: int
     waited_s: float
+    revoked: asyncio.Future[Revocation] | None = field(default=None, compare=False)
 
 
 class Phase(enum.Enum):
@@ -302,6 +321,9 @@ class _RoleState:
     unload_requested: list[asyncio.Future[None]] = field(default_factory=list)
     unload_since: float | None = None
     waiting_reason: str | None = None
+    # Set when the backend is stopped under leases of this generation (see Lease.revoked).
+    revoke: asyncio.Future[Revocation] | None = None
+    released: asyncio.Event | None = None  # set once in_flight is 0 (a stop waits for it)
     # New leases go only to waiters older than this: a request for another role
     # that needs this role's room came first, so this role drains instead of
     # serving newer requests forever (None: no one waits for its room).
@@ -512,7 +534,7 @@ class NodeScheduler:
                 await self._transition
         for role, st in self._roles.items():
             if st.phase in (Phase.READY, Phase.LOADING, Phase.RESTARTING):
-                await self._stop_role(role, "shutdown")
+                await self._stop_role(role, "shutdown", "shutdown")
             for future in st.unload_requested:  # stopped now, as asked
                 if not future.done():
                     future.set_result(None)
@@ -585,6 +607,8 @@ class NodeScheduler:
                 st.in_flight -= 1
                 st.last_used = self._clock()
                 self._update_gauges(message.role)
+                if st.in_flight == 0 and st.released is not None:
+                    st.released.set()
         elif isinstance(message, _Unload):
             st = self._roles[message.role]
             st.unload_requested.append(message.future)
@@ -669,6 +693,8 @@ class NodeScheduler:
         """Hand leases to waiters, oldest first, while the role is ready and has free slots."""
         if st.phase is not Phase.READY or st.endpoint is None:
             return
+        if st.revoke is None or st.revoke.done():
+            st.revoke = asyncio.get_running_loop().create_future()
         now = self._clock()
         while st.waiters:
             waiter = st.waiters[0]
@@ -682,7 +708,9 @@ class NodeScheduler:
                 st.in_flight += 1
                 st.last_used = now
                 self._update_gauges(role)
-            waiter.future.set_result(Lease(role, self.name, st.endpoint, st.generation, waited))
+            waiter.future.set_result(
+                Lease(role, self.name, st.endpoint, st.generation, waited, st.revoke)
+            )
             if self._metrics is not None and waiter.take_slot:
                 self._metrics.queue_wait.labels(role=role).observe(waited)
 
@@ -701,7 +729,7 @@ class NodeScheduler:
             if st.phase is Phase.READY and (
                 st.in_flight == 0 or now - since >= self.limits.drain_s
             ):
-                self._begin_transition(evict=(role,), load=None, cause="unload")
+                self._begin_transition(evict=(role,), load=None, cause="unload", label="unload")
                 return True
         return False
 
@@ -752,10 +780,14 @@ class NodeScheduler:
                     ]
                     if len(idle) == len(yielding):
                         st.waiting_reason = decision.reason
+                        busy = [b for b in yielding if self._roles[b].in_flight]
+                        state = f"busy past --drain {self.limits.drain_s:g} s" if busy else "idle"
                         self._begin_transition(
                             evict=yielding,
                             load=None,
-                            cause=f"idle, yields to waiting {role} (they exclude each other)",
+                            cause=f"{state}, yields to waiting {role} (they exclude each other)",
+                            label="exclusion",
+                            for_role=role,
                         )
                         return True
                     st.waiting_reason = f"{decision.reason}; waiting until it is idle"
@@ -779,7 +811,9 @@ class NodeScheduler:
                 st.fail_waiters(RoleRefusedError, reason)
                 continue
             st.waiting_reason = decision.reason
-            self._begin_transition(evict=decision.evict, load=role, cause=decision.reason)
+            self._begin_transition(
+                evict=decision.evict, load=role, cause=decision.reason, label="make_room"
+            )
             return True
         return False
 
@@ -796,7 +830,9 @@ class NodeScheduler:
                 and now - st.last_used >= self.limits.idle_ttl_s
             ):
                 idle = now - st.last_used
-                self._begin_transition(evict=(role,), load=None, cause=f"idle for {idle:.0f} s")
+                self._begin_transition(
+                    evict=(role,), load=None, cause=f"idle for {idle:.0f} s", label="idle_ttl"
+                )
                 return
 
     def _exclusion_blockers(self, role: str) -> tuple[str, ...] | None:
@@ -858,18 +894,37 @@ class NodeScheduler:
 
     # ---- transitions (one per node at a time) -------------------------------------
 
-    def _begin_transition(self, *, evict: Iterable[str], load: str | None, cause: str) -> None:
+    def _begin_transition(
+        self,
+        *,
+        evict: Iterable[str],
+        load: str | None,
+        cause: str,
+        label: str,
+        for_role: str | None = None,
+    ) -> None:
+        """Start "stop ``evict``, then load ``load``" as the node's one transition.
+
+        ``cause``: the words for the log and event log; ``label``: the short cause
+        of the evictions (see :func:`_stop_role`); ``for_role``: the role the
+        evictions make way for (defaults to ``load``).
+        """
         evict = tuple(evict)
         self._transition = asyncio.get_running_loop().create_task(
-            self._run_transition(evict, load, cause),
+            self._run_transition(evict, load, cause, label, for_role or load),
             name=f"rosterd-transition-{self.name}",
         )
 
-    async def _run_transition(self, evict: tuple[str, ...], load: str | None, cause: str) -> None:
+    async def _run_transition(
+        self, evict: tuple[str, ...], load: str | None, cause: str, label: str, for_role: str | None
+    ) -> None:
         try:
             for role in evict:
                 stop_cause = cause if load is None else f"evicted for {load}: {cause}"
-                await self._stop_role(role, stop_cause)
+                why = label
+                if load is not None and excludes_each_other(self.specs[role], self.specs[load]):
+                    why = "exclusion"
+                await self._stop_role(role, stop_cause, why, for_role)
             if load is not None:
                 await self._load_role(load, cause)
         except Exception:
@@ -877,9 +932,52 @@ class NodeScheduler:
         finally:
             self._inbox.put_nowait(_Kick())
 
-    async def _stop_role(self, role: str, cause: str) -> None:
+    def _revocation(self, role: str, label: str, for_role: str | None) -> Revocation:
+        """What a client whose request to ``role`` is cut by this stop is told."""
+        after = f"after --drain {self.limits.drain_s:g} s"
+        if label == "shutdown":
+            return Revocation(
+                "shutting_down", f"rosterd is shutting down; role {role} was stopped {after}"
+            )
+        if label == "unload":
+            why = "was unloaded (rosterd unload)"
+        elif label == "exclusion" and for_role is not None:
+            why = f"was unloaded for {for_role} (they exclude each other)"
+        elif for_role is not None:
+            why = f"was unloaded to make room for {for_role}"
+        else:
+            why = "was unloaded"
+        return Revocation("evicted", f"role {role} {why} {after}")
+
+    async def _stop_role(
+        self, role: str, cause: str, label: str, for_role: str | None = None
+    ) -> None:
+        """Stop ``role``'s backend; returns once its process exited.
+
+        ``label`` is the short cause counted in ``rosterd_evictions_total``:
+        ``make_room``, ``exclusion``, ``idle_ttl``, ``unload`` or ``shutdown``,
+        and ``drain`` for a ``make_room``/``exclusion`` eviction that cut requests
+        still in flight after ``drain_s``. Requests still in flight are revoked
+        first (:attr:`Lease.revoked`): the router ends them with an error event
+        saying why, so the backend is not stopped under an open stream.
+        """
         st = self._roles[role]
         st.phase = Phase.STOPPING
+        cut = st.in_flight
+        if cut:
+            cause += f"; {cut} request(s) in flight cut after --drain {self.limits.drain_s:g} s"
+            if st.revoke is not None and not st.revoke.done():
+                st.revoke.set_result(self._revocation(role, label, for_role))
+            if label in ("make_room", "exclusion"):
+                label = "drain"
+            # The router ends the revoked requests at once; their releases come in
+            # through the inbox (this generation still counts them).
+            st.released = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_REVOKE_WAIT_S):
+                    await st.released.wait()
+            st.released = None
+        st.revoke = None
         st.generation += 1  # leases of the stopped process are void from here on
         self._emit("stopping", role, cause)
         started = self._clock()
@@ -892,8 +990,6 @@ class NodeScheduler:
         st.in_flight = 0
         st.loaded_at = None
         if self._metrics is not None:
-            kind = cause.split(":", 1)[0].split()[0]
-            label = {"evicted": "evict", "idle": "idle"}.get(kind, kind)
             self._metrics.evictions.labels(node=self.name, role=role, cause=label).inc()
         self._emit("stopped", role, cause, duration_s=self._clock() - started)
         self._update_gauges(role)

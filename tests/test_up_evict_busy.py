@@ -1,0 +1,112 @@
+"""Evicting a busy role after ``--drain`` is prompt, and its streams say why they ended.
+
+Real llama-server processes behind ``rosterd up``: Gemma 3 270M (role ``chat``)
+and a tiny GGUF (role ``other``) on a node that holds only one of them. A long
+stream on ``chat`` is open when a request for ``other`` arrives; after
+``--drain`` (1 s) the router ends the stream itself with an SSE error event
+(code ``evicted``) and the backend stops at once, instead of generating on
+through its SIGTERM for the whole ``--grace`` (10 s).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from test_up_support import (
+    GEMMA,
+    MODELS,
+    llama_entry,
+    prepare_example_models,
+    start_up,
+    wait_resident,
+    write_box_fleet,
+    write_roster,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_busy_role_evicted_after_drain_ends_its_stream_and_stops_promptly(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    prepare_example_models()
+    roster = write_roster(
+        tmp_path / "roster.yaml",
+        [
+            llama_entry("chat", "gemma-3-270m", 0.5, 18541),
+            llama_entry("other", "tiny-a", 0.3, 18542),
+        ],
+    )
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml",
+        {
+            "gemma-3-270m": {"path": str(GEMMA), "ctx_size": 4096, "parallel": 1},
+            "tiny-a": {"path": str(MODELS / "tiny-a.gguf")},
+        },
+        memory_gb=1.7,
+        reserved_gb=1,
+        flavors=["llamacpp"],
+    )
+    args = [str(roster), "--fleet", str(fleet), "--drain", "1", "--grace", "10"]
+    up = start_up([*args, "--min-residency", "0"], tmp_path, free_port)
+    lines: list[str] = []
+    first_chunk = threading.Event()
+
+    def long_stream() -> None:
+        body = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": "Tell me a very long story."}],
+            "max_tokens": 3000,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        with httpx.stream(
+            "POST", up.url + "/v1/chat/completions", json=body, timeout=60, trust_env=False
+        ) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line)
+                    first_chunk.set()
+
+    try:
+        httpx.post(up.url + "/rosterd/load/chat", timeout=60, trust_env=False)
+        wait_resident(up, {"chat"})
+        streamer = threading.Thread(target=long_stream)
+        streamer.start()
+        assert first_chunk.wait(20)
+        asked = time.monotonic()
+        reply = httpx.post(
+            up.url + "/v1/chat/completions",
+            json={
+                "model": "other",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            },
+            timeout=60,
+            trust_env=False,
+        )
+        took = time.monotonic() - asked
+        streamer.join(30)
+        assert reply.status_code == 200, reply.text
+        # --drain 1 s, a prompt stop and a load of a tiny model; not --grace (10 s) more.
+        assert took < 6.0, f"the evicting request took {took:.1f} s"
+        assert lines[-1] != "data: [DONE]"
+        error = json.loads(lines[-1][len("data: ") :])["error"]
+        assert error["code"] == "evicted"
+        assert error["message"] == (
+            "role chat was unloaded to make room for other after --drain 1 s"
+        )
+        events = up.get("/rosterd/events")["events"]
+        stopping = next(e for e in events if e["kind"] == "stopping" and e["role"] == "chat")
+        assert not stopping["cause"].startswith("idle")
+        assert "in flight cut after --drain 1 s" in stopping["cause"]
+        assert 'cause="drain"' in httpx.get(up.url + "/metrics", trust_env=False).text
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
