@@ -550,6 +550,26 @@ async def test_a_busy_excluded_role_is_not_logged_as_idle_when_it_yields(
     await node.shutdown()
 
 
+async def test_unload_takes_no_new_requests_and_loads_again_for_them_after() -> None:
+    limits = dataclasses.replace(FAST, max_concurrency=4, drain_s=5.0)
+    node, backends = make_node([spec("x", 100)], 1000, limits)
+    held = await node.acquire("x")
+    unload = asyncio.create_task(node.unload("x"))
+    await asyncio.sleep(0.1)
+    newer = asyncio.create_task(node.acquire("x"))  # a slot is free, but an unload was asked
+    await asyncio.sleep(0.2)
+    assert not newer.done()
+    assert not unload.done()
+    node.release(held)
+    await asyncio.wait_for(unload, 2.0)
+    lease = await asyncio.wait_for(newer, 2.0)
+    assert lease.generation != held.generation  # served by the backend loaded again
+    node.release(lease)
+    assert backends.starts == ["x", "x"]
+    assert backends.stops == ["x"]
+    await node.shutdown()
+
+
 async def test_eviction_causes_are_a_short_fixed_set_of_metric_labels() -> None:
     limits = SchedulerLimits(
         drain_s=0.3, min_residency_s=0.0, idle_ttl_s=0.3, tick_s=0.02, max_concurrency=4

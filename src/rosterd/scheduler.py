@@ -693,6 +693,8 @@ class NodeScheduler:
         """Hand leases to waiters, oldest first, while the role is ready and has free slots."""
         if st.phase is not Phase.READY or st.endpoint is None:
             return
+        if st.unload_requested:
+            return  # an unload was asked: new requests wait and load the role again after it
         if st.revoke is None or st.revoke.done():
             st.revoke = asyncio.get_running_loop().create_future()
         now = self._clock()
