@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -616,3 +617,29 @@ async def test_eviction_causes_are_a_short_fixed_set_of_metric_labels() -> None:
         ("big", "unload"),
         ("scratch-a", "shutdown"),
     }
+
+
+async def test_a_wait_reason_is_logged_once_while_it_lasts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # x was loaded recently and serves a steady trickle: y's wait reason flips between
+    # "x has requests in flight" and "x loaded too recently" with every request.
+    limits = SchedulerLimits(min_residency_s=1.0, drain_s=30.0, tick_s=0.02, max_concurrency=1)
+    node, _ = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    await use(node, "x")
+    caplog.set_level(logging.INFO, logger="rosterd.scheduler")
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + 0.8
+
+    async def trickle() -> None:
+        while loop.time() < stop_at:
+            await use(node, "x", hold_s=0.02)
+            await asyncio.sleep(0.01)
+
+    worker = asyncio.create_task(trickle())
+    await asyncio.sleep(0.05)
+    assert await use(node, "y") == "y"
+    await worker
+    waits = [r.getMessage() for r in caplog.records if " y waits: " in r.getMessage()]
+    assert 1 <= len(waits) <= 2, waits
+    await node.shutdown()

@@ -321,6 +321,8 @@ class _RoleState:
     unload_requested: list[asyncio.Future[None]] = field(default_factory=list)
     unload_since: float | None = None
     waiting_reason: str | None = None
+    # The wait reasons already logged since the role last loaded (each is logged once).
+    logged_waits: set[str] = field(default_factory=set)
     # Set when the backend is stopped under leases of this generation (see Lease.revoked).
     revoke: asyncio.Future[Revocation] | None = None
     released: asyncio.Event | None = None  # set once in_flight is 0 (a stop waits for it)
@@ -672,6 +674,7 @@ class NodeScheduler:
         now = self._clock()
         for role, st in self._roles.items():
             if not st.waiters:
+                st.logged_waits.clear()
                 continue
             queued = len(st.waiters)
             if any(w.future.done() for w in st.waiters):  # gave up: leave the queue
@@ -801,7 +804,8 @@ class NodeScheduler:
                 self._emit("refused", role, decision.reason)
                 continue
             if isinstance(decision, Wait):
-                if st.waiting_reason != decision.reason:
+                if decision.reason not in st.logged_waits:
+                    st.logged_waits.add(decision.reason)
                     log.info("node %s: %s waits: %s", self.name, role, decision.reason)
                 st.waiting_reason = decision.reason
                 if not all(w.no_evict for w in st.waiters):
@@ -1025,6 +1029,7 @@ class NodeScheduler:
         st.loaded_at = now
         st.last_used = now
         st.waiting_reason = None
+        st.logged_waits.clear()
         if self._metrics is not None:
             waiting = st.live_waiters()
             if any(w.take_slot for w in waiting):
