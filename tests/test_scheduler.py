@@ -33,7 +33,7 @@ from rosterd.scheduler import (
     client_reason,
 )
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent
+from rosterd.supervisor import BackendEvent, PortInUseError
 
 MIB = 2**20
 
@@ -491,6 +491,25 @@ async def test_a_failed_load_tells_the_client_the_reason_without_paths_or_log_ta
     )
     assert node.events[-1].kind == "load_failed"
     assert "/srv/models/a.gguf" in node.events[-1].cause  # the full error stays in the log
+    await node.shutdown()
+
+
+async def test_a_port_in_use_tells_the_client_neither_the_pid_nor_the_command_line() -> None:
+    class PortTaken(FakeBackends):
+        async def start(self, role: str) -> Endpoint:
+            holder = "pid 13484 (llama-server: llama-server -m tiny-voice.gguf --host 127.0.0.1)"
+            raise PortInUseError("127.0.0.1", 8310, holder)
+
+    by_role = {"a": spec("a", 100)}
+    node = NodeScheduler("n1", 1000 * MIB, by_role, PortTaken(by_role, 1000 * MIB), limits=FAST)
+    node.start()
+    with pytest.raises(LoadFailedError) as info:
+        await node.acquire("a")
+    assert str(info.value) == (
+        "backend for role 'a' failed to load: port 8310 is in use by another process; "
+        "stop it or give the role another port; see `rosterd ps` / the backend log"
+    )
+    assert "pid 13484" in node.events[-1].cause  # the detail stays in the log
     await node.shutdown()
 
 

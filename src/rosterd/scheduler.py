@@ -1010,7 +1010,8 @@ class NodeScheduler:
         except Exception as exc:
             st.phase = Phase.STOPPED
             # The full error (log tail, paths) goes to the log below; clients get the gist.
-            message = f"backend for role {role!r} failed to load: {client_reason(str(exc))}; "
+            short = getattr(exc, "client_message", None) or client_reason(str(exc))
+            message = f"backend for role {role!r} failed to load: {short}; "
             message += _SEE_LOG
             st.fail_waiters(LoadFailedError, message)
             if self._metrics is not None:

@@ -83,7 +83,13 @@ if sys.platform.startswith("linux"):  # pragma: no branch - only Linux has prctl
 
 
 class SupervisorError(RosterdError):
-    """A backend could not be started, stopped or found; the message says which and why."""
+    """A backend could not be started, stopped or found; the message says which and why.
+
+    ``client_message``: the short reason an HTTP client may be told (no pids,
+    command lines or paths), or ``None`` when the message's first line will do.
+    """
+
+    client_message: str | None = None
 
 
 class StateDirLockedError(SupervisorError):
@@ -201,6 +207,9 @@ class PortInUseError(SupervisorError):
         self.port = port
         self.holder = holder
         who = f"by {holder}" if holder else "by another process (its owner is not visible)"
+        self.client_message = (
+            f"port {port} is in use by another process; stop it or give the role another port"
+        )
         super().__init__(
             f"port {port} on {host} is already in use {who}; "
             "stop that process or give the role another port"
