@@ -67,6 +67,12 @@ def test_a_request_right_after_kill_9_waits_for_the_restart(tmp_path: Path) -> N
         events = [e["kind"] for e in up.get("/rosterd/events")["events"]]
         assert "crashed" in events
         assert "restarted" in events
+        crashed = next(e for e in up.get("/rosterd/events")["events"] if e["kind"] == "crashed")
+        assert (
+            crashed["cause"]
+            == f"backend pid {old_pid} was killed by signal 9 (SIGKILL); restarting"
+        )
         print(f"request after kill -9 answered in {time.monotonic() - began:.2f} s")
     finally:
         assert up.stop(signal.SIGINT) == 0
+    assert "backend tiny was killed by signal 9 (SIGKILL)" in " ".join(up.output().split())

@@ -32,6 +32,7 @@ def _lab(tmp_path: Path) -> list[str]:
             llama_entry("scratch-a", "tiny-b", 5.0, 8312),
             {**llama_entry("planner", "Qwen3-30B-A3B", 1.0, 8080), "backend": "mlx_lm"},
             {**llama_entry("ollama-x", "phi4-mini", 1.0, 11434), "backend": "ollama"},
+            {**llama_entry("vision", "Qwen2.5-VL-7B", 8.0, 8090), "backend": "mlx-vlm"},
         ],
     )
     fleet = tmp_path / "fleet.yaml"
@@ -77,6 +78,7 @@ def test_up_routes_the_first_entry_and_says_why_others_are_not_served(tmp_path: 
             ("planner", "planned on node studio, which this process does not run"),
             ("Qwen3-30B-A3B", "planned on node studio"),
             ("ollama-x", "unplaced: "),
+            ("vision", 'skipped in the roster: backend "mlx-vlm" has no inference adapter'),
         ):
             r = httpx.post(
                 f"{up.url}/v1/chat/completions",

@@ -85,7 +85,13 @@ from rosterd.residency import (
     excludes_each_other,
 )
 from rosterd.spec import InferenceSpec, InferFlavor
-from rosterd.supervisor import Backend, BackendEvent, Supervisor, ready_timeout_for
+from rosterd.supervisor import (
+    Backend,
+    BackendEvent,
+    Supervisor,
+    describe_exit,
+    ready_timeout_for,
+)
 
 log = logging.getLogger("rosterd.scheduler")
 
@@ -629,8 +635,8 @@ class NodeScheduler:
             if st.endpoint is not None:  # same address and name; no live pid until it is back
                 st.endpoint = dataclasses.replace(st.endpoint, pid=None)
             st.waiting_reason = "its backend crashed and is being restarted"
-            why = f"exit code {event.exit_code}" if event.exit_code is not None else event.kind
-            self._emit("crashed", role, f"backend pid {event.pid} exited ({why}); restarting")
+            why = describe_exit(event.exit_code) if event.exit_code is not None else "exited"
+            self._emit("crashed", role, f"backend pid {event.pid} {why}; restarting")
             self._update_gauges(role)
         elif event.kind == "ready" and st.phase is Phase.RESTARTING and st.endpoint is not None:
             st.phase = Phase.READY

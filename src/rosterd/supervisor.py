@@ -92,6 +92,24 @@ class SupervisorError(RosterdError):
     client_message: str | None = None
 
 
+def describe_exit(code: int | None) -> str:
+    """How a process ended, from its return code, for messages.
+
+    ``0``/``1`` -> ``exited with code 1``; ``-9`` -> ``was killed by signal 9
+    (SIGKILL)`` (asyncio gives a negative code for a signal); ``None`` ->
+    ``exited``.
+    """
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            return f"was killed by signal {-code}"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
 class StateDirLockedError(SupervisorError):
     """Another running rosterd holds the state folder's lock.
 
@@ -677,7 +695,7 @@ class Supervisor:
                         with contextlib.suppress(asyncio.CancelledError):
                             await probing
                         code = exited.result()
-                        why = "was stopped" if m.stopping else f"exited with code {code}"
+                        why = "was stopped" if m.stopping else describe_exit(code)
                         raise failed(f"backend {m.name} {why} before it was ready", code)
                     if probing.result().ok:
                         return

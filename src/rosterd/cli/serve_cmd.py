@@ -59,7 +59,7 @@ from rosterd.scheduler import (
     SupervisorBackends,
 )
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent, Supervisor, lock_state_dir
+from rosterd.supervisor import BackendEvent, Supervisor, describe_exit, lock_state_dir
 from rosterd.tokens import GB, valid_token
 from rosterd.weights import resolve_for_fleet
 
@@ -155,8 +155,9 @@ def unserved_reasons(
     result: Plan, roster: ImportedRoster, served_nodes: Iterable[str]
 ) -> dict[str, str]:
     """Name (role id, roster model name, alias) -> why this process does not serve it:
-    the plan's reason for an unplaced role, or the node it is planned on when this
-    process does not run that node. Roles served here are left out."""
+    the plan's reason for an unplaced role, the node it is planned on when this
+    process does not run that node, or why the import skipped a roster entry.
+    Roles served here are left out."""
     served = set(served_nodes)
     why: dict[str, str] = {}
     for role, reason in result.unplaced:
@@ -175,6 +176,8 @@ def unserved_reasons(
     for alias, role in roster.aliases.items():
         if role in why:
             out.setdefault(alias, why[role])
+    for entry_id, reason in roster.skipped:
+        out.setdefault(entry_id, f"skipped in the roster: {reason}")
     return out
 
 
@@ -453,7 +456,13 @@ async def _warm_up(scheduler: Scheduler, nodes: Mapping[str, NodeScheduler]) -> 
 def _print_backend_event(event: BackendEvent) -> None:
     """Say when a backend dies by itself and how the supervisor restarts it."""
     if event.kind == "exited":
-        console.print(Text(f"backend {event.name} exited by itself (code {event.exit_code})"))
+        code = event.exit_code
+        how = (
+            describe_exit(code)
+            if code is not None and code < 0
+            else f"exited by itself (code {code})"
+        )
+        console.print(Text(f"backend {event.name} {how}"))
     elif event.kind == "restarting":
         console.print(Text(f"restarting {event.name} in {event.delay_s or 0:.1f} s"))
     elif event.kind == "restart_failed":
