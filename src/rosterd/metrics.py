@@ -13,8 +13,10 @@ Metric names (all prefixed ``rosterd_``):
 - ``queue_wait_seconds{role}``: time a request waited for its role (load or slot), seconds;
 - ``loads_total{node, role, cause}``, ``load_failures_total{node, role}``;
 - ``load_duration_seconds{node, role}``: from process start to ready, seconds;
-- ``evictions_total{node, role, cause}``: backends stopped (``cause`` is ``evict``,
-  ``idle``, ``unload`` or ``shutdown``);
+- ``evictions_total{node, role, cause}``: backends stopped; ``cause`` is one of
+  ``make_room`` (evicted for another role's memory), ``exclusion`` (for a role it
+  excludes), ``drain`` (either of those, cutting requests still in flight after
+  ``--drain``), ``idle_ttl``, ``unload`` (``rosterd unload``) or ``shutdown``;
 - ``resident_bytes{node}``: spec bytes of the roles holding memory (loading, ready or
   stopping) on the node; ``capacity_bytes{node}``;
 - ``in_flight{role}``, ``queued{role}``: requests being served / waiting now.
@@ -105,7 +107,8 @@ class RosterdMetrics:
         )
         self.evictions = Counter(
             "rosterd_evictions",
-            "Backends stopped, by node, role and cause (evict, idle, unload, shutdown).",
+            "Backends stopped, by node, role and cause "
+            "(make_room, exclusion, drain, idle_ttl, unload, shutdown).",
             ["node", "role", "cause"],
             registry=r,
         )
