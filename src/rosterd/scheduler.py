@@ -19,8 +19,11 @@ supervisor, in ``rosterd up``). The rules it keeps, as issue 5 and USERS.md ask:
   new lease to a request that arrived after the one waiting for its room, so
   requests are served in arrival order across a swap instead of one busy role
   starving the other. Once the oldest waiter has waited ``drain_s`` the
-  in-flight counts are ignored and the busy role may be evicted (its
-  requests then fail with 502 at the router).
+  in-flight counts are ignored and the busy role may be evicted: its leases
+  are revoked first (:attr:`Lease.revoked`), so the router ends those requests
+  with an ``evicted`` error and the backend stops at once.
+- **An unload takes no new requests.** Once ``unload`` is asked, the role
+  grants no new lease; waiting requests load it again after it stopped.
 - **No swap ping-pong.** A role loaded less than ``min_residency_s`` ago is
   passed to the policy as ``recently_loaded``: a batch role cannot evict it,
   an interactive one can.
@@ -503,7 +506,9 @@ class NodeScheduler:
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
 
-        Returns after the process exited (at once if it was not resident).
+        From the call on, the role grants no new lease: newer requests wait in its
+        queue and load it again once it stopped. Returns after the process
+        exited (at once if it was not resident).
         Raises ``UnknownRoleError``.
         """
         if role not in self._roles:
