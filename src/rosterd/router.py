@@ -110,13 +110,18 @@ class RouterConfig:
     ``api_keys``: accepted ``Authorization: Bearer`` keys (empty: no auth;
     ``/health`` is always open); ``max_body_bytes``: largest request body;
     ``upstream_connect_s`` / ``upstream_read_s``: httpx timeouts towards the
-    backend, seconds (read: between two chunks).
+    backend, seconds (read: between two chunks); ``upstream_keepalive_s``: how
+    long an idle upstream connection is kept for reuse, seconds. It stays
+    below llama-server's keep-alive timeout (5 s, cpp-httplib's default): with
+    httpx's default, also 5 s, the router reused connections the backend was
+    closing at that very moment, and the request failed unanswered.
     """
 
     api_keys: tuple[str, ...] = ()
     max_body_bytes: int = 8 * 2**20
     upstream_connect_s: float = 10.0
     upstream_read_s: float = 600.0
+    upstream_keepalive_s: float = 2.0
 
 
 class _HttpError(Exception):
@@ -415,11 +420,12 @@ class _Proxy:
         """Send ``request`` upstream (streamed), retrying once on a fresh connection when the
         backend closed the pooled connection without answering.
 
-        llama-server answers on a few HTTP threads and closes idle keep-alive
-        connections; one the pool hands out just as the backend closes it fails
-        with "Server disconnected without sending a response" before any
-        response byte, so the backend never took the request and sending it
-        again (on a new connection, never a pooled one) is safe. Raises
+        Idle connections expire before the backend's keep-alive timeout
+        (``RouterConfig.upstream_keepalive_s``), but a backend may still close
+        one as the pool hands it out: the request then fails with "Server
+        disconnected without sending a response" before any response byte, so
+        the backend never took it and sending it again (on a new connection,
+        never a pooled one) is safe. Raises
         ``httpx.HTTPError`` when the retry fails too, or for any other error.
         """
         try:
@@ -661,7 +667,11 @@ def create_app(
             write=config.upstream_connect_s,
             pool=None,
         ),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        limits=httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=64,
+            keepalive_expiry=config.upstream_keepalive_s,
+        ),
         trust_env=False,  # backends are local: never route them through a proxy
     )
     fresh_client = httpx.AsyncClient(
