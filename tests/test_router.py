@@ -218,3 +218,65 @@ async def test_admin_load_and_unload_refuse_a_role_that_is_not_a_plain_token() -
                 assert r.json()["error"]["type"] == "invalid_request_error"
         ps = (await client.get(f"{up.url}/rosterd/ps")).json()
         assert ps["nodes"]["n1"]["resident"] == []  # nothing was loaded
+
+
+async def test_a_request_the_backend_drops_unanswered_is_sent_once_more() -> None:
+    """A backend closing the connection without a response byte (a keep-alive connection
+    it was closing) never took the request: the router sends it again, once."""
+    connections = 0
+
+    async def backend(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        if connections > 1:
+            body = b'{"choices": []}'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(backend, "127.0.0.1", 0)
+    upstream_port = upstream.sockets[0].getsockname()[1]
+
+    class Backends:
+        async def start(self, role: str) -> Endpoint:
+            return Endpoint(f"http://127.0.0.1:{upstream_port}", role)
+
+        async def stop(self, role: str) -> None:
+            return None
+
+    specs = {
+        "a": InferenceSpec(role="a", flavor=InferFlavor.LLAMACPP, model="a", memory=MemorySpec(MIB))
+    }
+    node = NodeScheduler("n1", 100 * MIB, specs, Backends(), limits=LIMITS)
+    app = create_app(Scheduler({"n1": node}), {"a": RoleRoute("a")})
+    port = pick_free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            for _ in range(200):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                        break
+                await asyncio.sleep(0.02)
+            r = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat("a"))
+        assert r.status_code == 200, r.text
+        assert connections == 2
+    finally:
+        server.should_exit = True
+        await task
+        await node.shutdown()
+        upstream.close()
+        await upstream.wait_closed()
