@@ -5,7 +5,8 @@ and a tiny GGUF (role ``other``) on a node that holds only one of them. A long
 stream on ``chat`` is open when a request for ``other`` arrives; after
 ``--drain`` (1 s) the router ends the stream itself with an SSE error event
 (code ``evicted``) and the backend stops at once, instead of generating on
-through its SIGTERM for the whole ``--grace`` (10 s).
+through its SIGTERM for the whole ``--grace`` (10 s). Last, ``rosterd unload``
+under steady traffic returns promptly, and the traffic loads the role again.
 """
 
 from __future__ import annotations
@@ -110,3 +111,53 @@ def test_a_busy_role_evicted_after_drain_ends_its_stream_and_stops_promptly(
     finally:
         code = up.stop()
     assert code == 0, up.output()
+
+
+def test_unload_under_steady_traffic_is_prompt_and_the_traffic_continues(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    prepare_example_models()
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18543)])
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml",
+        {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}},
+        flavors=["llamacpp"],
+    )
+    up = start_up([str(roster), "--fleet", str(fleet), "--drain", "30"], tmp_path, free_port)
+    codes: list[int] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        with httpx.Client(timeout=60, trust_env=False) as client:
+            while not stop.is_set():
+                reply = client.post(
+                    up.url + "/v1/completions",
+                    json={"model": "tiny", "prompt": "hello", "max_tokens": 128},
+                )
+                codes.append(reply.status_code)
+
+    workers = [threading.Thread(target=traffic) for _ in range(12)]  # more than 4 at once
+    try:
+        httpx.post(up.url + "/rosterd/load/tiny", timeout=60, trust_env=False)
+        wait_resident(up, {"tiny"})
+        for worker in workers:
+            worker.start()
+        time.sleep(1.0)  # the role is never idle from here on
+        asked = time.monotonic()
+        reply = httpx.post(up.url + "/rosterd/unload/tiny", timeout=60, trust_env=False)
+        took = time.monotonic() - asked
+        assert reply.status_code == 200, reply.text
+        # About 0.2 s here; taking new requests meanwhile, the role drained only when
+        # the traffic happened to leave it idle, or after --drain (11-31 s here).
+        assert took < 1.5, f"unload took {took:.1f} s under traffic"
+        time.sleep(1.0)  # the traffic loads the role again and goes on
+        kinds = [e["kind"] for e in up.get("/rosterd/events")["events"] if e["role"] == "tiny"]
+        assert kinds[-4:] == ["stopping", "stopped", "loading", "loaded"], kinds
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+        code = up.stop()
+    assert code == 0, up.output()
+    assert len(codes) > 10
+    assert set(codes) == {200}, sorted(set(codes))
