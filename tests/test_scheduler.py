@@ -662,3 +662,46 @@ async def test_a_wait_reason_is_logged_once_while_it_lasts(
     waits = [r.getMessage() for r in caplog.records if " y waits: " in r.getMessage()]
     assert 1 <= len(waits) <= 2, waits
     await node.shutdown()
+
+
+async def test_shutdown_while_a_load_finishes_ends_its_waiters_without_an_internal_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Ctrl-C while a role loads: shutdown ends the waiters, then the load completes.
+    # Handing the finished load to those waiters used to raise InvalidStateError.
+    node, backends = make_node([spec("a", 100)], 1000, load_s=0.3)
+    waiter = asyncio.create_task(node.acquire("a"))
+    await asyncio.sleep(0.1)
+    assert backends.starts == ["a"]
+    with caplog.at_level(logging.ERROR, logger="rosterd.scheduler"):
+        await node.shutdown()
+    with pytest.raises((ShuttingDownError, LoadFailedError)):
+        await waiter
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert node.snapshot()["resident"] == []
+
+
+async def test_queued_gauge_is_zero_once_a_warm_up_load_is_done() -> None:
+    metrics = RosterdMetrics()
+    by_role = {"a": spec("a", 100)}
+    backends = FakeBackends(by_role, 1000 * MIB)
+    node = NodeScheduler("n1", 1000 * MIB, by_role, backends, limits=FAST, metrics=metrics)
+    node.start()
+    await node.acquire("a", take_slot=False)
+    assert metrics.registry.get_sample_value("rosterd_queued", {"role": "a"}) == 0
+    assert metrics.registry.get_sample_value("rosterd_in_flight", {"role": "a"}) == 0
+    await node.shutdown()
+
+
+async def test_waiter_leaving_mid_load_is_skipped_without_an_internal_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    node, _ = make_node([spec("a", 100)], 1000, load_s=0.3)
+    leaving = asyncio.create_task(node.acquire("a"))
+    staying = asyncio.create_task(use(node, "a"))
+    await asyncio.sleep(0.1)
+    with caplog.at_level(logging.ERROR, logger="rosterd.scheduler"):
+        leaving.cancel()  # the client goes away while the load is under way
+        assert await asyncio.wait_for(staying, 5) == "a"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    await node.shutdown()

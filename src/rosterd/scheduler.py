@@ -712,23 +712,32 @@ class NodeScheduler:
         if st.revoke is None or st.revoke.done():
             st.revoke = asyncio.get_running_loop().create_future()
         now = self._clock()
-        while st.waiters:
-            waiter = st.waiters[0]
-            if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
-                return
-            if waiter.take_slot and st.hold_since is not None and waiter.since >= st.hold_since:
-                return  # an older request waits for this role's room: let it drain
-            st.waiters.popleft()
-            waited = now - waiter.since
-            if waiter.take_slot:
-                st.in_flight += 1
-                st.last_used = now
-                self._update_gauges(role)
-            waiter.future.set_result(
-                Lease(role, self.name, st.endpoint, st.generation, waited, st.revoke)
-            )
-            if self._metrics is not None and waiter.take_slot:
-                self._metrics.queue_wait.labels(role=role).observe(waited)
+        try:
+            while st.waiters:
+                waiter = st.waiters[0]
+                if waiter.future.done():
+                    # It gave up (or shutdown ended it) in the same instant the role
+                    # became ready: nothing to hand over, and no slot to take.
+                    st.waiters.popleft()
+                    continue
+                if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
+                    return
+                if waiter.take_slot and st.hold_since is not None and waiter.since >= st.hold_since:
+                    return  # an older request waits for this role's room: let it drain
+                st.waiters.popleft()
+                waited = now - waiter.since
+                if waiter.take_slot:
+                    st.in_flight += 1
+                    st.last_used = now
+                waiter.future.set_result(
+                    Lease(role, self.name, st.endpoint, st.generation, waited, st.revoke)
+                )
+                if self._metrics is not None and waiter.take_slot:
+                    self._metrics.queue_wait.labels(role=role).observe(waited)
+        finally:
+            # Every waiter handed a lease leaves the queue, slot or not (a warm-up
+            # load takes none), so the queued and in-flight gauges change here.
+            self._update_gauges(role)
 
     def _schedule_unloads(self, now: float) -> bool:
         for role, st in self._roles.items():
