@@ -25,7 +25,7 @@ from rosterd.roster import (
     load_roster,
     ram_bytes,
 )
-from rosterd.serde_yaml_rules import Number
+from rosterd.roster._serde_yaml import Number
 from rosterd.spec import InferFlavor, LatencyClass
 from rosterd.tokens import GB
 

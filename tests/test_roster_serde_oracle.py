@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rosterd.serde_yaml_rules import ROOT_DEPTH, DocumentReader, Number, ReadError, Tagged
-from rosterd.yaml_nodes import Mapping, YamlSyntaxError, load_single_document
+from rosterd.roster._serde_yaml import ROOT_DEPTH, DocumentReader, Number, ReadError, Tagged
+from rosterd.roster._yaml_nodes import Mapping, YamlSyntaxError, load_single_document
 
 ryaml = pytest.importorskip("ryaml")
 

@@ -19,8 +19,8 @@ from typing import Literal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rosterd.roster._rust_std import rust_parse_f64, rust_split_whitespace, rust_trim
 from rosterd.rust_debug import rust_debug_str
-from rosterd.serde_yaml_rules import rust_parse_f64, rust_split_whitespace, rust_trim
 
 NO_SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
 DATA = Path(__file__).resolve().parent / "data"

@@ -1,4 +1,5 @@
-"""The fleet: the node inventory rosterd plans across (layer 2; reading is the only I/O).
+"""The fleet file reader: a fleet YAML file in, a validated Fleet out (layer 2; reading is
+the only I/O).
 
 A fleet file is YAML::
 
@@ -15,29 +16,27 @@ A fleet file is YAML::
       big-coder: {path: /srv/coder.gguf, ctx_size: 8192, parallel: 2, extra_args: [--mlock]}
     model_roots: [models]       # optional: folders searched for weights
 
-Without a fleet file the fleet is this machine alone (:func:`local_fleet`).
+The fleet's types are in :mod:`rosterd.fleet.model`; without a fleet file the
+fleet is this machine alone (:func:`rosterd.fleet.local.local_fleet`).
 
 PyYAML's ``compose`` is used rather than ``safe_load`` because the node tree keeps
 line and column marks, so every :class:`FleetError` names the file, the field
 path (``nodes[1].memory_gb``), the line and column, the value found and what was
-expected. psutil gives the local machine's memory portably.
+expected.
 """
 
 from __future__ import annotations
 
-import enum
 import math
-import platform as _platform
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import psutil
 import yaml
 from yaml.constructor import SafeConstructor
 
 from rosterd.errors import FleetError
+from rosterd.fleet.model import Fleet, ModelSource, Node, Platform, default_reserved_bytes
 from rosterd.spec import InferFlavor
 from rosterd.tokens import GB, valid_token
 
@@ -45,141 +44,6 @@ from rosterd.tokens import GB, valid_token
 MAX_FLEET_BYTES: Final[int] = 1_048_576
 #: At most this many nodes in one fleet.
 MAX_NODES: Final[int] = 1024
-
-
-class Platform(enum.Enum):
-    """A node's operating system and CPU architecture; decides which flavors it can run."""
-
-    MACOS_ARM64 = "macos-arm64"
-    LINUX_X86_64 = "linux-x86_64"
-    LINUX_ARM64 = "linux-arm64"
-
-    def supported_flavors(self) -> frozenset[InferFlavor]:
-        """Flavors this platform can run: ``mlx_lm`` only on ``macos-arm64``; llama.cpp and
-        ollama everywhere. Also the default ``flavors`` of a node."""
-        if self is Platform.MACOS_ARM64:
-            return frozenset(InferFlavor)
-        return frozenset({InferFlavor.LLAMACPP, InferFlavor.OLLAMA})
-
-
-@dataclass(frozen=True)
-class Node:
-    """One machine of the fleet.
-
-    ``memory_bytes`` is total RAM, ``reserved_bytes`` what rosterd leaves free for the
-    OS and other work; ``capacity_bytes`` (memory - reserved) is the budget residency
-    and placement count against. ``flavors`` are the adapters it runs; ``address`` is
-    where its backends are reached from the router.
-    """
-
-    name: str
-    memory_bytes: int
-    reserved_bytes: int
-    platform: Platform
-    flavors: frozenset[InferFlavor]
-    address: str = "127.0.0.1"
-    # Mappings are left out of the hash (a dict is unhashable); equality still compares them.
-    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
-
-    @property
-    def capacity_bytes(self) -> int:
-        """``memory_bytes - reserved_bytes``: the bytes roles may hold on this node."""
-        return self.memory_bytes - self.reserved_bytes
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a model's weights are, and how to serve them.
-
-    ``path`` is absolute (relative paths in the fleet file resolve against the file's
-    folder); ``ctx_size`` and ``parallel`` are positive or ``None`` (adapter default);
-    ``extra_args`` are appended to the backend's argv as given.
-    """
-
-    path: Path
-    ctx_size: int | None = None
-    parallel: int | None = None
-    extra_args: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Fleet:
-    """The node inventory plus where model weights are.
-
-    ``models`` is keyed by roster model name or role id; ``model_roots`` are folders
-    searched for weights (default: the fleet file's folder; none for :func:`local_fleet`).
-    """
-
-    nodes: tuple[Node, ...]
-    models: Mapping[str, ModelSource] = field(default_factory=dict, hash=False)
-    model_roots: tuple[Path, ...] = ()
-
-    def node(self, name: str) -> Node:
-        """The node called ``name``.
-
-        Raises:
-            KeyError: no node has that name.
-        """
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(name)
-
-
-def default_reserved_bytes(memory_bytes: int) -> int:
-    """The reserve when a node gives no ``reserved_gb``: ``max(10% of memory, 2 GiB)``,
-    but at most half the memory.
-
-    The cap keeps small machines usable: a 3 GiB node keeps 1.5 GiB rather than
-    2 GiB. Below 2 GiB of memory the reserve is 10% of memory alone (a 2 GiB floor
-    would leave nothing). Result in bytes, always below ``memory_bytes``.
-    """
-    tenth = memory_bytes // 10
-    if memory_bytes < 2 * GB:
-        return tenth
-    return min(max(tenth, 2 * GB), memory_bytes // 2)
-
-
-def detect_platform() -> Platform:
-    """This machine's :class:`Platform` (from :mod:`platform`).
-
-    Raises:
-        FleetError: the OS/architecture is not one rosterd supports.
-    """
-    system = _platform.system().lower()
-    machine = _platform.machine().lower()
-    if system == "darwin" and machine in {"arm64", "aarch64"}:
-        return Platform.MACOS_ARM64
-    if system == "linux" and machine in {"x86_64", "amd64"}:
-        return Platform.LINUX_X86_64
-    if system == "linux" and machine in {"arm64", "aarch64"}:
-        return Platform.LINUX_ARM64
-    raise FleetError(
-        f"this machine ({system} {machine}) is not a supported platform; "
-        f"expected one of {', '.join(p.value for p in Platform)}; write a fleet file"
-    )
-
-
-def local_fleet() -> Fleet:
-    """The fleet when no fleet file is given: this machine alone.
-
-    One node ``local`` at 127.0.0.1 with total memory from psutil, the default reserve
-    (:func:`default_reserved_bytes`), the detected platform and its default flavors;
-    no ``models`` and no ``model_roots``.
-
-    Raises:
-        FleetError: unsupported platform.
-    """
-    memory = int(psutil.virtual_memory().total)
-    plat = detect_platform()
-    node = Node(
-        name="local",
-        memory_bytes=memory,
-        reserved_bytes=default_reserved_bytes(memory),
-        platform=plat,
-        flavors=plat.supported_flavors(),
-    )
-    return Fleet(nodes=(node,))
 
 
 def load_fleet(path: Path) -> Fleet:

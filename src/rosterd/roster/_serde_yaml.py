@@ -1,9 +1,10 @@
-"""How serde_yaml 0.9 turns YAML nodes into typed values (layer 2 helper).
+"""How serde_yaml 0.9 turns YAML nodes into typed values (layer 2 helper, private to
+:mod:`rosterd.roster`).
 
 The roster import must read every field exactly as the reference
 (``seed/roster.rs`` with serde and serde_yaml 0.9) does. This module holds
 those rules, each named after the serde_yaml function it mirrors, over the
-node graph of :mod:`rosterd.yaml_nodes`:
+node graph of :mod:`rosterd.roster._yaml_nodes`:
 
 * string fields take the literal text of any scalar (tags and quotes ignored);
 * ``Option<u16>`` (the port) is strict: a plain (or ``!!int`` literal-block)
@@ -15,21 +16,31 @@ node graph of :mod:`rosterd.yaml_nodes`:
   range, more than 128 levels of nesting and alias expansion beyond 100 per
   event (serde_yaml's recursion and repetition limits).
 
-Numbers are checked with our own ASCII grammars, never with Python's ``int``
-or ``float`` on raw text (those accept ``_``, spaces and Unicode digits).
+Numbers are checked with our own ASCII grammars (Rust's, in
+:mod:`rosterd.roster._rust_std`), never with Python's ``int`` or ``float`` on
+raw text (those accept ``_``, spaces and Unicode digits).
 
-Failures raise :class:`ReadError` with the offending node; the roster module
-turns it into a located ``RosterError``.
+Failures raise :class:`ReadError` with the offending node;
+:mod:`rosterd.roster.document` turns it into a located ``RosterError``.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Final
 
-from rosterd.yaml_nodes import Alias, Document, Item, Mapping, Node, Scalar, ScalarStyle, Sequence
+from rosterd.roster._rust_std import rust_from_str_radix, rust_parse_f64
+from rosterd.roster._yaml_nodes import (
+    Alias,
+    Document,
+    Item,
+    Mapping,
+    Node,
+    Scalar,
+    ScalarStyle,
+    Sequence,
+)
 
 TAG_BOOL: Final = "tag:yaml.org,2002:bool"
 TAG_INT: Final = "tag:yaml.org,2002:int"
@@ -55,88 +66,7 @@ class ReadError(Exception):
         self.hint = hint
 
 
-# --- scalar grammars ---------------------------------------------------------
-
-_DIGITS: Final[dict[int, frozenset[str]]] = {
-    2: frozenset("01"),
-    8: frozenset("01234567"),
-    10: frozenset("0123456789"),
-    16: frozenset("0123456789abcdefABCDEF"),
-}
-
-# Rust's `f64::from_str`: sign, then inf/infinity/nan (any case) or decimal
-# digits with an optional point and exponent; ASCII only, nothing else.
-_RUST_F64: Final = re.compile(
-    r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))"
-)
-
-#: Unicode White_Space, which Rust's `str::trim` and `split_whitespace` use.
-RUST_WHITESPACE: Final[frozenset[str]] = frozenset(
-    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
-    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-)
-
-
-def rust_trim(text: str) -> str:
-    """``text`` without leading and trailing Unicode White_Space (Rust's ``str::trim``)."""
-    start, end = 0, len(text)
-    while start < end and text[start] in RUST_WHITESPACE:
-        start += 1
-    while end > start and text[end - 1] in RUST_WHITESPACE:
-        end -= 1
-    return text[start:end]
-
-
-def rust_split_whitespace(text: str) -> list[str]:
-    """``text`` split on runs of Unicode White_Space (Rust's ``split_whitespace``)."""
-    words: list[str] = []
-    current: list[str] = []
-    for ch in text:
-        if ch in RUST_WHITESPACE:
-            if current:
-                words.append("".join(current))
-                current = []
-        else:
-            current.append(ch)
-    if current:
-        words.append("".join(current))
-    return words
-
-
-def rust_parse_f64(text: str) -> float | None:
-    """Rust's ``text.parse::<f64>()``: the value, or ``None`` if Rust rejects the text.
-
-    Overflow gives an infinity and underflow zero, as in Rust.
-    """
-    if _RUST_F64.fullmatch(text) is None:
-        return None
-    return float(text)
-
-
-def rust_from_str_radix(text: str, radix: int, *, signed: bool, bits: int) -> int | None:
-    """Rust's ``{u,i}{bits}::from_str_radix(text, radix)``, or ``None`` on error.
-
-    One optional sign (``-`` only for signed types), then at least one ASCII
-    digit of ``radix``; out of range is an error.
-    """
-    negative = False
-    body = text
-    if body[:1] == "+":
-        body = body[1:]
-    elif body[:1] == "-" and signed:
-        negative = True
-        body = body[1:]
-    digits = _DIGITS[radix]
-    if not body or any(ch not in digits for ch in body):
-        return None
-    value = int(body, radix)
-    if negative:
-        value = -value
-    if signed:
-        low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    else:
-        low, high = 0, (1 << bits) - 1
-    return value if low <= value <= high else None
+# --- scalar resolution -------------------------------------------------------
 
 
 def digits_but_not_number(text: str) -> bool:

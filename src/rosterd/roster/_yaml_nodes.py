@@ -1,4 +1,5 @@
-"""One YAML document as a graph of plain nodes, read at the event level (layer 2 helper).
+"""One YAML document as a graph of plain nodes, read at the event level (layer 2 helper,
+private to :mod:`rosterd.roster`; the fleet reader uses PyYAML's composed nodes instead).
 
 Why events, and why libyaml: the roster's reference reader is serde_yaml 0.9,
 which drives libyaml (as ``unsafe-libyaml``) and interprets the *events* itself:

@@ -1,0 +1,112 @@
+"""The fleet's value types: nodes, their platforms and budgets, where weights are (layer 2;
+value types, no I/O).
+
+A :class:`Fleet` is the node inventory rosterd plans across plus where each
+model's weights are; a :class:`Node` is one machine with its memory budget
+(``capacity_bytes``), :class:`Platform` and flavors. The fleet file reader
+(:mod:`rosterd.fleet.reader`) and the local machine's fleet
+(:mod:`rosterd.fleet.local`) build them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rosterd.spec import InferFlavor
+from rosterd.tokens import GB
+
+
+class Platform(enum.Enum):
+    """A node's operating system and CPU architecture; decides which flavors it can run."""
+
+    MACOS_ARM64 = "macos-arm64"
+    LINUX_X86_64 = "linux-x86_64"
+    LINUX_ARM64 = "linux-arm64"
+
+    def supported_flavors(self) -> frozenset[InferFlavor]:
+        """Flavors this platform can run: ``mlx_lm`` only on ``macos-arm64``; llama.cpp and
+        ollama everywhere. Also the default ``flavors`` of a node."""
+        if self is Platform.MACOS_ARM64:
+            return frozenset(InferFlavor)
+        return frozenset({InferFlavor.LLAMACPP, InferFlavor.OLLAMA})
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the fleet.
+
+    ``memory_bytes`` is total RAM, ``reserved_bytes`` what rosterd leaves free for the
+    OS and other work; ``capacity_bytes`` (memory - reserved) is the budget residency
+    and placement count against. ``flavors`` are the adapters it runs; ``address`` is
+    where its backends are reached from the router.
+    """
+
+    name: str
+    memory_bytes: int
+    reserved_bytes: int
+    platform: Platform
+    flavors: frozenset[InferFlavor]
+    address: str = "127.0.0.1"
+    # Mappings are left out of the hash (a dict is unhashable); equality still compares them.
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """``memory_bytes - reserved_bytes``: the bytes roles may hold on this node."""
+        return self.memory_bytes - self.reserved_bytes
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights are, and how to serve them.
+
+    ``path`` is absolute (relative paths in the fleet file resolve against the file's
+    folder); ``ctx_size`` and ``parallel`` are positive or ``None`` (adapter default);
+    ``extra_args`` are appended to the backend's argv as given.
+    """
+
+    path: Path
+    ctx_size: int | None = None
+    parallel: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The node inventory plus where model weights are.
+
+    ``models`` is keyed by roster model name or role id; ``model_roots`` are folders
+    searched for weights (default: the fleet file's folder; none for :func:`local_fleet`).
+    """
+
+    nodes: tuple[Node, ...]
+    models: Mapping[str, ModelSource] = field(default_factory=dict, hash=False)
+    model_roots: tuple[Path, ...] = ()
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``.
+
+        Raises:
+            KeyError: no node has that name.
+        """
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+
+def default_reserved_bytes(memory_bytes: int) -> int:
+    """The reserve when a node gives no ``reserved_gb``: ``max(10% of memory, 2 GiB)``,
+    but at most half the memory.
+
+    The cap keeps small machines usable: a 3 GiB node keeps 1.5 GiB rather than
+    2 GiB. Below 2 GiB of memory the reserve is 10% of memory alone (a 2 GiB floor
+    would leave nothing). Result in bytes, always below ``memory_bytes``.
+    """
+    tenth = memory_bytes // 10
+    if memory_bytes < 2 * GB:
+        return tenth
+    return min(max(tenth, 2 * GB), memory_bytes // 2)
