@@ -1,0 +1,56 @@
+"""The router (DESIGN.md layer 7): one OpenAI-compatible HTTP endpoint in front of every role.
+
+Starlette for routing and plain endpoints, uvicorn to serve it (``rosterd up``),
+httpx for the upstream side: all three are well kept, asyncio-native and
+stream without buffering. Modules:
+
+- ``app``: :func:`create_app`, every route and the lifespan;
+- ``routing``: :class:`RoleRoute`, :class:`RouterConfig`, the ``model`` names;
+- ``proxy``: forwarding, streaming pass-through, disconnects, revocation, the
+  one retry on a pooled connection the backend closed;
+- ``openai_errors``: the error table, the OpenAI error body, the SSE error
+  event, ``Retry-After``, and the mapping of scheduler and httpx errors;
+- ``auth``: the API-key gate; ``body``: the request body (size limit, strict JSON).
+
+Endpoints:
+
+- ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``: routed by
+  the body's ``model`` (a role id, the roster's model name, or an alias), which
+  is rewritten to what the backend answers to; ``"stream": true`` answers are
+  passed through chunk by chunk (``X-Accel-Buffering: no``).
+- ``GET /v1/models``: every role served here (``id`` = role, ``aliases`` = other
+  names that route to it); ``GET /v1/models/{model}``: one of them, by any
+  name (OpenAI's retrieve).
+- ``GET /health``, ``GET /status`` (JSON: nodes, resident roles, memory, queue),
+  ``GET /metrics`` (Prometheus).
+- ``GET /rosterd/ps``, ``GET /rosterd/events``, ``POST /rosterd/load/{role}``,
+  ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to;
+  ``{role}`` must be a plain token of at most 64 bytes (else 400 ``invalid_role``).
+
+Every error is OpenAI-shaped: ``{"error": {"message", "type", "code"}}``, with
+400 for a body that is not strict JSON (``NaN`` and ``Infinity`` included),
+404 for an unknown model (naming the known ones, and why a known role is not
+served here), 413 for a body over the
+limit, 401 for a missing or wrong API key, 429 (queue full) and 503 (queue
+timeout, shutting down) with ``Retry-After``, 502 when the backend fails. A
+stream cut after it started (the backend stopped or failed, or the drain time
+at shutdown ran out) ends with an SSE error event, ``data: {"error": {...}}``.
+"""
+
+from __future__ import annotations
+
+from rosterd.router.app import create_app
+from rosterd.router.openai_errors import ERROR_KINDS, ErrorKind, RouterError, error_body
+from rosterd.router.routing import PROXIED_PATHS, RewriteRequest, RoleRoute, RouterConfig
+
+__all__ = [
+    "ERROR_KINDS",
+    "PROXIED_PATHS",
+    "ErrorKind",
+    "RewriteRequest",
+    "RoleRoute",
+    "RouterConfig",
+    "RouterError",
+    "create_app",
+    "error_body",
+]

@@ -1,0 +1,224 @@
+"""The router's ASGI app (DESIGN.md layer 7): every route, and its lifespan.
+
+Starlette routes the plain endpoints (JSON in, JSON out); the OpenAI paths
+routed by ``model`` are :class:`~rosterd.router.proxy.Proxy` apps; the whole
+app sits behind the API-key gate. uvicorn serves it (``rosterd up``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import psutil
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rosterd.metrics import RosterdMetrics
+from rosterd.router.auth import ApiKeyGate
+from rosterd.router.openai_errors import RouterError, error_response, scheduler_errors
+from rosterd.router.proxy import Proxy, ProxyContext, upstream_clients
+from rosterd.router.routing import (
+    PROXIED_PATHS,
+    ModelNames,
+    RoleRoute,
+    RouterConfig,
+    shown_name,
+)
+from rosterd.scheduler import Scheduler
+from rosterd.tokens import valid_token
+
+log = logging.getLogger("rosterd.router")
+
+#: The longest ``{role}`` of the ``/rosterd/*`` admin paths, bytes.
+ADMIN_ROLE_MAX_BYTES = 64
+
+
+def _rss_bytes(pid: object) -> int | None:
+    """The resident memory of process ``pid`` and all its children, bytes (``None`` when
+    ``pid`` is not an int or the process is gone)."""
+    if not isinstance(pid, int):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return int(proc.memory_info().rss) + sum(
+            int(c.memory_info().rss) for c in proc.children(recursive=True)
+        )
+    except psutil.Error:
+        return None
+
+
+def create_app(
+    scheduler: Scheduler,
+    routes: Mapping[str, RoleRoute],
+    *,
+    config: RouterConfig | None = None,
+    metrics: RosterdMetrics | None = None,
+    status_extra: Callable[[], Mapping[str, object]] | None = None,
+    on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+    unserved: Mapping[str, str] | None = None,
+) -> ASGIApp:
+    """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
+
+    ``routes``: role -> :class:`RoleRoute` for every role ``scheduler`` serves;
+    ``status_extra()`` adds keys to ``/status`` (e.g. ``unplaced``, remote
+    nodes); ``on_shutdown`` coroutines run when the app's lifespan ends (after
+    the upstream client is closed); ``unserved``: names (role ids, model
+    names) known but not served by this process -> why (unplaced, or planned
+    on another node), given in their 404. The scheduler's tasks are started
+    with the app's lifespan.
+    """
+    config = config or RouterConfig()
+    metrics = metrics or RosterdMetrics()
+    client, fresh_client = upstream_clients(config)
+    names = ModelNames(routes, unserved)
+    extra = status_extra or dict
+    started_at = time.time()
+    ctx = ProxyContext(
+        scheduler=scheduler,
+        routes=routes,
+        names=names,
+        config=config,
+        metrics=metrics,
+        client=client,
+        fresh_client=fresh_client,
+    )
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    def model_entry(role: str) -> dict[str, object]:
+        route = routes.get(role, RoleRoute(role))
+        entry: dict[str, object] = {
+            "id": role,
+            "object": "model",
+            "created": int(started_at),
+            "owned_by": "rosterd",
+            "aliases": sorted(set(route.names)),
+        }
+        entry.update(route.info)
+        return entry
+
+    async def models(_: Request) -> Response:
+        return JSONResponse(
+            {"object": "list", "data": [model_entry(role) for role in scheduler.roles]}
+        )
+
+    async def model(request: Request) -> Response:
+        """OpenAI's retrieve: one model by role id, model name or alias (404 if unknown)."""
+        try:
+            role = names.resolve(request.path_params["model"])
+        except RouterError as err:
+            return error_response(err)
+        return JSONResponse(model_entry(role))
+
+    def ps_data() -> dict[str, object]:
+        snap = scheduler.snapshot()
+        nodes = snap["nodes"]
+        assert isinstance(nodes, dict)
+        for node in nodes.values():
+            for info in node["roles"].values():
+                info["measured_rss_bytes"] = _rss_bytes(info.get("pid"))
+        return snap
+
+    async def status(_: Request) -> Response:
+        data: dict[str, object] = dict(ps_data())
+        data["uptime_s"] = round(time.time() - started_at, 3)
+        data.update(extra())
+        return JSONResponse(data)
+
+    async def ps(_: Request) -> Response:
+        return JSONResponse(ps_data())
+
+    async def events(_: Request) -> Response:
+        return JSONResponse({"events": [e.as_json() for e in scheduler.events()]})
+
+    async def metrics_endpoint(_: Request) -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    def admin_role(request: Request) -> str:
+        """The role ``{role}`` names; raises :class:`RouterError` 400 ``invalid_role`` for a
+        name that is not a plain token (at most 64 bytes), 404 for an unknown one."""
+        name = request.path_params["role"]
+        if not valid_token(name, ADMIN_ROLE_MAX_BYTES):
+            raise RouterError(
+                "invalid_role",
+                f"role {shown_name(name)} is not a plain token (1 to 64 ASCII letters, digits, "
+                "'.', '_' or '-', starting with a letter or digit); give a role id, an alias id "
+                "or a model name that is one",
+            )
+        return names.resolve(name)
+
+    async def load(request: Request) -> Response:
+        try:
+            with scheduler_errors():
+                role = admin_role(request)
+                lease = await scheduler.load(role)
+        except RouterError as err:
+            return error_response(err)
+        return JSONResponse(
+            {"role": role, "node": lease.node, "base_url": lease.endpoint.base_url, "ready": True}
+        )
+
+    async def unload(request: Request) -> Response:
+        try:
+            with scheduler_errors():
+                role = admin_role(request)
+                await scheduler.unload(role)
+        except RouterError as err:
+            return error_response(err)
+        return JSONResponse({"role": role, "resident": False})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(
+            RouterError("not_found", f"no route {request.method} {request.url.path}")
+        )
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return error_response(
+            RouterError(
+                "method_not_allowed",
+                f"method {request.method} is not allowed on {request.url.path}",
+            )
+        )
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return error_response(RouterError("internal_error", f"internal error: {exc}"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> Any:
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await client.aclose()
+            await fresh_client.aclose()
+            for hook in on_shutdown:
+                await hook()
+
+    route_list = [
+        Route("/health", health, methods=["GET"]),
+        Route("/status", status, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/rosterd/ps", ps, methods=["GET"]),
+        Route("/rosterd/events", events, methods=["GET"]),
+        Route("/rosterd/load/{role}", load, methods=["POST"]),
+        Route("/rosterd/unload/{role}", unload, methods=["POST"]),
+    ]
+    route_list += [Route(path, Proxy(ctx, path), methods=["POST"]) for path in PROXIED_PATHS]
+    app = Starlette(
+        routes=route_list,
+        exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
+        lifespan=lifespan,
+    )
+    return ApiKeyGate(app, config.api_keys)

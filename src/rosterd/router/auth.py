@@ -1,0 +1,64 @@
+"""The API-key gate in front of the router (DESIGN.md layer 7).
+
+A plain ASGI middleware: keys come from ``--api-key`` and are compared with the
+standard library's ``hmac.compare_digest`` (constant time, the DESIGN.md rule).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rosterd.router.openai_errors import RouterError, send_error
+
+#: The one path open without a key, so a load balancer or ``rosterd up`` can probe liveness.
+OPEN_PATH = "/health"
+
+
+def bearer_token(scope: Scope) -> bytes:
+    """The token of the request's ``Authorization: Bearer <token>`` header (``b""`` if none)."""
+    given = b""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer":
+                given = token.strip()
+    return given
+
+
+def key_matches(given: bytes, keys: Sequence[bytes]) -> bool:
+    """Whether ``given`` is one of ``keys``, compared against every key with no early exit so
+    the timing reveals neither a key nor which one matched."""
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(given, key)
+    return ok
+
+
+class ApiKeyGate:
+    """ASGI middleware: every path but ``/health`` needs ``Authorization: Bearer <key>``.
+
+    ``keys`` empty: no gate. A request without a valid key gets 401
+    ``invalid_api_key`` with ``WWW-Authenticate: Bearer``.
+    """
+
+    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+        self.app = app
+        self.keys = [k.encode() for k in keys]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.keys or scope.get("path") == OPEN_PATH:
+            await self.app(scope, receive, send)
+            return
+        given = bearer_token(scope)
+        if not key_matches(given, self.keys):
+            message = (
+                "missing API key: send 'Authorization: Bearer <key>'"
+                if not given
+                else "invalid API key"
+            )
+            await send_error(scope, receive, send, RouterError("invalid_api_key", message))
+            return
+        await self.app(scope, receive, send)
