@@ -29,16 +29,20 @@ from backend_helpers import (
 )
 from rosterd.adapters.base import Launch, one_token_completion
 from rosterd.supervisor import (
+    BackendAlreadySupervisedError,
     BackendEvent,
+    BackendNameError,
     BackendNotReadyError,
+    BackendNotSupervisedError,
     BackendStartError,
+    BackendStoppedError,
     PortInUseError,
     StateDirLockedError,
     Supervisor,
-    SupervisorError,
     backoff_delay,
     lock_state_dir,
     ready_timeout_for,
+    tree_rss_bytes,
 )
 from rosterd.tokens import GB
 
@@ -225,14 +229,16 @@ async def test_backoff_resets_after_a_healthy_period(
     assert [e.delay_s for e in events if e.kind == "restarting"] == [0.1, 0.1]
 
 
-async def test_start_refuses_bad_or_duplicate_names(
+async def test_start_refuses_bad_or_duplicate_names_and_probe_unknown_ones(
     supervisor: Supervisor, free_port: int, make_fake_launch: FakeLaunch
 ) -> None:
-    with pytest.raises(SupervisorError, match="not a plain token"):
+    with pytest.raises(BackendNameError, match="not a plain token"):
         await supervisor.start("../evil", make_fake_launch(free_port))
     await supervisor.start("once", make_fake_launch(free_port))
-    with pytest.raises(SupervisorError, match="already supervised"):
+    with pytest.raises(BackendAlreadySupervisedError, match="already supervised"):
         await supervisor.start("once", make_fake_launch(free_port))
+    with pytest.raises(BackendNotSupervisedError, match="no backend named ghost"):
+        await supervisor.probe("ghost", one_token_completion("fake"), timeout_s=1.0)
 
 
 async def test_reap_leftovers_stops_an_earlier_runs_backend(
@@ -305,7 +311,7 @@ async def test_stop_while_starting_ends_the_start(
     starting = asyncio.create_task(supervisor.start("late", make_fake_launch(free_port, load_s=30)))
     await asyncio.sleep(after_s)
     await supervisor.stop("late")
-    with pytest.raises(BackendStartError, match="was stopped before it was ready") as info:
+    with pytest.raises(BackendStoppedError, match="was stopped before it was ready") as info:
         await starting
     assert gone(info.value.pid)
     assert supervisor.backend("late") is None
@@ -394,3 +400,47 @@ async def test_restarts_give_up_after_max_restart_failures(
         assert list((sup.state_dir / "run").glob("*.json")) == []
     finally:
         await sup.stop_all()
+
+
+# A parent whose child holds 64 MiB it has written to (so the pages are resident).
+RSS_TREE_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen(
+    [sys.executable, "-c",
+     "import time; block = b'x' * (64 << 20); print('ready', flush=True); time.sleep(60)"],
+    stdout=subprocess.PIPE, text=True,
+)
+assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+async def test_tree_rss_bytes_counts_a_process_and_its_children() -> None:
+    held = 64 << 20
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", RSS_TREE_PARENT, stdout=asyncio.subprocess.PIPE
+    )
+    child_pid: int | None = None
+    try:
+        assert parent.stdout is not None
+        child_pid = int(await asyncio.wait_for(parent.stdout.readline(), 30))
+        parent_rss = psutil.Process(parent.pid).memory_info().rss
+        tree = tree_rss_bytes(parent.pid)
+        assert tree is not None
+        assert tree >= parent_rss + held, "the child's memory counts in its parent's tree"
+        child = tree_rss_bytes(child_pid)
+        assert child is not None
+        assert held <= child < tree
+        # Memory counts as free once the process has exited, even before it is reaped.
+        os.kill(child_pid, signal.SIGKILL)
+        assert await wait_gone(child_pid)
+        assert tree_rss_bytes(child_pid) is None
+        after = tree_rss_bytes(parent.pid)
+        assert after is not None
+        assert after < parent_rss + held
+    finally:
+        if child_pid is not None and not gone(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+        await kill_rosterd_child(parent)  # SIGKILL, reap, close its pipe
+    assert tree_rss_bytes(parent.pid) is None

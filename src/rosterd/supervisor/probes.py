@@ -1,0 +1,171 @@
+"""Probes (DESIGN.md layer 5): is a backend ready, does it generate, and how long to wait.
+
+An adapter describes a probe (``HttpProbe``: method, path, body, accepted
+statuses); ``run_probe`` sends it and judges the answer. ``wait_ready`` polls
+a starting backend's readiness probe until it passes, the process exits or a
+deadline that grows with the weights' size (``ready_timeout_for``) passes.
+
+Library choice: httpx, the project's HTTP client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import httpx
+
+from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.supervisor.errors import BackendNotReadyError, BackendStartError, BackendStoppedError
+from rosterd.supervisor.process import describe_exit, output_tail
+from rosterd.tokens import GB
+
+#: Readiness deadline for a backend whose weights size is unknown (seconds).
+READY_BASE_S: Final[float] = 30.0
+#: Extra readiness time per GB (2^30 bytes) of weights (seconds): loading reads them from disk.
+READY_PER_GB_S: Final[float] = 30.0
+#: Upper bound of the computed readiness deadline (seconds).
+READY_MAX_S: Final[float] = 3600.0
+#: How often readiness is polled while a backend loads (seconds).
+READY_POLL_S: Final[float] = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """The outcome of one ``HttpProbe``: ``ok``, the HTTP ``status`` (``None`` if no answer)."""
+
+    ok: bool
+    status: int | None
+    detail: str = ""
+
+
+def ready_timeout_for(weights_bytes: int) -> float:
+    """The readiness deadline in seconds for weights of ``weights_bytes`` bytes.
+
+    ``READY_BASE_S + READY_PER_GB_S * weights_bytes / GB``, at most ``READY_MAX_S``.
+    """
+    return min(READY_MAX_S, READY_BASE_S + READY_PER_GB_S * max(weights_bytes, 0) / GB)
+
+
+async def run_probe(
+    base_url: str, probe: HttpProbe, *, timeout_s: float, client: httpx.AsyncClient | None = None
+) -> ProbeResult:
+    """Send ``probe`` to ``base_url`` and judge the answer; never raises for HTTP trouble.
+
+    Passes when the status is in ``probe.ok_status`` and, if
+    ``probe.expect_json_key`` is set, the JSON body is an object with that key.
+    A server that does not answer within ``timeout_s`` seconds fails (that is
+    how a wedged server shows: HTTP accepted, generation never ends).
+    """
+    own = client is None
+    http = client or httpx.AsyncClient()
+    try:
+        response = await http.request(
+            probe.method,
+            base_url + probe.path,
+            json=dict(probe.json) if probe.json is not None else None,
+            timeout=timeout_s,
+        )
+    except httpx.TimeoutException:
+        return ProbeResult(False, None, f"no answer within {timeout_s:g} s")
+    except httpx.HTTPError as err:
+        return ProbeResult(False, None, f"{type(err).__name__}: {err}")
+    finally:
+        if own:
+            await http.aclose()
+    if response.status_code not in probe.ok_status:
+        return ProbeResult(False, response.status_code, response.text[:200])
+    if probe.expect_json_key is not None:
+        try:
+            body = response.json()
+        except ValueError:
+            return ProbeResult(False, response.status_code, "answer is not JSON")
+        if not isinstance(body, dict) or probe.expect_json_key not in body:
+            return ProbeResult(
+                False, response.status_code, f"answer has no {probe.expect_json_key!r}"
+            )
+    return ProbeResult(True, response.status_code)
+
+
+async def wait_ready(
+    name: str,
+    launch: Launch,
+    proc: asyncio.subprocess.Process,
+    *,
+    timeout_s: float,
+    log_path: Path,
+    log_offset: int,
+    stopping: Callable[[], bool],
+) -> None:
+    """Return once backend ``name`` (process ``proc``) passes ``launch.readiness``.
+
+    The probe is polled every ``READY_POLL_S`` seconds for at most
+    ``timeout_s`` seconds; ``stopping()`` true means a stop asked for the
+    backend. The process is left running on every outcome: the caller stops it.
+    Each error quotes the output written to ``log_path`` after ``log_offset``.
+
+    Raises:
+        BackendStartError: the process exited before it was ready.
+        BackendStoppedError: ``stopping()`` became true before it was ready.
+        BackendNotReadyError: not ready within ``timeout_s``.
+    """
+
+    def failed(
+        message: str, exit_code: int | None, error: type[BackendStartError] = BackendStartError
+    ) -> BackendStartError:
+        return error(
+            message,
+            name=name,
+            pid=proc.pid,
+            exit_code=exit_code,
+            output_tail=output_tail(log_path, log_offset),
+            log_path=log_path,
+        )
+
+    stopped = f"backend {name} was stopped before it was ready"
+    deadline = time.monotonic() + timeout_s
+    exited = asyncio.ensure_future(proc.wait())
+    try:
+        async with httpx.AsyncClient() as client:
+            while True:
+                if stopping():  # the stop came before this process existed for it
+                    raise failed(stopped, proc.returncode, BackendStoppedError)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise failed(
+                        f"backend {name} was not ready within {timeout_s:g} s "
+                        f"({launch.readiness.method} {launch.readiness.path}); killed it",
+                        None,
+                        BackendNotReadyError,
+                    )
+                probing = asyncio.ensure_future(
+                    run_probe(
+                        launch.base_url,
+                        launch.readiness,
+                        timeout_s=max(0.5, min(remaining, 30.0)),
+                        client=client,
+                    )
+                )
+                await asyncio.wait({probing, exited}, return_when=asyncio.FIRST_COMPLETED)
+                if exited.done():
+                    probing.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await probing
+                    code = exited.result()
+                    if stopping():
+                        raise failed(stopped, code, BackendStoppedError)
+                    raise failed(f"backend {name} {describe_exit(code)} before it was ready", code)
+                if probing.result().ok:
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(exited), READY_POLL_S)
+    finally:
+        if not exited.done():
+            exited.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await exited

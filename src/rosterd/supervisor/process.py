@@ -1,0 +1,202 @@
+"""Backend processes (DESIGN.md layer 5): spawn, signal, wait, describe and measure them.
+
+- **argv only**: ``spawn_logged`` starts a process from its argument list, never
+  a shell, with its stdout and stderr appended to a log file.
+- **dies with rosterd**: the process leads its own process group (session)
+  and, on Linux, gets a parent-death signal (``PR_SET_PDEATHSIG`` = SIGKILL),
+  so ``kill -9`` of rosterd takes it along. The signal is tied to the thread
+  that started the process: spawn on the event loop of a thread that lives as
+  long as rosterd (normally the main thread).
+- **stop is polite, then firm**: ``terminate_group`` sends SIGTERM to the
+  group, waits the grace, then SIGKILL, and returns only once the group is
+  gone, so the memory counts as free when it returns.
+- ``tree_rss_bytes`` is the one measure of a process tree's resident memory.
+
+Library choices: asyncio subprocesses (the scheduler and router are asyncio),
+psutil (process trees and memory portably), ctypes for ``prctl`` (no extra package).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+import psutil
+
+#: Lines of a backend's output quoted in a start error.
+TAIL_LINES: Final[int] = 20
+#: How long to wait for a killed group's last processes to disappear (seconds).
+GROUP_GONE_TIMEOUT_S: Final[float] = 5.0
+
+_PR_SET_PDEATHSIG: Final[int] = 1
+_LIBC: ctypes.CDLL | None = None
+if sys.platform.startswith("linux"):  # pragma: no branch - only Linux has prctl
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, from its return code, for messages.
+
+    ``0``/``1`` -> ``exited with code 1``; ``-9`` -> ``was killed by signal 9
+    (SIGKILL)`` (asyncio gives a negative code for a signal); ``None`` ->
+    ``exited``.
+    """
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            return f"was killed by signal {-code}"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def _parent_death_preexec(parent_pid: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` giving the child SIGKILL when its parent dies (Linux), else ``None``."""
+    libc = _LIBC
+    if libc is None:
+        return None
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The parent may have died between fork and prctl: then no signal would come.
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return preexec
+
+
+async def spawn_logged(
+    name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path
+) -> tuple[asyncio.subprocess.Process, int]:
+    """Start ``argv`` (no shell) in its own process group, dying with this process.
+
+    ``env`` is added to this process's environment. Output is appended to
+    ``log_path`` after one header line naming ``name``, the time and the
+    command. Returns the process and the log's size in bytes before its first
+    output (the offset ``output_tail`` reads from).
+
+    Raises:
+        OSError: the log cannot be opened or ``argv[0]`` cannot be executed.
+    """
+    with log_path.open("ab") as log:
+        log.write(
+            f"--- rosterd: starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
+            f"{' '.join(argv)}\n".encode()
+        )
+        log.flush()
+        offset = log.tell()
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, **env},
+            start_new_session=True,
+            preexec_fn=_parent_death_preexec(os.getpid()),
+        )
+    return proc, offset
+
+
+def kill_group(pgid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to process group ``pgid``; a group that is gone (or not ours) is ignored."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def wait_group_gone(pgid: int, *, timeout_s: float) -> None:
+    """Wait until no process is left in group ``pgid`` (bounded by ``timeout_s`` seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        await asyncio.sleep(0.05)
+
+
+async def terminate_group(proc: asyncio.subprocess.Process, *, grace_s: float) -> None:
+    """SIGTERM ``proc``'s group, wait ``grace_s`` seconds, SIGKILL it; return once it is gone.
+
+    ``grace_s`` 0 sends SIGKILL at once. ``proc`` must lead its own group (as
+    ``spawn_logged`` starts it); whatever else is left in the group is killed too.
+    """
+    pgid = proc.pid
+    if proc.returncode is None:
+        kill_group(pgid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=grace_s if grace_s > 0 else 5.0)
+        except TimeoutError:
+            kill_group(pgid, signal.SIGKILL)
+            await proc.wait()
+    kill_group(pgid, signal.SIGKILL)  # anything left in the group
+    await wait_group_gone(pgid, timeout_s=GROUP_GONE_TIMEOUT_S)
+
+
+async def stop_foreign_group(proc: psutil.Process, *, grace_s: float) -> None:
+    """Stop a process that is not our child: SIGTERM, ``grace_s`` seconds, SIGKILL.
+
+    When it leads its own process group the signals go to the whole group and
+    this returns once the group is gone; otherwise only the process is signalled.
+    """
+    pgid = proc.pid
+    try:
+        is_leader = os.getpgid(proc.pid) == proc.pid
+    except ProcessLookupError:
+        return
+    if is_leader:
+        kill_group(pgid, signal.SIGTERM)
+    else:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    await asyncio.to_thread(psutil.wait_procs, [proc], timeout=grace_s)
+    if is_leader:
+        kill_group(pgid, signal.SIGKILL)
+        await wait_group_gone(pgid, timeout_s=GROUP_GONE_TIMEOUT_S)
+    else:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
+def output_tail(path: Path, offset: int, lines: int = TAIL_LINES) -> tuple[str, ...]:
+    """The last ``lines`` lines written to ``path`` after byte ``offset`` (``()`` if unreadable)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return ()
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return tuple(line.rstrip() for line in text[-lines:])
+
+
+def tree_rss_bytes(pid: int) -> int | None:
+    """Resident memory (RSS, bytes) of process ``pid`` plus all its descendants, as of now.
+
+    ``None`` when ``pid`` does not run (or is a zombie) or its own memory cannot
+    be read. A descendant that exits while being counted, or whose memory the
+    OS hides, is left out. Pages of memory-mapped weights count once they have
+    been touched, so this is the figure to report next to a role's estimate.
+    """
+    try:
+        root = psutil.Process(pid)
+        if root.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped: holds no memory
+            return None
+        total = int(root.memory_info().rss)
+        children = root.children(recursive=True)
+    except psutil.Error:
+        return None
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            total += int(child.memory_info().rss)
+    return total
