@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import psutil
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,26 +32,13 @@ from rosterd.router.routing import (
     shown_name,
 )
 from rosterd.scheduler import Scheduler
+from rosterd.supervisor import tree_rss_bytes
 from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.router")
 
 #: The longest ``{role}`` of the ``/rosterd/*`` admin paths, bytes.
 ADMIN_ROLE_MAX_BYTES = 64
-
-
-def _rss_bytes(pid: object) -> int | None:
-    """The resident memory of process ``pid`` and all its children, bytes (``None`` when
-    ``pid`` is not an int or the process is gone)."""
-    if not isinstance(pid, int):
-        return None
-    try:
-        proc = psutil.Process(pid)
-        return int(proc.memory_info().rss) + sum(
-            int(c.memory_info().rss) for c in proc.children(recursive=True)
-        )
-    except psutil.Error:
-        return None
 
 
 def create_app(
@@ -125,7 +111,8 @@ def create_app(
         assert isinstance(nodes, dict)
         for node in nodes.values():
             for info in node["roles"].values():
-                info["measured_rss_bytes"] = _rss_bytes(info.get("pid"))
+                pid = info.get("pid")
+                info["measured_rss_bytes"] = tree_rss_bytes(pid) if isinstance(pid, int) else None
         return snap
 
     async def status(_: Request) -> Response:
