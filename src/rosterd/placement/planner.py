@@ -1,0 +1,108 @@
+"""The placement entry points (layer 3: pure): :func:`plan`, :func:`greedy_plan`,
+:func:`score` and :func:`violations`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rosterd.fleet import Fleet
+from rosterd.placement.greedy import best_greedy
+from rosterd.placement.problem import (
+    NodeLoad,
+    Plan,
+    PlanScore,
+    Problem,
+    build_plan,
+    fill,
+    score_of,
+)
+from rosterd.spec import InferenceSpec
+
+
+def plan(
+    specs: Sequence[InferenceSpec],
+    fleet: Fleet,
+    previous: Plan | None = None,
+    *,
+    time_limit_s: float = 1.5,
+) -> Plan:
+    """Place ``specs`` on ``fleet``'s nodes (see the module docstring for the rules).
+
+    ``previous`` is the plan in force (its sticky roles stay put when they can);
+    ``time_limit_s`` bounds the solver's wall time in seconds (greedy and checks add
+    a few milliseconds). Never raises for unplaceable roles: each is in
+    ``Plan.unplaced`` with its reason.
+    """
+    from rosterd.placement import cpsat  # OR-Tools: only when a plan is solved
+
+    problem = Problem(specs, fleet, previous)
+    greedy = best_greedy(problem)
+    greedy_score = score_of(problem, greedy)
+    if not problem.eligible:
+        return build_plan(problem, greedy, "trivial")
+    candidates = cpsat.narrow(problem, greedy)
+    solved = cpsat.solve(problem, greedy, time_limit_s, candidates)
+    if solved is not None:
+        assignment, optimal = solved
+        assignment = fill(problem, assignment)
+        if score_of(problem, assignment).key() >= greedy_score.key():
+            if candidates is not None:
+                how = "cp-sat (narrowed)"
+            else:
+                how = "cp-sat (optimal)" if optimal else "cp-sat (time limit)"
+            return build_plan(problem, assignment, how)
+    return build_plan(problem, greedy, "greedy")
+
+
+def greedy_plan(specs: Sequence[InferenceSpec], fleet: Fleet, previous: Plan | None = None) -> Plan:
+    """The greedy fallback alone (same constraints and reasons, no solver): the best,
+    by the plan objective, of four passes (interactive roles first or all roles by
+    size; nodes spread or packed), each putting sticky roles back on their previous
+    node when they fit and biggest roles first. For benchmarks and tests;
+    :func:`plan` uses it as the solver's hint and as its fallback."""
+    problem = Problem(specs, fleet, previous)
+    return build_plan(problem, best_greedy(problem), "greedy")
+
+
+def score(
+    specs: Sequence[InferenceSpec], fleet: Fleet, result: Plan, previous: Plan | None = None
+) -> PlanScore:
+    """The objective levels of ``result`` for these inputs (see the module docstring)."""
+    problem = Problem(specs, fleet, previous)
+    assignment = {
+        role: problem.node_index[node]
+        for role, node in result.placements.items()
+        if role in problem.spec and node in problem.node_index
+    }
+    return score_of(problem, assignment)
+
+
+def violations(specs: Sequence[InferenceSpec], fleet: Fleet, result: Plan) -> list[str]:
+    """Hard constraints ``result`` breaks, as sentences (empty when the plan is valid):
+    unknown node, flavor not run, interactive + largest batch over capacity, an
+    interactive role sharing a node with a role it excludes."""
+    problem = Problem(specs, fleet, None)
+    loads = [NodeLoad(n) for n in problem.nodes]
+    problems: list[str] = []
+    for role, node_name in result.placements.items():
+        s = problem.spec.get(role)
+        idx = problem.node_index.get(node_name)
+        if s is None or idx is None:
+            problems.append(f"{role} placed on unknown node or unknown role: {node_name}")
+            continue
+        if s.flavor not in problem.nodes[idx].flavors:
+            problems.append(f"{role} ({s.flavor.value}) on {node_name}, which does not run it")
+        clash = loads[idx].excluded_by(s)
+        if clash:
+            problems.append(f"{role} shares {node_name} with excluded {', '.join(clash)}")
+        loads[idx].add(s)
+    for node, load in zip(problem.nodes, loads, strict=True):
+        if load.interactive + load.batch_max > load.capacity:
+            problems.append(
+                f"{node.name}: interactive {load.interactive} + largest batch "
+                f"{load.batch_max} > capacity {load.capacity}"
+            )
+    return problems
+
+
+# -- internals -------------------------------------------------------------------
