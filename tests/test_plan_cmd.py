@@ -138,7 +138,7 @@ def test_console_script_exit_code(files: tuple[Path, Path]) -> None:
         [
             sys.executable,
             "-c",
-            "from rosterd.cli import main; main()",
+            "from rosterd.cli import main; raise SystemExit(main())",
             "plan",
             str(roster),
             "--fleet",

@@ -1,4 +1,5 @@
-"""``rosterd up/ps/load/unload`` on bad input: a clear message and an exit status, no traceback."""
+"""``rosterd up/ps/load/unload`` on bad input: a clear message and an exit status, no traceback.
+Exit 2 for bad input, 3 when no running rosterd up answers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
-from rosterd.cli.serve_cmd import _role_path, is_local_address
+from rosterd.cli.client_cmd import role_path
+from rosterd.cli.up_plan import is_local_address
 from test_up_support import EXAMPLES
 
 _register()
@@ -64,14 +66,14 @@ def test_ps_load_unload_without_a_running_rosterd_say_so() -> None:
     url = f"http://127.0.0.1:{port}"
     for args in (["ps"], ["load", "chat-small"], ["unload", "chat-small"]):
         result = runner.invoke(app, [*args, "--url", url])
-        assert result.exit_code == 1
+        assert result.exit_code == 3
         assert f"no rosterd up answers at {url}" in result.output
 
 
 def test_load_unload_refuse_a_role_that_is_not_a_plain_token_before_any_request() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # nothing listens: a request would be exit 1
+        port = probe.getsockname()[1]  # nothing listens: a request would be exit 3
     url = f"http://127.0.0.1:{port}"
     for action in ("load", "unload"):
         for role in ("../load/scratch-b", "scratch-a?x=1", "a/b", "a b", ".a", "x" * 65):
@@ -83,8 +85,8 @@ def test_load_unload_refuse_a_role_that_is_not_a_plain_token_before_any_request(
 
 
 def test_role_path_is_one_percent_encoded_segment() -> None:
-    assert _role_path("load", "scratch-a") == "/rosterd/load/scratch-a"
-    assert _role_path("unload", "Qwen2.5-7B_v1") == "/rosterd/unload/Qwen2.5-7B_v1"
+    assert role_path("load", "scratch-a") == "/rosterd/load/scratch-a"
+    assert role_path("unload", "Qwen2.5-7B_v1") == "/rosterd/unload/Qwen2.5-7B_v1"
 
 
 def test_local_addresses() -> None:

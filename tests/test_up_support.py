@@ -43,7 +43,7 @@ def rosterd_argv() -> list[str]:
     script = Path(sys.executable).with_name("rosterd")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from rosterd.cli import main; main()"]
+    return [sys.executable, "-c", "from rosterd.cli import main; raise SystemExit(main())"]
 
 
 @dataclass

@@ -2,17 +2,78 @@
 
 Typer + Rich: Typer gives typed options and ``--help`` from signatures, Rich
 gives tables that stay readable in a terminal. Each command group lives in its
-own module and registers itself on :data:`app`.
+own module and registers itself on :data:`app`; errors become a message and an
+exit status in one place, :mod:`rosterd.cli.edge`.
+
+A command starts at once: the command modules import at their top only Typer
+and the standard library, and everything a command uses (the roster import, the
+solver, the HTTP server, Rich tables) inside the command's body. ``rosterd
+--help``, ``ps``, ``load``, ``unload`` and ``roster import`` so never load
+OR-Tools, numpy or uvicorn (``tests/test_cli_startup.py`` checks it).
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import importlib
 import sys
-from typing import TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
-from rich.console import Console
+from typer.core import TyperGroup
+
+from rosterd.cli.edge import EXIT_INTERNAL, EXIT_OK, run_in_edge, show_tracebacks
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+#: Where ``rosterd up`` listens unless told otherwise, and where ``ps``/``load``/``unload`` ask.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8400
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+
+class _RosterdGroup(TyperGroup):
+    """The root ``rosterd`` group: every command runs inside the error edge."""
+
+    def invoke(self, ctx: Any) -> Any:
+        return run_in_edge(lambda: super(_RosterdGroup, self).invoke(ctx), ctx.meta)
+
+
+def _text_and_flags_as_given(command: Any) -> None:
+    """Give each plain ``str`` or ``bool`` parameter of ``command`` and its subcommands
+    Typer's pass-through coercion (the value as Click parsed it).
+
+    Typer 0.2x checks every parameter value with a pydantic ``TypeAdapter``
+    built when the command runs; importing pydantic for that costs about 0.3 s,
+    more than ``ps``, ``load`` and ``unload`` may take in all. Click already
+    gives such a parameter a ``str`` or a ``bool``, so there is nothing to
+    check (``--help``, made on first use, is made here to be one of them).
+    Other parameters (numbers with bounds, paths) keep Typer's own coercion; a
+    Typer without this hook keeps its own for all (only slower).
+    """
+    try:
+        from typer._coercion import PassThroughRuntimeParam
+    except ImportError:
+        return
+    params = list(getattr(command, "params", ()))
+    with contextlib.suppress(Exception):  # a Typer that makes --help another way
+        params.append(command.get_help_option(typer.Context(command)))
+    for param in params:
+        descriptor = getattr(param, "type_descriptor", None)
+        if (
+            descriptor is not None
+            and descriptor.annotation in (str, bool)
+            and descriptor.parameter_info.parser is None
+            and getattr(param, "_runtime_param", False) is None
+        ):
+            param._runtime_param = PassThroughRuntimeParam(
+                annotation=descriptor.annotation, parameter_info=descriptor.parameter_info
+            )
+    for sub in getattr(command, "commands", {}).values():
+        _text_and_flags_as_given(sub)
+
 
 #: Width, in columns, of ``--help`` when stdout is not a terminal: Click's plain help text,
 #: which wraps descriptions and puts a long option name on its own line, never cutting it.
@@ -21,12 +82,25 @@ PIPE_HELP_WIDTH = 120
 app = typer.Typer(
     name="rosterd",
     help="Serve a model lab's roster of local LLMs: import, plan, launch, route.",
+    cls=_RosterdGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
     # Used only by Click's plain help (see _plain_help_when_piped); Rich help ignores them.
     context_settings={"max_content_width": PIPE_HELP_WIDTH, "terminal_width": PIPE_HELP_WIDTH},
 )
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="On an internal error, show its traceback.")
+    ] = False,
+) -> None:
+    # Options before the command name, for every command.
+    if verbose:
+        show_tracebacks(ctx)
 
 
 #: Console width, in columns, when the output is not a terminal (a pipe, a file, nohup):
@@ -80,6 +154,8 @@ def make_console(stderr: bool = False) -> Console:
     keep whole names and lines. Decided when called, so call it when the
     command runs.
     """
+    from rich.console import Console  # imported by the commands that print tables only
+
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
         return Console(stderr=stderr, highlight=False)
@@ -91,32 +167,36 @@ def make_console(stderr: bool = False) -> Console:
     )
 
 
+#: The command modules, in the order ``--help`` lists their commands.
+_COMMAND_MODULES = ("plan_cmd", "roster_cmd", "serve_cmd", "client_cmd")
+
+
 def _register() -> None:
     # Imported for their side effect of adding commands to ``app``.
-    from rosterd.cli import (
-        plan_cmd,  # noqa: F401
-        roster_cmd,  # noqa: F401
-        serve_cmd,  # noqa: F401
-    )
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"rosterd.cli.{name}")
 
 
-def main() -> None:
-    """Entry point of the ``rosterd`` console script.
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``rosterd`` command line ``argv`` (default: ``sys.argv[1:]``); its exit status.
 
-    Commands report every error a user can cause themselves (exit 2). Anything
-    else is a rosterd bug: it still ends in one line on stderr and exit 1, not a
-    traceback, unless ``ROSTERD_DEBUG=1`` asks for the traceback.
+    The console script exits with what this returns. The statuses (one per kind
+    of failure, decided in :mod:`rosterd.cli.edge`): 0 ok, 1 internal error (a
+    rosterd bug: one line, the traceback with ``-v``), 2 bad input or a refused
+    request, 3 no running ``rosterd up`` answers, 130 interrupted (Ctrl-C).
     """
     _register()
     _plain_help_when_piped()
+    command = typer.main.get_command(app)
+    _text_and_flags_as_given(command)
     try:
-        app(standalone_mode=True)
-    except Exception as exc:
-        if os.environ.get("ROSTERD_DEBUG") == "1":
-            raise
-        typer.echo(
-            f"rosterd: internal error ({type(exc).__name__}: {exc}); this is a bug in "
-            "rosterd: run again with ROSTERD_DEBUG=1 for the traceback and report it",
-            err=True,
+        # Standalone mode: Click prints usage errors and --help itself and ends in
+        # SystemExit; rosterd's own errors have become an exit status in the edge.
+        command.main(
+            args=list(argv) if argv is not None else None, prog_name="rosterd", standalone_mode=True
         )
-        sys.exit(1)
+    except SystemExit as exc:
+        if exc.code is None:
+            return EXIT_OK
+        return exc.code if isinstance(exc.code, int) else EXIT_INTERNAL
+    return EXIT_OK

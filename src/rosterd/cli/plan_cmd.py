@@ -7,28 +7,32 @@ capacity; then the roles left unplaced, each with its reason. ``--json`` prints
 ``{"placements": {role: node}, "unplaced": [[role, reason]], "nodes": {name:
 {"capacity_bytes": n, "always_resident": [...], "swappable": [...]}}}``.
 
-Exit status: 0 when a plan was made (even with unplaced roles); 2 on bad input (a
-clear message naming the file, field and line; with ``--json``, ``{"error": ...}``).
+Exit status (decided by :mod:`rosterd.cli.edge`): 0 when a plan was made (even with
+unplaced roles); 2 on bad input (a clear message naming the file, field and line; with
+``--json``, ``{"error": ...}``). The solver, the file readers and Rich are imported when
+the command runs, not when ``rosterd`` starts.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from rosterd.cli import app, make_console
-from rosterd.errors import RosterdError
-from rosterd.fleet import Fleet, load_fleet, local_fleet
-from rosterd.placement import Plan, plan
-from rosterd.roster import ImportedRoster, load_roster
-from rosterd.spec import InferenceSpec
+from rosterd.cli.edge import errors_as_json
 from rosterd.tokens import GB
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
+    from rosterd.fleet import Fleet
+    from rosterd.placement import Plan
+    from rosterd.roster import ImportedRoster
+    from rosterd.spec import InferenceSpec
 
 _BAR_WIDTH = 30
 
@@ -56,6 +60,8 @@ def _gib(n_bytes: int) -> str:
 def memory_bar(used: int, capacity: int, width: int = _BAR_WIDTH) -> Text:
     """A bar ``[█████░░░░░]`` of ``used`` over ``capacity`` bytes, then ``used / capacity
     GiB``; green up to 80 %, yellow up to 100 %, red above."""
+    from rich.text import Text
+
     share = used / capacity if capacity > 0 else 1.0
     filled = min(width, round(share * width))
     style = "green" if share <= 0.8 else "yellow" if share <= 1.0 else "red"
@@ -67,6 +73,9 @@ def memory_bar(used: int, capacity: int, width: int = _BAR_WIDTH) -> Text:
 
 
 def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     specs: dict[str, InferenceSpec] = {}
     names: dict[str, str] = {}  # the roster's display name (spec.model drops some, e.g. a:b)
     for imported in roster.specs:
@@ -129,6 +138,7 @@ def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster
 
 @app.command("plan")
 def plan_cmd(
+    ctx: typer.Context,
     roster: Annotated[Path, typer.Argument(help="The roster YAML file (read only).")],
     overlay: Annotated[
         Path | None,
@@ -145,18 +155,15 @@ def plan_cmd(
 ) -> None:
     """Show which role lives on which node, what stays resident, what swaps, and why any
     role cannot be placed."""
+    if as_json:
+        errors_as_json(ctx)
+    from rosterd.fleet import load_fleet, local_fleet
+    from rosterd.placement import plan
+    from rosterd.roster import load_roster
+
     out = make_console()  # wide and unwrapped when piped
-    try:
-        imported = load_roster(roster, overlay)
-        nodes = load_fleet(fleet) if fleet is not None else local_fleet()
-    except RosterdError as err:
-        if as_json:
-            typer.echo(json.dumps({"error": str(err)}))
-        else:
-            # Plain echo, not Rich: an error line must not be wrapped or re-styled.
-            # "rosterd: " as every other command's errors start.
-            typer.echo(f"rosterd: {err}", err=True)
-        raise typer.Exit(2) from None
+    imported = load_roster(roster, overlay)
+    nodes = load_fleet(fleet) if fleet is not None else local_fleet()
     # Warnings go to stderr in both modes, so `--json` keeps stdout one JSON document.
     for warning in imported.warnings:
         typer.echo(f"warning: {warning}", err=True)

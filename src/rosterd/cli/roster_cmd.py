@@ -6,8 +6,9 @@ programs: one JSON object on stdout, ``{"specs": [...], "skipped": [[id,
 reason], ...], "warnings": [...]}`` with each spec in the reference's case-file
 shape. Exit 0 when the file was read (skips are not failures), 2 when it is
 rejected as a whole (``{"error": "..."}`` with ``--json``, else a message on
-stderr). Text from the roster is shown as plain text (never as Rich markup)
-and escaped when it holds control characters.
+stderr), as :mod:`rosterd.cli.edge` decides. Text from the roster is shown as
+plain text (never as Rich markup) and escaped when it holds control characters.
+The import and Rich are loaded when the command runs, not when ``rosterd`` starts.
 """
 
 from __future__ import annotations
@@ -15,31 +16,30 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from rosterd.cli import app, make_console
-from rosterd.errors import RosterdError
-from rosterd.roster import ImportedRoster, load_roster, spec_to_json
-from rosterd.rust_debug import rust_debug_str
+from rosterd.cli.edge import errors_as_json
 from rosterd.tokens import GB
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
+    from rosterd.roster import ImportedRoster
 
 roster_app = typer.Typer(help="Read the lab's roster.", no_args_is_help=True)
 app.add_typer(roster_app, name="roster")
 
-#: Exit status when the roster (or overlay) is rejected as a whole.
-EXIT_REJECTED = 2
-#: Exit status for a fault in rosterd itself (reported without a traceback).
-EXIT_INTERNAL = 1
-
 
 def _plain(text: str) -> Text:
     """Roster text as a table cell: never markup, escaped if not printable."""
+    from rich.text import Text
+
+    from rosterd.rust_debug import rust_debug_str
+
     shown = text if text.isprintable() else rust_debug_str(text)
     return Text(shown)
 
@@ -50,6 +50,10 @@ def _gib(weights_bytes: int) -> str:
 
 def render_tables(result: ImportedRoster, console: Console) -> None:
     """Print ``result`` as tables: imported specs, skipped entries, then warnings."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     specs = Table(
         title=f"Imported specs ({len(result.specs)})", title_justify="left", box=box.SIMPLE_HEAD
     )
@@ -94,6 +98,8 @@ def render_tables(result: ImportedRoster, console: Console) -> None:
 
 def result_to_json(result: ImportedRoster) -> dict[str, object]:
     """The ``--json`` object: ``specs``, ``skipped`` (``[id, reason]`` pairs), ``warnings``."""
+    from rosterd.roster import spec_to_json
+
     return {
         "specs": [spec_to_json(imported) for imported in result.specs],
         "skipped": [[role, reason] for role, reason in result.skipped],
@@ -103,6 +109,7 @@ def result_to_json(result: ImportedRoster) -> dict[str, object]:
 
 @roster_app.command("import")
 def import_cmd(
+    ctx: typer.Context,
     roster: Annotated[Path, typer.Argument(help="The roster YAML file (read, never written).")],
     overlay: Annotated[
         Path | None,
@@ -115,22 +122,13 @@ def import_cmd(
     ] = False,
 ) -> None:
     """Import the roster: validated inference specs, and every skipped entry with its reason."""
-    try:
-        result = load_roster(roster, overlay)
-    except RosterdError as err:
-        _fail(str(err), as_json, EXIT_REJECTED)
-    except Exception as err:  # the CLI never shows a traceback
-        _fail(f"internal error: {type(err).__name__}: {err}", as_json, EXIT_INTERNAL)
+    if as_json:
+        errors_as_json(ctx)
+    from rosterd.roster import load_roster
+
+    result = load_roster(roster, overlay)
     if as_json:
         sys.stdout.write(json.dumps(result_to_json(result)) + "\n")
         return
     console = make_console()  # piped output (logs, docs) gets room for full model names
     render_tables(result, console)
-
-
-def _fail(message: str, as_json: bool, code: int) -> NoReturn:
-    if as_json:
-        sys.stdout.write(json.dumps({"error": message}) + "\n")
-    else:
-        sys.stderr.write(f"rosterd: {message}\n")
-    raise typer.Exit(code)

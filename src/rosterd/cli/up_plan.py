@@ -1,0 +1,148 @@
+"""What a plan means for one ``rosterd up`` process (layer 8): which fleet nodes are this
+machine, the plan as it prints it, which roles it loads at start, and why it does not
+serve a name.
+
+Functions of values (a plan, a roster, a fleet) except :func:`is_local_address`,
+which asks the machine's interfaces (psutil).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rosterd.fleet import Fleet
+from rosterd.roster import ImportedRoster, ImportedSpec
+from rosterd.spec import InferenceSpec
+from rosterd.tokens import GB
+
+if TYPE_CHECKING:
+    from rosterd.placement import Plan
+
+
+def is_local_address(address: str) -> bool:
+    """Whether ``address`` (a node's) is this machine: loopback, ``localhost``, our hostname
+    or one of our interface addresses."""
+    if address in ("localhost", socket.gethostname()):
+        return True
+    try:
+        if ipaddress.ip_address(address).is_loopback:
+            return True
+    except ValueError:
+        return False
+    import psutil  # the interfaces: only when the address is not obviously local
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.address.split("%", 1)[0] == address:
+                return True
+    return False
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on ``host`` keeps the server on this machine (localhost, 127.x, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / GB:.2f}"
+
+
+def first_by_role(roster: ImportedRoster) -> dict[str, ImportedSpec]:
+    """Role id -> its first imported entry: the one planned when an id is given twice
+    (placement reports the later ones as unplaced duplicates)."""
+    first: dict[str, ImportedSpec] = {}
+    for imported in roster.specs:
+        first.setdefault(imported.spec.role, imported)
+    return first
+
+
+def unserved_reasons(
+    result: Plan, roster: ImportedRoster, served_nodes: Iterable[str]
+) -> dict[str, str]:
+    """Name (role id, roster model name, alias) -> why this process does not serve it:
+    the plan's reason for an unplaced role, the node it is planned on when this
+    process does not run that node, or why the import skipped a roster entry.
+    Roles served here are left out."""
+    served = set(served_nodes)
+    why: dict[str, str] = {}
+    for role, reason in result.unplaced:
+        if role not in result.placements:  # a duplicate id's first entry is placed
+            why.setdefault(role, f"unplaced: {reason}")
+    for role, node in result.placements.items():
+        if node not in served:
+            why[role] = f"planned on node {node}, which this process does not run"
+    by_role = first_by_role(roster)
+    out = dict(why)
+    for role, reason in why.items():
+        s = by_role.get(role)
+        for name in (s.spec.model, s.name) if s is not None else ():
+            if name:
+                out.setdefault(name, reason)
+    for alias, role in roster.aliases.items():
+        if role in why:
+            out.setdefault(alias, why[role])
+    for entry_id, reason in roster.skipped:
+        out.setdefault(entry_id, f"skipped in the roster: {reason}")
+    return out
+
+
+def warm_up_order(specs: Mapping[str, InferenceSpec]) -> list[str]:
+    """Roles to load at start: interactive first, then sticky batch roles, biggest first."""
+    chosen = [s for s in specs.values() if s.interactive or s.sticky]
+    chosen.sort(key=lambda s: (not s.interactive, -s.memory.resident_bytes, s.role))
+    return [s.role for s in chosen]
+
+
+def print_plan(
+    result: Plan, fleet: Fleet, roster: ImportedRoster, local: Iterable[str], out: Console
+) -> None:
+    """The plan as people read it: per node its roles and memory, then unplaced roles."""
+    specs = {role: s.spec for role, s in first_by_role(roster).items()}
+    local = set(local)
+    for node in fleet.nodes:
+        node_plan = result.nodes.get(node.name)
+        roles = [r for r, n in result.placements.items() if n == node.name]
+        where = "this machine" if node.name in local else "remote: not started here"
+        table = Table(
+            title=f"node {node.name} ({node.address}, {where}): capacity "
+            f"{_gib(node.capacity_bytes)} GiB",
+            title_justify="left",
+        )
+        for column in ("role", "flavor", "model", "GiB", "class", "sticky", "residency"):
+            table.add_column(
+                column,
+                justify="right" if column == "GiB" else "left",
+                no_wrap=column not in ("role", "model"),
+                overflow="fold",  # a long name wraps, never cut to "gemma-3-2…"
+            )
+        always = set(node_plan.always_resident) if node_plan else set()
+        for role in roles:
+            s = specs[role]
+            table.add_row(
+                Text(role),
+                s.flavor.id,
+                Text(s.model or "-"),
+                _gib(s.memory.resident_bytes),
+                s.latency_class.value,
+                "yes" if s.sticky else "no",
+                "always" if role in always else "on demand",
+            )
+        out.print(table)
+    if result.unplaced:
+        out.print(f"[bold]unplaced roles ({len(result.unplaced)}):[/bold]")
+        for role, reason in result.unplaced:
+            out.print(Text(f"  {role}: {reason}"))
+    if roster.skipped:
+        out.print(f"skipped roster entries: {len(roster.skipped)} (see `rosterd roster import`)")
