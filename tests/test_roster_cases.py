@@ -99,7 +99,7 @@ def test_console_script_runs_a_case_in_a_real_process() -> None:
         [
             sys.executable,
             "-c",
-            "from rosterd.cli import main; main()",
+            "from rosterd.cli import main; raise SystemExit(main())",
             *("roster", "import", str(CASES / "cases" / "basic_valid.yaml"), "--json"),
         ],
         capture_output=True,
