@@ -6,37 +6,14 @@ and returns the effects the node loop must apply, in order. It reads no clock
 ``LogNote``/``RecordEvent`` effects) and holds no asyncio object; the same
 events give the same effects. The residency policy
 (:func:`rosterd.residency.decide`) says what to load or evict; this machine
-says when. The rules it keeps (issue 5, USERS.md; table in ``docs/scheduler.md``):
-
-- **One load per role at a time, shared.** Every waiter for a role waits on the
-  same load; a waiter that gives up (``Cancel``) only leaves the queue.
-- **One transition per node at a time.** A transition is "stop these roles,
-  then start that one", one ``StartBackend``/``StopBackend`` at a time. Memory
-  counts as free only after ``StopDone`` (the process exited), so the node
-  never holds more than its capacity nor two roles that exclude each other.
-- **No eviction under a request.** A role with leases out is not evicted: the
-  policy answers ``Wait`` naming it. The busy role then *drains*: it grants no
-  new lease to a waiter newer than the oldest one waiting for its room
-  (``hold_since``). Once that waiter has waited ``drain_s`` in-flight counts
-  are ignored: the busy role's leases are revoked (``RevokeLeases``), releases
-  are awaited up to ``REVOKE_WAIT_S``, then it stops.
-- **An unload takes no new requests**; waiting requests load the role again after.
-- **No swap ping-pong.** A role loaded less than ``min_residency_s`` ago is
-  ``recently_loaded`` for the policy: a batch role cannot evict it.
-- **Exclusions yield when idle.** A role refused because a resident role
-  excludes it waits; once the winner is idle (nothing in flight or queued, past
-  ``min_residency_s``) or busy past ``drain_s`` it is unloaded. An interactive
-  winner never yields to a batch role: the refusal fails the request at once.
-- **Idle TTL.** A ready, non-sticky batch role idle for ``idle_ttl_s`` is unloaded.
-- **Crash restarts are loads too.** ``BackendChanged`` ``exited``/``restarting``
-  of a ready role: ``restarting`` (memory held, leases void, waiters wait);
-  ``ready``: served again with the new pid; a final ``restart_failed``:
-  ``stopped`` and the waiters fail.
-- **Per-role concurrency and a bounded queue.** At most ``max_concurrency``
-  leases and ``max_queue`` waiters per role (``QueueFullError`` beyond); a
-  waiter fails with ``QueueTimeoutError`` once its ``timeout_s`` passed.
-- **Shutdown is an event.** Waiters fail, a load under way is aborted at once,
-  leases drain up to ``drain_s``, then every resident role stops; ``FinishShutdown``.
+says when, keeping the rules of issue 5 and USERS.md: one shared load per role;
+one transition per node, memory free only at ``StopDone``; no eviction under a
+request, busy roles drain in arrival order (``hold_since``) and are revoked
+after ``drain_s``; an unload takes no new requests; minimum residency;
+exclusions yield when idle; idle TTL; crash restarts as ``restarting``;
+per-role concurrency, a bounded queue and queue timeouts; warm-up never
+evicts; shutdown is an event. ``docs/scheduler.md`` states each rule and
+draws the state table.
 """
 
 from __future__ import annotations
@@ -44,15 +21,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Iterable
 
-from rosterd.backends import Endpoint
 from rosterd.residency import (
     AlreadyResident,
     Load,
-    NodeState,
     Refuse,
     Wait,
     decide,
@@ -63,7 +36,6 @@ from rosterd.scheduler.errors import (
     QueueFullError,
     QueueTimeoutError,
     RoleRefusedError,
-    SchedulerError,
     ShuttingDownError,
     UnknownRoleError,
 )
@@ -73,13 +45,11 @@ from rosterd.scheduler.events import (
     Cancel,
     Effect,
     Event,
-    FailWaiter,
     FinishShutdown,
     FinishUnload,
     GrantLease,
     LoadDone,
     LogNote,
-    RecordEvent,
     Release,
     RevokeLeases,
     Shutdown,
@@ -88,16 +58,12 @@ from rosterd.scheduler.events import (
     StopDone,
     Tick,
     Unload,
-    UpdateGauges,
 )
+from rosterd.scheduler.state import MachineState, RoleState, Transition, Waiter
 from rosterd.scheduler.values import (
-    HOLDS_MEMORY,
     Phase,
-    Revocation,
-    SchedulerLimits,
     client_reason,
 )
-from rosterd.spec import InferenceSpec
 
 #: How long a stop waits for the router to end revoked requests, seconds.
 REVOKE_WAIT_S = 1.0
@@ -107,77 +73,12 @@ SEE_LOG = "see `rosterd ps` / the backend log"
 
 _SHUTTING_DOWN = "rosterd is shutting down"
 
-Step = Literal["revoking", "stopping", "loading", "cleanup", "aborting"]
 
-
-@dataclass(eq=False)
-class _Waiter:
-    ticket: int
-    since: float
-    timeout_s: float
-    take_slot: bool  # a request (counts in flight) or a load that only wants residency
-    no_evict: bool  # warm-up: load only if nothing must be evicted
-
-
-@dataclass(eq=False)
-class _Role:
-    spec: InferenceSpec
-    phase: Phase = Phase.STOPPED
-    endpoint: Endpoint | None = None
-    generation: int = 0
-    in_flight: int = 0
-    waiters: deque[_Waiter] = field(default_factory=deque)
-    loaded_at: float | None = None
-    last_used: float = 0.0
-    unload_tickets: list[int] = field(default_factory=list)
-    unload_since: float | None = None
-    waiting_reason: str | None = None
-    logged_waits: set[str] = field(default_factory=set)  # wait reasons logged since the load
-    # New leases go only to waiters older than this: a request for another role
-    # that needs this role's room came first (None: no one waits for its room).
-    hold_since: float | None = None
-    gauges: tuple[int, int] = (0, 0)  # (in_flight, queued) as last reported
-
-
-@dataclass(eq=False)
-class _Transition:
-    """The node's one transition: stop ``evict`` one by one, then load ``load``."""
-
-    evict: deque[str]
-    load: str | None
-    cause: str
-    label: str
-    for_role: str | None
-    role: str = ""  # the role being stopped or loaded now
-    step: Step = "stopping"
-    started: float = 0.0
-    stop_cause: str = ""
-    stop_label: str = ""
-    revoke_until: float = 0.0
-    pending: set[str] = field(default_factory=set)  # aborting: "load", "stop" still to come
-    loaded: bool = False  # aborting: the start returned a backend anyway
-
-
-class NodeMachine:
+class NodeMachine(MachineState):
     """The pure scheduler of one node: ``handle(event) -> effects``.
 
-    ``capacity_bytes``: the node's budget; ``specs``: the roles placed on it;
-    ``limits``: the knobs. Roles are kept sorted by id (ties break by id).
+    Built as ``NodeMachine(capacity_bytes, specs, limits)`` (see ``MachineState``).
     """
-
-    def __init__(
-        self, capacity_bytes: int, specs: Mapping[str, InferenceSpec], limits: SchedulerLimits
-    ) -> None:
-        self.capacity_bytes = capacity_bytes
-        self.specs = dict(specs)
-        self.limits = limits
-        self._roles = {role: _Role(spec) for role, spec in sorted(self.specs.items())}
-        self._transition: _Transition | None = None
-        self._shutdown_since: float | None = None
-        self._shut_down = False
-        self._load_seconds: deque[float] = deque(maxlen=20)
-        self._now = -math.inf
-        self._out: list[Effect] = []
 
     # ---- the one entry point ----------------------------------------------------
 
@@ -211,57 +112,6 @@ class NodeMachine:
         out, self._out = self._out, []
         return out
 
-    # ---- read-only views (display, never to decide on) -----------------------------
-
-    @property
-    def shutting_down(self) -> bool:
-        """Whether ``Shutdown`` was handled."""
-        return self._shutdown_since is not None
-
-    @property
-    def transition_under_way(self) -> bool:
-        """Whether a start or stop is under way on the node."""
-        return self._transition is not None
-
-    def resident(self) -> tuple[str, ...]:
-        """The roles holding memory (every phase but ``stopped``), by id."""
-        return tuple(r for r, st in self._roles.items() if st.phase in HOLDS_MEMORY)
-
-    def resident_bytes(self) -> int:
-        """The spec bytes of :meth:`resident`."""
-        return sum(self._roles[r].spec.memory.resident_bytes for r in self.resident())
-
-    def waiting_reason(self, role: str) -> str | None:
-        """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""
-        return self._roles[role].waiting_reason
-
-    def role_view(self, role: str, now: float) -> dict[str, object]:
-        """``role``'s state as JSON-ready data (see ``NodeScheduler.snapshot``)."""
-        st = self._roles[role]
-        resident = st.phase in HOLDS_MEMORY
-        idle = st.phase is Phase.READY and st.in_flight == 0
-        return {
-            "phase": st.phase.value,
-            "latency_class": st.spec.latency_class.value,
-            "sticky": st.spec.sticky,
-            "resident_bytes": st.spec.memory.resident_bytes,
-            "in_flight": st.in_flight,
-            "queued": len(st.waiters),
-            "idle_s": round(now - st.last_used, 3) if idle else None,
-            "loaded_for_s": round(now - st.loaded_at, 3)
-            if resident and st.loaded_at is not None
-            else None,
-            "waiting_reason": st.waiting_reason if st.waiters else None,
-            "base_url": st.endpoint.base_url if st.endpoint else None,
-            "pid": st.endpoint.pid if st.endpoint else None,
-        }
-
-    def typical_load_s(self) -> float:
-        """Seconds a load takes here (the slowest of the last 20, rounded up; 5 if none)."""
-        if not self._load_seconds:
-            return 5.0
-        return float(math.ceil(max(self._load_seconds)))
-
     # ---- events ---------------------------------------------------------------------
 
     def _on_acquire(self, ev: Acquire, now: float) -> None:
@@ -277,7 +127,7 @@ class NodeMachine:
             )
             self._fail(ev.ticket, QueueFullError, message, self._retry_after())
         else:
-            st.waiters.append(_Waiter(ev.ticket, now, ev.timeout_s, ev.take_slot, ev.no_evict))
+            st.waiters.append(Waiter(ev.ticket, now, ev.timeout_s, ev.take_slot, ev.no_evict))
             self._gauges(ev.role)
 
     def _on_cancel(self, ev: Cancel) -> None:
@@ -449,7 +299,7 @@ class NodeMachine:
                 self._fail(w.ticket, QueueTimeoutError, message, self._retry_after())
             self._gauges(role)
 
-    def _grant(self, role: str, st: _Role, now: float) -> None:
+    def _grant(self, role: str, st: RoleState, now: float) -> None:
         """Hand leases to waiters, oldest first, while the role is ready and has free slots."""
         if st.phase is not Phase.READY or st.endpoint is None:
             return
@@ -602,54 +452,6 @@ class NodeMachine:
                 self._begin_transition((role,), None, cause, "idle_ttl", None, now)
                 return
 
-    def _exclusion_blockers(self, role: str) -> tuple[str, ...] | None:
-        """The resident roles that exclude ``role``, if they are what keeps it out and
-        may yield: ``None`` when none excludes it (the refusal is about memory) or
-        when an interactive winner keeps out a batch role (interactive roles stay)."""
-        spec = self._roles[role].spec
-        blockers = tuple(
-            other
-            for other in self.resident()
-            if other != role and excludes_each_other(spec, self._roles[other].spec)
-        )
-        if not blockers:
-            return None
-        if not spec.interactive and any(self._roles[b].spec.interactive for b in blockers):
-            return None
-        return blockers
-
-    def _can_yield(self, role: str, now: float) -> bool:
-        st = self._roles[role]
-        return (
-            st.phase is Phase.READY
-            and st.in_flight == 0
-            and not st.waiters
-            and not self._recently_loaded(st, now)
-        )
-
-    def _recently_loaded(self, st: _Role, now: float) -> bool:
-        return st.loaded_at is not None and now - st.loaded_at < self.limits.min_residency_s
-
-    def _node_state(self, now: float, *, ignore_in_flight: bool) -> NodeState:
-        resident = self.resident()
-        busy: dict[str, int] = {}
-        for role in resident:
-            st = self._roles[role]
-            if st.phase is not Phase.READY:
-                busy[role] = 1  # loading or stopping: never a candidate to evict
-            elif st.in_flight and not ignore_in_flight:
-                busy[role] = st.in_flight
-        recency = tuple(sorted(resident, key=lambda r: (self._roles[r].last_used, r)))
-        recent = frozenset(r for r in resident if self._recently_loaded(self._roles[r], now))
-        return NodeState(
-            capacity_bytes=self.capacity_bytes,
-            specs=self.specs,
-            resident=frozenset(resident),
-            in_flight=busy,
-            recency=recency,
-            recently_loaded=recent,
-        )
-
     # ---- the transition (one per node at a time) -----------------------------------
 
     def _begin_transition(
@@ -663,7 +465,7 @@ class NodeMachine:
     ) -> None:
         """Start "stop ``evict``, then load ``load``". ``cause``: words for the log;
         ``label``: the eviction's metric label; ``for_role``: whom the evictions serve."""
-        self._transition = _Transition(deque(evict), load, cause, label, for_role)
+        self._transition = Transition(deque(evict), load, cause, label, for_role)
         self._advance(now)
 
     def _advance(self, now: float) -> None:
@@ -681,7 +483,7 @@ class NodeMachine:
         else:
             self._transition = None
 
-    def _begin_stop(self, tr: _Transition, role: str, now: float) -> None:
+    def _begin_stop(self, tr: Transition, role: str, now: float) -> None:
         st = self._roles[role]
         st.phase = Phase.STOPPING
         cause = tr.cause if tr.load is None else f"evicted for {tr.load}: {tr.cause}"
@@ -704,14 +506,14 @@ class NodeMachine:
             return
         self._issue_stop(tr, now)
 
-    def _issue_stop(self, tr: _Transition, now: float) -> None:
+    def _issue_stop(self, tr: Transition, now: float) -> None:
         st = self._roles[tr.role]
         st.generation += 1  # leases of the stopped process are void from here on
         tr.step, tr.started = "stopping", now
         self._record("stopping", tr.role, tr.stop_cause)
         self._out.append(StopBackend(tr.role))
 
-    def _finish_stop(self, tr: _Transition, now: float) -> None:
+    def _finish_stop(self, tr: Transition, now: float) -> None:
         role = tr.role
         self._mark_stopped(role)
         took = now - tr.started
@@ -719,7 +521,7 @@ class NodeMachine:
         self._gauges(role)
         self._advance(now)
 
-    def _finish_abort(self, tr: _Transition, now: float) -> None:
+    def _finish_abort(self, tr: Transition, now: float) -> None:
         if tr.pending:
             return  # the start and the stop both report back
         self._mark_stopped(tr.role)
@@ -728,77 +530,3 @@ class NodeMachine:
             self._record("stopped", tr.role, "shutdown", duration_s=took, label="shutdown")
         self._gauges(tr.role)
         self._transition = None
-
-    def _mark_stopped(self, role: str) -> None:
-        st = self._roles[role]
-        st.phase = Phase.STOPPED
-        st.endpoint = None
-        st.in_flight = 0
-        st.loaded_at = None
-
-    def _revocation(self, role: str, label: str, for_role: str | None) -> Revocation:
-        """What a client whose request to ``role`` is cut by this stop is told."""
-        after = f"after --drain {self.limits.drain_s:g} s"
-        if label == "shutdown":
-            return Revocation(
-                "shutting_down", f"rosterd is shutting down; role {role} was stopped {after}"
-            )
-        if label == "unload":
-            why = "was unloaded (rosterd unload)"
-        elif label == "exclusion" and for_role is not None:
-            why = f"was unloaded for {for_role} (they exclude each other)"
-        elif for_role is not None:
-            why = f"was unloaded to make room for {for_role}"
-        else:
-            why = "was unloaded"
-        return Revocation("evicted", f"role {role} {why} {after}")
-
-    # ---- effects ---------------------------------------------------------------------
-
-    def _retry_after(self) -> float:
-        return max(1.0, self.typical_load_s())
-
-    def _fail(
-        self,
-        ticket: int,
-        error: type[SchedulerError],
-        message: str,
-        retry_after_s: float | None = None,
-    ) -> None:
-        self._out.append(FailWaiter(ticket, error, message, retry_after_s))
-
-    def _fail_waiters(self, role: str, error: type[SchedulerError], message: str) -> None:
-        """Fail every waiter of ``role`` with ``error(message)``; the queue is empty after."""
-        st = self._roles[role]
-        for w in st.waiters:
-            self._fail(w.ticket, error, message)
-        st.waiters.clear()
-        self._gauges(role)
-
-    def _record(
-        self,
-        kind: str,
-        role: str,
-        cause: str,
-        *,
-        duration_s: float | None = None,
-        label: str | None = None,
-    ) -> None:
-        self._out.append(
-            RecordEvent(
-                kind=kind,
-                role=role,
-                cause=cause,
-                resident=self.resident(),
-                resident_bytes=self.resident_bytes(),
-                duration_s=duration_s,
-                label=label,
-            )
-        )
-
-    def _gauges(self, role: str) -> None:
-        st = self._roles[role]
-        now = (st.in_flight, len(st.waiters))
-        if now != st.gauges:
-            st.gauges = now
-            self._out.append(UpdateGauges(role, *now))
