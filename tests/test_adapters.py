@@ -188,7 +188,7 @@ def test_ollama_server_launch_and_probe() -> None:
 def test_adapter_for_every_flavor(flavor: InferFlavor) -> None:
     adapter = adapter_for(flavor)
     assert adapter.flavor is flavor
-    assert adapter.shared_server is (flavor is InferFlavor.OLLAMA)
+    assert (adapter.shared_server is not None) is (flavor is InferFlavor.OLLAMA)
 
 
 def test_fleet_model_source_is_a_weights_source() -> None:

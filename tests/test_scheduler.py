@@ -1,41 +1,74 @@
-"""The scheduler's promises, with the real residency policy and a recording fake backend.
+"""The scheduler's rules, on the pure node state machine with the real residency policy.
 
-The fake stands in for the supervisor only (process start/stop take a set time
-and are recorded); everything else is the real scheduler. The same promises
-are checked against real llama-server processes in ``test_up_budget.py``.
+Each test drives ``NodeMachine`` with synchronous calls and an explicit ``now``
+and reads the effects it returns, recorded by ``Bench`` (nothing is faked but
+the backends' answers, which the test gives as ``LoadDone``/``StopDone``
+events). No test sleeps. The same promises are checked on the asyncio loop in
+``test_scheduler_node.py`` and against real llama-server processes in
+``test_up_budget.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import logging
+import itertools
 import re
-from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar, get_args
 
 import pytest
 
 import spec_helpers
-from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler import (
     Endpoint,
     LoadFailedError,
-    NodeScheduler,
+    Phase,
     QueueFullError,
     QueueTimeoutError,
     Revocation,
     RoleRefusedError,
-    RoleUnavailableError,
-    Scheduler,
+    SchedulerError,
     SchedulerLimits,
     ShuttingDownError,
     client_reason,
 )
+from rosterd.scheduler.events import (
+    Acquire,
+    BackendChanged,
+    Cancel,
+    Effect,
+    Event,
+    FailWaiter,
+    FinishShutdown,
+    FinishUnload,
+    GrantLease,
+    LoadDone,
+    LogNote,
+    RecordEvent,
+    Release,
+    RevokeLeases,
+    Shutdown,
+    StartBackend,
+    StopBackend,
+    StopDone,
+    Tick,
+    Unload,
+    UpdateGauges,
+)
+from rosterd.scheduler.machine import REVOKE_WAIT_S, NodeMachine
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent, PortInUseError
 
 MIB = 2**20
+E = TypeVar("E")
+
+LIMITS = SchedulerLimits(
+    max_concurrency=4,
+    max_queue=16,
+    queue_timeout_s=10.0,
+    drain_s=5.0,
+    idle_ttl_s=float("inf"),
+    min_residency_s=0.0,
+)
 
 
 def spec(role: str, mib: int, **options: Any) -> InferenceSpec:
@@ -43,27 +76,80 @@ def spec(role: str, mib: int, **options: Any) -> InferenceSpec:
     return spec_helpers.spec(role, mib, unit=MIB, model=role, **options)
 
 
-class FakeBackends:
-    """Records starts/stops; checks that the processes alive never break the budget."""
+class Bench:
+    """A node loop that applies nothing: it feeds events to the machine at ``now`` and
+    records every effect, and checks that the processes alive (from ``StartBackend``
+    until its role's ``StopDone``) never break the budget or an exclusion."""
 
     def __init__(
-        self,
-        specs: dict[str, InferenceSpec],
-        capacity: int,
-        *,
-        load_s: float = 0.05,
-        fail: Iterable[str] = (),
+        self, specs: list[InferenceSpec], capacity_mib: int, limits: SchedulerLimits = LIMITS
     ) -> None:
-        self.specs = specs
-        self.capacity = capacity
-        self.load_s = load_s
-        self.fail = set(fail)
+        self.specs = {s.role: s for s in specs}
+        self.capacity = capacity_mib * MIB
+        self.machine = NodeMachine(self.capacity, self.specs, limits)
+        self.limits = limits
+        self.now = 0.0
+        self.effects: list[Effect] = []
+        self.pending: list[StartBackend | StopBackend] = []  # asked, not answered yet
         self.alive: set[str] = set()
-        self.starts: list[str] = []
-        self.stops: list[str] = []
-        self.busy = 0
-        self.max_busy = 0
         self.violations: list[str] = []
+        self._tickets = itertools.count(1)
+
+    # ---- driving --------------------------------------------------------------------
+
+    def send(self, event: Event) -> list[Effect]:
+        out = self.machine.handle(event)
+        self.effects += out
+        for effect in out:
+            if isinstance(effect, (StartBackend, StopBackend)):
+                self.pending.append(effect)
+            if isinstance(effect, StartBackend):
+                self.alive.add(effect.role)  # memory is held from the first byte loaded
+                self._check()
+        return out
+
+    def acquire(self, role: str, **options: Any) -> int:
+        ticket = next(self._tickets)
+        self.send(Acquire(self.now, ticket, role, **options))
+        return ticket
+
+    def release(self, ticket: int) -> None:
+        lease = self.lease(ticket)
+        assert lease is not None, f"ticket {ticket} holds no lease"
+        self.send(Release(self.now, lease.role, lease.generation))
+
+    def unload(self, role: str) -> int:
+        ticket = next(self._tickets)
+        self.send(Unload(self.now, ticket, role))
+        return ticket
+
+    def at(self, now: float) -> list[Effect]:
+        """A tick at ``now``."""
+        self.now = now
+        return self.send(Tick(now))
+
+    def load_done(self, role: str, *, error: str | None = None, pid: int | None = None) -> None:
+        self._answer(StartBackend(role))
+        endpoint = None if error else Endpoint(f"http://127.0.0.1:1/{role}", role, pid)
+        self.send(LoadDone(self.now, role, endpoint=endpoint, error=error))
+
+    def stop_done(self, role: str) -> None:
+        self._answer(StopBackend(role))
+        self.alive.discard(role)  # free only once the process exited
+        self.send(StopDone(self.now, role))
+
+    def settle(self) -> None:
+        """Answer every start and stop asked for (each succeeds) until none is left."""
+        while self.pending:
+            effect = self.pending[0]
+            if isinstance(effect, StartBackend):
+                self.load_done(effect.role)
+            else:
+                self.stop_done(effect.role)
+
+    def _answer(self, effect: StartBackend | StopBackend) -> None:
+        assert effect in self.pending, f"{effect} was not asked for; pending: {self.pending}"
+        self.pending.remove(effect)
 
     def _check(self) -> None:
         used = sum(self.specs[r].memory.resident_bytes for r in self.alive)
@@ -74,443 +160,596 @@ class FakeBackends:
                 if other in self.alive:
                     self.violations.append(f"excluded together: {r}, {other}")
 
-    async def start(self, role: str) -> Endpoint:
-        self.busy += 1
-        self.max_busy = max(self.max_busy, self.busy)
-        try:
-            self.starts.append(role)
-            self.alive.add(role)  # memory is held from the first byte loaded
-            self._check()
-            await asyncio.sleep(self.load_s)
-            if role in self.fail:
-                raise RuntimeError(f"{role} crashed while loading")
-            return Endpoint(f"http://127.0.0.1:1/{role}", role, None)
-        finally:
-            self.busy -= 1
+    # ---- reading ----------------------------------------------------------------------
 
-    async def stop(self, role: str) -> None:
-        self.busy += 1
-        self.max_busy = max(self.max_busy, self.busy)
-        try:
-            await asyncio.sleep(self.load_s / 5)
-            self.stops.append(role)
-            self.alive.discard(role)  # free only once the process exited
-        finally:
-            self.busy -= 1
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for e in self.effects if isinstance(e, kind)]
 
+    def lease(self, ticket: int) -> GrantLease | None:
+        return next((g for g in self.of(GrantLease) if g.ticket == ticket), None)
 
-FAST = SchedulerLimits(
-    max_concurrency=4,
-    max_queue=16,
-    queue_timeout_s=10.0,
-    drain_s=5.0,
-    idle_ttl_s=float("inf"),
-    min_residency_s=0.0,
-    tick_s=0.02,
-)
+    def failure(self, ticket: int) -> FailWaiter | None:
+        return next((f for f in self.of(FailWaiter) if f.ticket == ticket), None)
 
+    def answered(self, ticket: int) -> bool:
+        return self.lease(ticket) is not None or self.failure(ticket) is not None
 
-def make_node(
-    specs: list[InferenceSpec],
-    capacity_mib: int,
-    limits: SchedulerLimits = FAST,
-    **fake: object,
-) -> tuple[NodeScheduler, FakeBackends]:
-    by_role = {s.role: s for s in specs}
-    backends = FakeBackends(by_role, capacity_mib * MIB, **fake)  # type: ignore[arg-type]
-    node = NodeScheduler("n1", capacity_mib * MIB, by_role, backends, limits=limits)
-    node.start()
-    return node, backends
+    def starts(self) -> list[str]:
+        return [e.role for e in self.of(StartBackend)]
+
+    def stops(self) -> list[str]:
+        return [e.role for e in self.of(StopBackend)]
+
+    def records(self, kind: str) -> list[RecordEvent]:
+        return [e for e in self.of(RecordEvent) if e.kind == kind]
+
+    def phase(self, role: str) -> str:
+        return str(self.machine.role_view(role, self.now)["phase"])
+
+    def use(self, role: str) -> int:
+        """A request for ``role`` that is served (loading and evicting as needed) and released."""
+        ticket = self.acquire(role)
+        self.settle()
+        assert self.lease(ticket) is not None, self.failure(ticket)
+        self.release(ticket)
+        return ticket
 
 
-async def use(node: NodeScheduler, role: str, hold_s: float = 0.01) -> str:
-    lease = await node.acquire(role)
-    try:
-        await asyncio.sleep(hold_s)
-        return lease.endpoint.served_model
-    finally:
-        node.release(lease)
+def assert_failed(bench: Bench, ticket: int, error: type[SchedulerError], match: str = "") -> str:
+    failure = bench.failure(ticket)
+    assert failure is not None, f"ticket {ticket} did not fail"
+    assert failure.error is error, failure
+    assert re.search(match, failure.message), failure.message
+    return failure.message
 
 
-async def test_concurrent_waiters_share_one_load() -> None:
-    node, backends = make_node([spec("a", 100)], 1000)
-    results = await asyncio.gather(*(use(node, "a") for _ in range(8)))
-    assert results == ["a"] * 8
-    assert backends.starts == ["a"]
-    await node.shutdown()
+# --------------------------------------------------------------------------- sharing
 
 
-async def test_waiter_giving_up_does_not_cancel_the_load_for_others() -> None:
-    node, backends = make_node([spec("a", 100)], 1000, load_s=0.3)
-    quitter = asyncio.create_task(node.acquire("a"))
-    stayer = asyncio.create_task(use(node, "a"))
-    await asyncio.sleep(0.1)  # the load is under way
-    quitter.cancel()
-    assert await stayer == "a"
-    assert backends.starts == ["a"]
-    assert node.snapshot()["resident"] == ["a"]
-    await node.shutdown()
+def test_concurrent_waiters_share_one_load() -> None:
+    bench = Bench([spec("a", 100)], 1000)
+    tickets = [bench.acquire("a") for _ in range(8)]
+    assert bench.starts() == ["a"]
+    bench.load_done("a")
+    granted = [t for t in tickets if bench.lease(t)]
+    assert granted == tickets[:4]  # max_concurrency, oldest first
+    for t in granted:
+        bench.release(t)
+    assert all(bench.lease(t) for t in tickets)
+    assert bench.starts() == ["a"]
+    assert bench.of(UpdateGauges)[-1] == UpdateGauges("a", 4, 0)
 
 
-async def test_budget_for_one_of_two_serializes_swaps_and_completes_everything() -> None:
-    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000)
-    jobs = [use(node, role, hold_s=0.02) for role in ["x", "y"] * 6]
-    results = await asyncio.gather(*jobs)
-    assert sorted(results) == ["x"] * 6 + ["y"] * 6
-    assert backends.violations == []
-    assert backends.max_busy == 1  # one start or stop at a time on the node
-    for event in node.events:
-        assert event.resident_bytes <= 1000 * MIB
-        assert set(event.resident) != {"x", "y"}
-    await node.shutdown()
+def test_waiter_giving_up_does_not_cancel_the_load_for_others() -> None:
+    bench = Bench([spec("a", 100)], 1000)
+    quitter = bench.acquire("a")
+    stayer = bench.acquire("a")
+    bench.send(Cancel(bench.now, quitter, "a"))
+    bench.load_done("a")
+    assert not bench.answered(quitter)  # it left the queue: nothing is handed to it
+    assert bench.lease(stayer) is not None
+    assert bench.stops() == []
+    assert bench.machine.resident() == ("a",)
 
 
-async def test_role_in_use_is_not_evicted_until_released() -> None:
-    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000)
-    lease = await node.acquire("x")
-    y = asyncio.create_task(use(node, "y"))
-    await asyncio.sleep(0.3)
-    assert not y.done()
-    assert backends.stops == []
-    node.release(lease)
-    assert await y == "y"
-    assert backends.stops == ["x"]
-    await node.shutdown()
+# --------------------------------------------------------------------------- one transition
 
 
-async def test_busy_role_is_evicted_after_the_drain_time() -> None:
-    limits = dataclasses.replace(FAST, drain_s=0.3)
-    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
-    stuck = await node.acquire("x")  # never released in time
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    assert await use(node, "y") == "y"
-    assert 0.25 <= loop.time() - t0 < 3.0
-    assert backends.stops == ["x"]
-    node.release(stuck)  # a release of the stopped generation is ignored
-    await asyncio.sleep(0.05)
-    assert node.snapshot()["roles"]["x"]["in_flight"] == 0  # type: ignore[index]
-    await node.shutdown()
+def test_swaps_are_serialized_and_memory_is_free_only_after_the_stop_returned() -> None:
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000)
+    x = bench.acquire("x")
+    y = bench.acquire("y")
+    assert bench.starts() == ["x"]  # one transition at a time: y waits for x's load
+    bench.load_done("x")
+    bench.release(x)
+    assert bench.stops() == ["x"]
+    assert bench.starts() == ["x"]  # y's load waits until x's process exited
+    assert bench.phase("x") == "stopping"
+    bench.stop_done("x")
+    assert bench.starts() == ["x", "y"]
+    bench.load_done("y")
+    assert bench.lease(y) is not None
+    bench.release(y)
+    for role in ["x", "y"] * 3:
+        bench.use(role)
+    assert bench.violations == []
+    assert len(bench.pending) == 0
+    for record in bench.of(RecordEvent):
+        assert record.resident_bytes <= 1000 * MIB
+        assert set(record.resident) != {"x", "y"}
+    loading = bench.records("loading")[1]
+    assert loading.role == "y"
+    assert loading.resident == ("y",)
 
 
-async def test_idle_non_sticky_batch_role_unloads_after_ttl_but_sticky_stays() -> None:
-    limits = SchedulerLimits(idle_ttl_s=0.2, min_residency_s=0.0, tick_s=0.02)
-    node, backends = make_node([spec("temp", 100, sticky=False), spec("keep", 100)], 1000, limits)
-    await use(node, "temp")
-    await use(node, "keep")
-    await asyncio.sleep(0.6)
-    assert backends.stops == ["temp"]
-    assert node.snapshot()["resident"] == ["keep"]
-    assert any(e.kind == "stopped" and e.cause.startswith("idle") for e in node.events)
-    await node.shutdown()
+def test_a_role_in_use_is_not_evicted_until_released() -> None:
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000)
+    x = bench.acquire("x")
+    bench.settle()
+    y = bench.acquire("y")
+    bench.at(4.9)
+    assert bench.stops() == []
+    assert bench.machine.waiting_reason("y") is not None
+    bench.release(x)
+    bench.settle()
+    assert bench.lease(y) is not None
+    assert bench.stops() == ["x"]
+    assert bench.records("stopped")[0].label == "make_room"
 
 
-async def test_just_loaded_role_is_protected_from_batch_ping_pong() -> None:
-    limits = SchedulerLimits(min_residency_s=0.5, idle_ttl_s=float("inf"), tick_s=0.02)
-    node, _ = make_node([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000, limits)
-    await use(node, "x")
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    await use(node, "y")
-    assert loop.time() - t0 >= 0.4  # waited for x's minimum residency
-    await node.shutdown()
+def test_a_busy_role_is_revoked_and_evicted_after_the_drain_time() -> None:
+    limits = dataclasses.replace(LIMITS, drain_s=0.3)
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    held = bench.acquire("x")
+    bench.settle()
+    generation = bench.lease(held).generation  # type: ignore[union-attr]
+    y = bench.acquire("y")
+    bench.at(0.29)
+    assert bench.of(RevokeLeases) == []
+    bench.at(0.3)
+    revocation = Revocation("evicted", "role x was unloaded to make room for y after --drain 0.3 s")
+    assert bench.of(RevokeLeases) == [RevokeLeases("x", generation, revocation)]
+    assert bench.stops() == []  # the router ends the request first
+    bench.release(held)  # what the router does on a revocation
+    assert bench.stops() == ["x"]
+    stopping = bench.records("stopping")[0]
+    assert "1 request(s) in flight cut after --drain 0.3 s" in stopping.cause
+    bench.settle()
+    assert bench.lease(y) is not None
+    assert bench.records("stopped")[0].label == "drain"
 
 
-async def test_interactive_role_may_evict_a_just_loaded_batch_role() -> None:
-    limits = SchedulerLimits(min_residency_s=30.0, idle_ttl_s=float("inf"), tick_s=0.02)
-    node, _ = make_node([spec("x", 600), spec("voice", 600, interactive=True)], 1000, limits)
-    await use(node, "x")
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    await use(node, "voice")
-    assert loop.time() - t0 < 5.0
-    await node.shutdown()
+def test_a_revoked_lease_not_released_delays_the_stop_only_briefly() -> None:
+    limits = dataclasses.replace(LIMITS, drain_s=0.3)
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    held = bench.acquire("x")
+    bench.settle()
+    bench.acquire("y")
+    bench.at(0.3)
+    assert bench.of(RevokeLeases)
+    bench.at(0.3 + REVOKE_WAIT_S / 2)
+    assert bench.stops() == []
+    bench.at(0.3 + REVOKE_WAIT_S)
+    assert bench.stops() == ["x"]
+    bench.settle()
+    bench.release(held)  # a release of the stopped generation is ignored
+    assert bench.machine.role_view("x", bench.now)["in_flight"] == 0
 
 
-async def test_full_queue_is_refused_at_once_and_waits_time_out() -> None:
-    limits = SchedulerLimits(max_concurrency=1, max_queue=2, queue_timeout_s=0.3, tick_s=0.02)
-    node, _ = make_node([spec("a", 100)], 1000, limits)
-    held = await node.acquire("a")
-    waiting = [asyncio.create_task(node.acquire("a")) for _ in range(2)]
-    await asyncio.sleep(0.05)
-    with pytest.raises(QueueFullError) as full:
-        await node.acquire("a")
-    assert full.value.retry_after_s is not None
-    for task in waiting:
-        with pytest.raises(QueueTimeoutError):
-            await task
-    node.release(held)
-    await node.shutdown()
+def test_a_busy_role_drains_for_an_older_request_instead_of_starving_it() -> None:
+    limits = dataclasses.replace(LIMITS, max_concurrency=1, drain_s=10.0)
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    first = bench.acquire("x")
+    bench.settle()
+    bench.now = 1.0
+    older = bench.acquire("x")  # queued behind the one slot, before y came
+    bench.now = 2.0
+    y = bench.acquire("y")
+    bench.now = 3.0
+    newer = bench.acquire("x")  # after y: x must drain instead of serving it
+    bench.release(first)
+    assert bench.lease(older) is not None
+    bench.release(older)
+    assert bench.lease(newer) is None
+    assert bench.stops() == ["x"]
+    bench.settle()
+    assert bench.lease(y) is not None
+    assert bench.lease(newer) is None  # x loads again after y is done with the room
+    bench.release(y)
+    bench.settle()
+    assert bench.lease(newer) is not None
+    assert bench.violations == []
 
 
-async def test_concurrency_limit_hands_slots_over_in_order() -> None:
-    limits = SchedulerLimits(max_concurrency=1, tick_s=0.02)
-    node, _ = make_node([spec("a", 100)], 1000, limits)
-    first = await node.acquire("a")
-    second = asyncio.create_task(node.acquire("a"))
-    await asyncio.sleep(0.1)
-    assert not second.done()
-    node.release(first)
-    lease = await second
-    node.release(lease)
-    await node.shutdown()
+# --------------------------------------------------------------------------- unload
 
 
-async def test_excluded_roles_swap_when_the_winner_is_idle() -> None:
+def test_unload_takes_no_new_requests_and_loads_again_for_them_after() -> None:
+    bench = Bench([spec("x", 100)], 1000)
+    held = bench.acquire("x")
+    bench.settle()
+    unload = bench.unload("x")
+    newer = bench.acquire("x")  # a slot is free, but an unload was asked
+    assert not bench.answered(newer)
+    assert bench.stops() == []  # the request in flight finishes first
+    bench.release(held)
+    assert bench.stops() == ["x"]
+    assert FinishUnload(unload) not in bench.effects
+    bench.stop_done("x")
+    assert FinishUnload(unload) in bench.effects
+    assert bench.records("stopped")[0].label == "unload"
+    bench.settle()
+    lease = bench.lease(newer)
+    assert lease is not None
+    assert lease.generation != bench.lease(held).generation  # type: ignore[union-attr]
+    assert bench.starts() == ["x", "x"]
+
+
+def test_unloading_a_role_that_is_not_resident_returns_at_once() -> None:
+    bench = Bench([spec("x", 100)], 1000)
+    ticket = bench.unload("x")
+    assert bench.of(FinishUnload) == [FinishUnload(ticket)]
+    assert bench.stops() == []
+
+
+def test_unload_of_a_busy_role_revokes_its_leases_after_the_drain_time() -> None:
+    limits = dataclasses.replace(LIMITS, drain_s=2.0)
+    bench = Bench([spec("x", 100)], 1000, limits)
+    bench.acquire("x")
+    bench.settle()
+    bench.unload("x")
+    bench.at(1.9)
+    assert bench.of(RevokeLeases) == []
+    bench.at(2.0)
+    [revoke] = bench.of(RevokeLeases)
+    assert revoke.revocation.message == "role x was unloaded (rosterd unload) after --drain 2 s"
+
+
+# --------------------------------------------------------------------------- residency
+
+
+def test_a_just_loaded_role_is_protected_from_batch_ping_pong() -> None:
+    limits = dataclasses.replace(LIMITS, min_residency_s=0.5)
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000, limits)
+    bench.use("x")
+    y = bench.acquire("y")
+    bench.at(0.49)
+    assert bench.stops() == []
+    bench.at(0.5)  # x's minimum residency is over
+    assert bench.stops() == ["x"]
+    bench.settle()
+    assert bench.lease(y) is not None
+
+
+def test_an_interactive_role_may_evict_a_just_loaded_batch_role() -> None:
+    limits = dataclasses.replace(LIMITS, min_residency_s=30.0)
+    bench = Bench([spec("x", 600), spec("voice", 600, interactive=True)], 1000, limits)
+    bench.use("x")
+    voice = bench.acquire("voice")
+    assert bench.stops() == ["x"]  # at once, same instant
+    bench.settle()
+    assert bench.lease(voice) is not None
+
+
+def test_an_idle_non_sticky_batch_role_unloads_after_its_ttl_but_a_sticky_one_stays() -> None:
+    limits = dataclasses.replace(LIMITS, idle_ttl_s=0.2)
+    bench = Bench([spec("temp", 100, sticky=False), spec("keep", 100)], 1000, limits)
+    bench.use("temp")
+    bench.use("keep")
+    bench.at(0.19)
+    assert bench.stops() == []
+    bench.at(0.2)
+    assert bench.stops() == ["temp"]
+    bench.settle()
+    bench.at(100.0)
+    assert bench.machine.resident() == ("keep",)
+    [stopped] = bench.records("stopped")
+    assert stopped.cause.startswith("idle")
+    assert stopped.label == "idle_ttl"
+
+
+# --------------------------------------------------------------------------- exclusions
+
+
+def test_excluded_roles_swap_when_the_winner_is_idle() -> None:
     specs = [
         spec("scratch-a", 100, sticky=False, excludes=["scratch-b"]),
         spec("scratch-b", 100, sticky=False, excludes=["scratch-a"]),
     ]
-    node, backends = make_node(specs, 1000)
+    bench = Bench(specs, 1000)
     for role in ["scratch-a", "scratch-b", "scratch-a", "scratch-b"]:
-        assert await use(node, role) == role
-    assert backends.violations == []
-    assert backends.starts == ["scratch-a", "scratch-b", "scratch-a", "scratch-b"]
-    await node.shutdown()
+        bench.use(role)
+    assert bench.violations == []
+    assert bench.starts() == ["scratch-a", "scratch-b", "scratch-a", "scratch-b"]
+    assert {r.label for r in bench.records("stopped")} == {"exclusion"}
 
 
-async def test_batch_role_excluded_by_resident_interactive_role_is_refused() -> None:
-    specs = [spec("voice", 100, interactive=True, excludes=["b"]), spec("b", 100)]
-    node, _ = make_node(specs, 1000)
-    await use(node, "voice")
-    with pytest.raises(RoleRefusedError, match="voice"):
-        await node.acquire("b")
-    await node.shutdown()
+def test_a_batch_role_excluded_by_a_resident_interactive_role_is_refused() -> None:
+    bench = Bench([spec("voice", 100, interactive=True, excludes=["b"]), spec("b", 100)], 1000)
+    bench.use("voice")
+    assert_failed(bench, bench.acquire("b"), RoleRefusedError, "voice")
+    assert bench.records("refused")[0].role == "b"
 
 
-async def test_role_bigger_than_the_node_is_refused_with_numbers() -> None:
-    node, _ = make_node([spec("huge", 2000)], 1000)
-    with pytest.raises(RoleRefusedError, match="GiB"):
-        await node.acquire("huge")
-    await node.shutdown()
+@pytest.mark.parametrize(("busy", "waiting"), [("a", "b"), ("b", "a")])
+def test_a_busy_exclusion_winner_yields_after_the_drain_time(busy: str, waiting: str) -> None:
+    limits = dataclasses.replace(LIMITS, drain_s=0.3)
+    bench = Bench([spec("a", 100, sticky=False, excludes=["b"]), spec("b", 100)], 1000, limits)
+    held = bench.acquire(busy)
+    bench.settle()
+    ticket = bench.acquire(waiting)
+    bench.at(0.2)
+    assert bench.of(RevokeLeases) == []
+    bench.at(0.3)
+    [revoke] = bench.of(RevokeLeases)
+    assert revoke.revocation.message == (
+        f"role {busy} was unloaded for {waiting} (they exclude each other) after --drain 0.3 s"
+    )
+    bench.release(held)
+    stopping = bench.records("stopping")[0]
+    assert not stopping.cause.startswith("idle"), stopping.cause
+    assert "--drain 0.3 s" in stopping.cause
+    bench.settle()
+    assert bench.lease(ticket) is not None
+    assert bench.violations == []
 
 
-async def test_failed_load_fails_every_waiter_and_frees_the_role() -> None:
-    node, backends = make_node([spec("bad", 100)], 1000, fail=["bad"])
-    results = await asyncio.gather(*(node.acquire("bad") for _ in range(3)), return_exceptions=True)
-    assert all(isinstance(r, LoadFailedError) and "crashed" in str(r) for r in results)
-    assert backends.starts == ["bad"]
-    assert node.snapshot()["resident"] == []
-    await node.shutdown()
+# --------------------------------------------------------------------------- refusals and failures
 
 
-async def test_warm_up_load_never_evicts() -> None:
-    node, _ = make_node([spec("x", 600), spec("y", 600)], 1000)
-    sched = Scheduler({"n1": node})
-    await sched.load("x", no_evict=True)
-    with pytest.raises(RoleRefusedError, match="evict"):
-        await sched.load("y", no_evict=True)
-    assert node.snapshot()["resident"] == ["x"]
-    await sched.shutdown()
+def test_a_role_bigger_than_the_node_is_refused_with_numbers() -> None:
+    bench = Bench([spec("huge", 2000)], 1000)
+    assert_failed(bench, bench.acquire("huge"), RoleRefusedError, "GiB")
+    assert bench.starts() == []
 
 
-async def test_shutdown_refuses_new_requests_and_stops_every_backend() -> None:
-    node, backends = make_node([spec("a", 100), spec("b", 100)], 1000)
-    await use(node, "a")
-    await use(node, "b")
-    await node.shutdown()
-    assert sorted(backends.stops) == ["a", "b"]
-    assert backends.alive == set()
-    with pytest.raises(ShuttingDownError):
-        await node.acquire("a", timeout_s=1.0)
+def test_a_failed_load_fails_every_waiter_and_frees_the_role() -> None:
+    bench = Bench([spec("bad", 100)], 1000)
+    tickets = [bench.acquire("bad") for _ in range(3)]
+    error = "backend bad exited with code 1 before it was ready\nlast lines of /srv/logs/bad.log"
+    bench.load_done("bad", error=error)
+    for t in tickets:
+        message = assert_failed(bench, t, LoadFailedError)
+        assert message == (
+            "backend for role 'bad' failed to load: backend bad exited with code 1 before it "
+            "was ready; see `rosterd ps` / the backend log"
+        )
+    [failed] = bench.records("load_failed")
+    assert failed.cause == error  # the full error stays in the log
+    assert failed.resident == ()
+    assert bench.stops() == ["bad"]  # a half-started process must not keep holding memory
+    bench.acquire("bad")
+    assert bench.starts() == ["bad"]  # no new load before that stop returned
+    bench.stop_done("bad")
+    assert bench.starts() == ["bad", "bad"]
 
 
-async def test_busy_exclusion_winner_yields_after_the_drain_time() -> None:
-    limits = SchedulerLimits(drain_s=0.3, min_residency_s=0.0, tick_s=0.02)
+def test_a_failed_load_tells_clients_the_backends_short_message_when_it_has_one() -> None:
+    bench = Bench([spec("a", 100)], 1000)
+    ticket = bench.acquire("a")
+    bench._answer(StartBackend("a"))
+    short = "port 8310 is in use by another process; stop it or give the role another port"
+    long = "port 8310 on 127.0.0.1 is already in use by pid 13484 (llama-server -m x.gguf)"
+    bench.send(LoadDone(bench.now, "a", error=long, client_message=short))
+    message = assert_failed(bench, ticket, LoadFailedError)
+    assert (
+        message
+        == f"backend for role 'a' failed to load: {short}; see `rosterd ps` / the backend log"
+    )
+    assert "pid 13484" in bench.records("load_failed")[0].cause
+
+
+def test_a_warm_up_load_never_evicts() -> None:
+    bench = Bench([spec("x", 600), spec("y", 600)], 1000)
+    x = bench.acquire("x", take_slot=False, no_evict=True)
+    bench.settle()
+    assert bench.lease(x) is not None
+    assert bench.records("loaded")[0].label == "warm-up"
+    assert_failed(
+        bench, bench.acquire("y", take_slot=False, no_evict=True), RoleRefusedError, "evict"
+    )
+    assert bench.machine.resident() == ("x",)
+    gauges = [g for g in bench.of(UpdateGauges) if g.role == "x"]
+    assert gauges[-1] == UpdateGauges("x", 0, 0)  # a warm-up takes no slot and left the queue
+
+
+# --------------------------------------------------------------------------- queue
+
+
+def test_a_full_queue_is_refused_at_once_and_waits_time_out() -> None:
+    limits = dataclasses.replace(LIMITS, max_concurrency=1, max_queue=2, queue_timeout_s=0.3)
+    bench = Bench([spec("a", 100)], 1000, limits)
+    held = bench.acquire("a", timeout_s=0.3)
+    bench.settle()
+    waiting = [bench.acquire("a", timeout_s=0.3) for _ in range(2)]
+    full = bench.failure(bench.acquire("a", timeout_s=0.3))
+    assert full is not None
+    assert full.error is QueueFullError
+    assert full.retry_after_s is not None
+    assert full.retry_after_s >= 1.0
+    bench.at(0.29)
+    assert not any(bench.answered(t) for t in waiting)
+    bench.at(0.3)
+    for t in waiting:
+        message = assert_failed(
+            bench, t, QueueTimeoutError, r"^role 'a' was not ready within 0.3 s"
+        )
+        assert bench.failure(t).retry_after_s is not None  # type: ignore[union-attr]
+        assert message.endswith("(still loading or busy)")
+    bench.release(held)
+
+
+def test_the_concurrency_limit_hands_slots_over_in_order() -> None:
+    bench = Bench([spec("a", 100)], 1000, dataclasses.replace(LIMITS, max_concurrency=1))
+    first = bench.acquire("a")
+    bench.settle()
+    second = bench.acquire("a")
+    third = bench.acquire("a")
+    assert not bench.answered(second)
+    bench.release(first)
+    assert bench.lease(second) is not None
+    assert not bench.answered(third)
+    bench.release(second)
+    assert bench.lease(third) is not None
+
+
+def test_a_wait_reason_is_logged_once_while_it_lasts() -> None:
+    # x was loaded recently and serves a steady trickle: y's wait reason flips between
+    # "x has requests in flight" and "x loaded too recently" with every request.
+    limits = dataclasses.replace(LIMITS, min_residency_s=1.0, drain_s=30.0, max_concurrency=1)
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    bench.use("x")
+    y = bench.acquire("y")
+    for step in range(1, 10):
+        bench.now = step * 0.1
+        bench.use("x")
+        bench.at(step * 0.1 + 0.05)
+    bench.at(1.0)
+    bench.settle()
+    assert bench.lease(y) is not None
+    waits = [n.message for n in bench.of(LogNote) if n.message.startswith("y waits: ")]
+    assert 1 <= len(waits) <= 2, waits
+
+
+# --------------------------------------------------------------------------- crashes
+
+
+def test_a_crashed_role_waits_for_its_restart_then_serves_with_the_new_pid() -> None:
+    bench = Bench([spec("a", 100)], 1000)
+    old = bench.use("a")
+    bench.send(BackendChanged(bench.now, "a", "exited", pid=111, exit_reason="was killed"))
+    bench.send(BackendChanged(bench.now, "a", "restarting", pid=111))
+    waiting = bench.acquire("a")
+    assert not bench.answered(waiting)  # no 502 at once: it waits as for a load
+    view = bench.machine.role_view("a", bench.now)
+    assert (view["phase"], view["pid"]) == ("restarting", None)
+    assert bench.machine.resident() == ("a",)  # the restart holds its memory
+    bench.send(BackendChanged(bench.now, "a", "restart_failed", detail="not yet"))
+    assert not bench.answered(waiting)  # the supervisor tries again
+    bench.send(BackendChanged(bench.now, "a", "ready", pid=222))
+    lease = bench.lease(waiting)
+    assert lease is not None
+    assert lease.endpoint == Endpoint("http://127.0.0.1:1/a", "a", 222)
+    assert lease.generation != bench.lease(old).generation  # type: ignore[union-attr]
+    assert bench.starts() == ["a"]  # the supervisor restarted it, not a new load
+    assert [r.kind for r in bench.of(RecordEvent)][-2:] == ["crashed", "restarted"]
+    assert bench.records("crashed")[0].cause == "backend pid 111 was killed; restarting"
+
+
+def test_a_restart_given_up_fails_the_waiters_and_frees_the_role() -> None:
+    bench = Bench([spec("a", 100)], 1000)
+    bench.use("a")
+    bench.send(BackendChanged(bench.now, "a", "exited", pid=111))
+    waiting = bench.acquire("a")
+    detail = "gave up: backend a exited with code 1\nlast lines of /var/x.log"
+    bench.send(BackendChanged(bench.now, "a", "restart_failed", detail=detail, final=True))
+    message = assert_failed(bench, waiting, LoadFailedError, "could not be restarted")
+    assert "/var/x.log" not in message
+    assert "rosterd ps" in message
+    assert any("/var/x.log" in n.message for n in bench.of(LogNote))  # the detail is logged
+    assert bench.machine.resident() == ()
+    assert bench.phase("a") == Phase.STOPPED.value
+    bench.use("a")  # a later request loads it again, as any role that is not resident
+    assert bench.starts() == ["a", "a"]
+
+
+# --------------------------------------------------------------------------- shutdown
+
+
+def test_shutdown_fails_waiters_drains_leases_then_stops_every_backend() -> None:
+    limits = dataclasses.replace(LIMITS, max_concurrency=1, drain_s=2.0)
+    bench = Bench([spec("a", 100), spec("b", 100)], 1000, limits)
+    bench.use("b")
+    held = bench.acquire("a")
+    bench.settle()
+    queued = bench.acquire("a")
+    bench.send(Shutdown(bench.now))
+    unload = bench.unload("b")  # answered once shutdown stopped it
+    assert_failed(bench, queued, ShuttingDownError)
+    assert bench.stops() == []  # a request in flight gets drain_s to finish
+    assert_failed(bench, bench.acquire("b"), ShuttingDownError)
+    bench.at(1.9)
+    assert bench.stops() == []
+    bench.at(2.0)
+    [revoke] = bench.of(RevokeLeases)
+    assert revoke.revocation == Revocation(
+        "shutting_down", "rosterd is shutting down; role a was stopped after --drain 2 s"
+    )
+    bench.release(held)
+    bench.settle()
+    assert sorted(bench.stops()) == ["a", "b"]
+    assert {r.label for r in bench.records("stopped")} == {"shutdown"}
+    assert bench.effects[-2:] == [FinishUnload(unload), FinishShutdown()]
+    assert bench.alive == set()
+
+
+def test_shutdown_after_the_requests_finished_stops_at_once() -> None:
+    bench = Bench([spec("a", 100)], 1000)
+    held = bench.acquire("a")
+    bench.settle()
+    bench.send(Shutdown(bench.now))
+    bench.release(held)
+    assert bench.stops() == ["a"]  # no drain left to wait for
+    bench.settle()
+    assert bench.of(FinishShutdown) == [FinishShutdown()]
+
+
+def test_shutdown_aborts_a_load_under_way_instead_of_waiting_for_it() -> None:
+    bench = Bench([spec("big", 100)], 1000)
+    waiter = bench.acquire("big")
+    bench.send(Shutdown(bench.now))
+    assert_failed(bench, waiter, ShuttingDownError)
+    assert bench.stops() == ["big"]  # at once, while its start is still running
+    bench.stop_done("big")
+    assert bench.of(FinishShutdown) == []  # the start has not answered yet
+    bench.load_done("big", error="big was stopped before it was ready")
+    assert bench.of(FinishShutdown) == [FinishShutdown()]
+    assert bench.machine.resident() == ()
+    assert bench.stops() == ["big"]
+
+
+def test_a_load_that_wins_the_race_with_shutdown_is_stopped_all_the_same() -> None:
+    bench = Bench([spec("a", 100)], 1000)
+    waiter = bench.acquire("a")
+    bench.send(Shutdown(bench.now))
+    bench.load_done("a")  # it was ready just before the stop reached it
+    assert bench.lease(waiter) is None  # its waiter was failed already
+    bench.stop_done("a")
+    assert bench.of(FinishShutdown) == [FinishShutdown()]
+    assert bench.machine.resident() == ()
+    assert bench.records("stopped")[0].label == "shutdown"
+
+
+# --------------------------------------------------------------------------- labels, helpers
+
+
+def test_eviction_causes_are_a_short_fixed_set_of_metric_labels() -> None:
+    limits = dataclasses.replace(LIMITS, drain_s=0.3, idle_ttl_s=0.3)
     specs = [
         spec("scratch-a", 100, sticky=False, excludes=["scratch-b"]),
         spec("scratch-b", 100, sticky=False),
+        spec("big", 700),
+        spec("other", 700),
     ]
-    node, backends = make_node(specs, 1000, limits)
-    held = await node.acquire("scratch-a")  # the winner stays busy
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    assert await use(node, "scratch-b") == "scratch-b"
-    assert 0.25 <= loop.time() - t0 < 3.0
-    assert backends.violations == []
-    node.release(held)
-    await node.shutdown()
+    bench = Bench(specs, 1000, limits)
+    bench.use("scratch-a")
+    bench.use("scratch-b")  # scratch-a yields: exclusion
+    bench.at(1.0)  # scratch-b unloads: idle_ttl
+    bench.settle()
+    bench.use("big")
+    bench.use("other")  # big makes room: make_room
+    held = bench.acquire("other")
+    bench.settle()
+    big = bench.acquire("big")
+    bench.at(1.3)  # other is busy past --drain: drain
+    bench.release(held)
+    bench.settle()
+    bench.release(big)
+    bench.unload("big")  # unload
+    bench.settle()
+    bench.use("scratch-a")
+    bench.send(Shutdown(bench.now))  # shutdown
+    bench.settle()
+    labels = {(r.role, r.label) for r in bench.records("stopped")}
+    assert labels == {
+        ("scratch-a", "exclusion"),
+        ("scratch-b", "idle_ttl"),
+        ("big", "make_room"),
+        ("other", "drain"),
+        ("big", "unload"),
+        ("scratch-a", "shutdown"),
+    }
+    assert {r.label for r in bench.records("loaded")} == {"request"}
 
 
-async def test_busy_role_drains_for_an_older_request_instead_of_starving_it() -> None:
-    limits = SchedulerLimits(max_concurrency=1, drain_s=10.0, min_residency_s=0.0, tick_s=0.02)
-    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
-    loop = asyncio.get_running_loop()
-    stop_at = loop.time() + 4.0
-    served_y = asyncio.Event()
+def test_the_machine_is_deterministic() -> None:
+    def run() -> list[Effect]:
+        bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000)
+        for role in ["x", "y", "x"]:
+            bench.use(role)
+        return bench.effects
 
-    async def keep_x_busy() -> int:
-        done = 0
-        while not served_y.is_set() and loop.time() < stop_at:
-            await use(node, "x", hold_s=0.05)
-            done += 1
-        return done
-
-    workers = [asyncio.create_task(keep_x_busy()) for _ in range(3)]
-    await asyncio.sleep(0.3)  # x is loaded and never idle from here on
-    t0 = loop.time()
-    assert await use(node, "y") == "y"
-    served_y.set()
-    waited = loop.time() - t0
-    assert sum(await asyncio.gather(*workers)) > 3  # x was served, and no request failed
-    assert waited < 2.0, f"y waited {waited:.1f} s behind newer x requests"
-    assert backends.violations == []
-    await node.shutdown()
-
-
-class SlowToStart:
-    """A backend whose start takes a minute unless stop() interrupts it (as the supervisor)."""
-
-    def __init__(self) -> None:
-        self.stopped = asyncio.Event()
-        self.started = asyncio.Event()
-
-    async def start(self, role: str) -> Endpoint:
-        self.started.set()
-        try:
-            async with asyncio.timeout(60):
-                await self.stopped.wait()
-        except TimeoutError:
-            return Endpoint("http://127.0.0.1:1", role)
-        raise RuntimeError(f"{role} was stopped before it was ready")
-
-    async def stop(self, role: str) -> None:
-        self.stopped.set()
-
-
-async def test_shutdown_aborts_a_load_under_way_instead_of_waiting_for_it() -> None:
-    backends = SlowToStart()
-    node = NodeScheduler("n1", 1000 * MIB, {"big": spec("big", 100)}, backends, limits=FAST)
-    node.start()
-    waiter = asyncio.create_task(node.acquire("big"))
-    await backends.started.wait()
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    await node.shutdown()
-    assert loop.time() - t0 < 5.0
-    assert node.snapshot()["resident"] == []
-    with pytest.raises((ShuttingDownError, LoadFailedError)):
-        await waiter
-
-
-async def test_a_crashed_role_waits_for_its_restart_then_serves_with_the_new_pid() -> None:
-    node, backends = make_node([spec("a", 100)], 1000)
-    assert await use(node, "a") == "a"
-    node.backend_event(BackendEvent("a", "exited", pid=111, exit_code=-9))
-    node.backend_event(BackendEvent("a", "restarting", pid=111, delay_s=0.5))
-    waiting = asyncio.create_task(node.acquire("a"))
-    await asyncio.sleep(0.1)
-    assert not waiting.done()  # no 502 at once: it waits as for a load
-    info = node.snapshot()["roles"]["a"]  # type: ignore[index]
-    assert info["phase"] == "restarting"
-    assert info["pid"] is None
-    assert node.snapshot()["resident"] == ["a"]  # the restart holds its memory
-    node.backend_event(BackendEvent("a", "restart_failed", detail="not yet"))
-    await asyncio.sleep(0.1)
-    assert not waiting.done()  # the supervisor tries again
-    node.backend_event(BackendEvent("a", "ready", pid=222))
-    lease = await asyncio.wait_for(waiting, 2)
-    assert lease.endpoint.pid == 222
-    assert lease.endpoint.base_url == "http://127.0.0.1:1/a"
-    node.release(lease)
-    info = node.snapshot()["roles"]["a"]  # type: ignore[index]
-    assert (info["phase"], info["pid"]) == ("ready", 222)
-    assert backends.starts == ["a"]  # the supervisor restarted it, not a new load
-    assert [e.kind for e in node.events][-2:] == ["crashed", "restarted"]
-    await node.shutdown()
-
-
-async def test_a_restart_given_up_fails_the_waiters_and_frees_the_role() -> None:
-    node, backends = make_node([spec("a", 100)], 1000)
-    assert await use(node, "a") == "a"
-    node.backend_event(BackendEvent("a", "exited", pid=111, exit_code=1))
-    waiting = asyncio.create_task(node.acquire("a"))
-    await asyncio.sleep(0.1)
-    node.backend_event(
-        BackendEvent(
-            "a",
-            "restart_failed",
-            detail="gave up: backend a exited with code 1\nlast lines of /var/x.log",
-            final=True,
-        )
-    )
-    with pytest.raises(LoadFailedError, match="could not be restarted") as info:
-        await asyncio.wait_for(waiting, 2)
-    assert "/var/x.log" not in str(info.value)
-    assert "rosterd ps" in str(info.value)
-    assert node.snapshot()["resident"] == []
-    assert node.snapshot()["roles"]["a"]["phase"] == "stopped"  # type: ignore[index]
-    # A later request loads it again, as any role that is not resident.
-    assert await use(node, "a") == "a"
-    assert backends.starts == ["a", "a"]
-    await node.shutdown()
-
-
-async def test_an_unavailable_role_fails_at_once_without_a_load() -> None:
-    by_role = {"a": spec("a", 100), "b": spec("b", 100)}
-    backends = FakeBackends(by_role, 1000 * MIB)
-    why = "role a: models: a: /srv/models/a.gguf does not exist"
-    node = NodeScheduler("n1", 1000 * MIB, by_role, backends, limits=FAST, unavailable={"a": why})
-    node.start()
-    with pytest.raises(RoleUnavailableError, match=r"role 'a' is unavailable: .*a\.gguf") as info:
-        await node.acquire("a")
-    assert "/srv/models" not in str(info.value)
-    with pytest.raises(RoleUnavailableError):
-        await node.acquire("a", take_slot=False)  # rosterd load, warm-up
-    assert await use(node, "b") == "b"
-    assert backends.starts == ["b"]  # never tried to load a
-    roles = node.snapshot()["roles"]
-    assert roles["a"]["phase"] == "unavailable"  # type: ignore[index]
-    assert roles["a"]["unavailable_reason"] == why  # type: ignore[index]
-    assert roles["b"]["unavailable_reason"] is None  # type: ignore[index]
-    await node.shutdown()
-
-
-class TailError(Exception):
-    pass
-
-
-async def test_a_failed_load_tells_the_client_the_reason_without_paths_or_log_tail() -> None:
-    class Failing(FakeBackends):
-        async def start(self, role: str) -> Endpoint:
-            raise TailError(
-                "backend a exited with code 1 before it was ready\n"
-                "last lines of /home/op/.local/state/rosterd/logs/a.log:\n"
-                "  | /opt/llama/bin/llama-server -m /srv/models/a.gguf --port 9"
-            )
-
-    by_role = {"a": spec("a", 100)}
-    node = NodeScheduler("n1", 1000 * MIB, by_role, Failing(by_role, 1000 * MIB), limits=FAST)
-    node.start()
-    with pytest.raises(LoadFailedError) as info:
-        await node.acquire("a")
-    message = str(info.value)
-    assert message == (
-        "backend for role 'a' failed to load: backend a exited with code 1 before it was "
-        "ready; see `rosterd ps` / the backend log"
-    )
-    assert node.events[-1].kind == "load_failed"
-    assert "/srv/models/a.gguf" in node.events[-1].cause  # the full error stays in the log
-    await node.shutdown()
-
-
-async def test_a_port_in_use_tells_the_client_neither_the_pid_nor_the_command_line() -> None:
-    class PortTaken(FakeBackends):
-        async def start(self, role: str) -> Endpoint:
-            holder = "pid 13484 (llama-server: llama-server -m tiny-voice.gguf --host 127.0.0.1)"
-            raise PortInUseError("127.0.0.1", 8310, holder)
-
-    by_role = {"a": spec("a", 100)}
-    node = NodeScheduler("n1", 1000 * MIB, by_role, PortTaken(by_role, 1000 * MIB), limits=FAST)
-    node.start()
-    with pytest.raises(LoadFailedError) as info:
-        await node.acquire("a")
-    assert str(info.value) == (
-        "backend for role 'a' failed to load: port 8310 is in use by another process; "
-        "stop it or give the role another port; see `rosterd ps` / the backend log"
-    )
-    assert "pid 13484" in node.events[-1].cause  # the detail stays in the log
-    await node.shutdown()
+    assert run() == run()
 
 
 def test_client_reason_cuts_paths_but_not_urls() -> None:
@@ -522,186 +761,38 @@ def test_client_reason_cuts_paths_but_not_urls() -> None:
     assert len(client_reason("y" * 1000)) == 300
 
 
-async def test_evicting_a_busy_role_revokes_its_leases_so_the_stop_is_prompt() -> None:
-    limits = dataclasses.replace(FAST, drain_s=0.3)
-    node, backends = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
-    held = await node.acquire("x")
-    assert held.revoked is not None
+# --------------------------------------------------------------------------- the page and purity
 
-    async def hold_until_revoked() -> Revocation:
-        assert held.revoked is not None
-        try:
-            return await held.revoked  # what the router does: end the request, release
-        finally:
-            node.release(held)
-
-    holder = asyncio.create_task(hold_until_revoked())
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    assert await use(node, "y") == "y"
-    assert loop.time() - t0 < 1.2  # drain time, then a prompt stop
-    revocation = await holder
-    assert revocation.code == "evicted"
-    assert revocation.message == "role x was unloaded to make room for y after --drain 0.3 s"
-    stopping = [e for e in node.events if e.kind == "stopping" and e.role == "x"]
-    assert "1 request(s) in flight cut after --drain 0.3 s" in stopping[0].cause
-    assert backends.stops == ["x"]
-    await node.shutdown()
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "scheduler.md"
 
 
-@pytest.mark.parametrize(("busy", "waiting"), [("a", "b"), ("b", "a")])
-async def test_a_busy_excluded_role_is_not_logged_as_idle_when_it_yields(
-    busy: str, waiting: str
-) -> None:
-    limits = SchedulerLimits(drain_s=0.3, min_residency_s=0.0, tick_s=0.02)
-    node, _ = make_node(
-        [spec("a", 100, sticky=False, excludes=["b"]), spec("b", 100)], 1000, limits
-    )
-    held = await node.acquire(busy)
-    assert held.revoked is not None
-    held.revoked.add_done_callback(lambda _: node.release(held))
-    assert await use(node, waiting) == waiting
-    assert held.revoked.result().message == (
-        f"role {busy} was unloaded for {waiting} (they exclude each other) after --drain 0.3 s"
-    )
-    stopping = next(e for e in node.events if e.kind == "stopping" and e.role == busy)
-    assert not stopping.cause.startswith("idle"), stopping.cause
-    assert "--drain 0.3 s" in stopping.cause
-    await node.shutdown()
+def test_the_state_table_names_every_phase_event_and_effect() -> None:
+    page = DOCS.read_text(encoding="utf-8")
+    names = [p.value for p in Phase]
+    names += [t.__name__ for t in get_args(Event)]
+    names += [t.__name__ for t in get_args(Effect)]
+    missing = [n for n in names if f"`{n}`" not in page]
+    assert missing == [], f"docs/scheduler.md does not name {missing}"
 
 
-async def test_unload_takes_no_new_requests_and_loads_again_for_them_after() -> None:
-    limits = dataclasses.replace(FAST, max_concurrency=4, drain_s=5.0)
-    node, backends = make_node([spec("x", 100)], 1000, limits)
-    held = await node.acquire("x")
-    unload = asyncio.create_task(node.unload("x"))
-    await asyncio.sleep(0.1)
-    newer = asyncio.create_task(node.acquire("x"))  # a slot is free, but an unload was asked
-    await asyncio.sleep(0.2)
-    assert not newer.done()
-    assert not unload.done()
-    node.release(held)
-    await asyncio.wait_for(unload, 2.0)
-    lease = await asyncio.wait_for(newer, 2.0)
-    assert lease.generation != held.generation  # served by the backend loaded again
-    node.release(lease)
-    assert backends.starts == ["x", "x"]
-    assert backends.stops == ["x"]
-    await node.shutdown()
+def test_the_machine_imports_no_clock_no_asyncio_and_no_logging() -> None:
+    import ast
 
+    import rosterd.scheduler.events as events_module
+    import rosterd.scheduler.machine as machine_module
+    import rosterd.scheduler.state as state_module
 
-async def test_eviction_causes_are_a_short_fixed_set_of_metric_labels() -> None:
-    limits = SchedulerLimits(
-        drain_s=0.3, min_residency_s=0.0, idle_ttl_s=0.3, tick_s=0.02, max_concurrency=4
-    )
-    specs = {
-        s.role: s
-        for s in [
-            spec("scratch-a", 100, sticky=False, excludes=["scratch-b"]),
-            spec("scratch-b", 100, sticky=False),
-            spec("big", 700),
-            spec("other", 700),
-        ]
-    }
-    metrics = RosterdMetrics()
-    backends = FakeBackends(specs, 1000 * MIB)
-    node = NodeScheduler("n1", 1000 * MIB, specs, backends, limits=limits, metrics=metrics)
-    node.start()
-    await use(node, "scratch-a")
-    await use(node, "scratch-b")  # scratch-a yields: exclusion
-    await asyncio.sleep(0.6)  # scratch-b unloads: idle_ttl
-    await use(node, "big")
-    await use(node, "other")  # big makes room: make_room
-    held = await node.acquire("other")
-    assert held.revoked is not None
-    held.revoked.add_done_callback(lambda _: node.release(held))
-    await use(node, "big")  # other is busy past --drain: drain
-    await node.unload("big")  # unload
-    await use(node, "scratch-a")
-    await node.shutdown()  # shutdown
-    text = metrics.render().decode()
-    labels = {
-        (m["role"], m["cause"])
-        for m in (
-            dict(re.findall(r'(\w+)="([^"]*)"', line))
-            for line in text.splitlines()
-            if line.startswith("rosterd_evictions_total{")
-        )
-    }
-    assert labels == {
-        ("scratch-a", "exclusion"),
-        ("scratch-b", "idle_ttl"),
-        ("big", "make_room"),
-        ("other", "drain"),
-        ("big", "unload"),
-        ("scratch-a", "shutdown"),
-    }
-
-
-async def test_a_wait_reason_is_logged_once_while_it_lasts(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # x was loaded recently and serves a steady trickle: y's wait reason flips between
-    # "x has requests in flight" and "x loaded too recently" with every request.
-    limits = SchedulerLimits(min_residency_s=1.0, drain_s=30.0, tick_s=0.02, max_concurrency=1)
-    node, _ = make_node([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
-    await use(node, "x")
-    caplog.set_level(logging.INFO, logger="rosterd.scheduler")
-    loop = asyncio.get_running_loop()
-    stop_at = loop.time() + 0.8
-
-    async def trickle() -> None:
-        while loop.time() < stop_at:
-            await use(node, "x", hold_s=0.02)
-            await asyncio.sleep(0.01)
-
-    worker = asyncio.create_task(trickle())
-    await asyncio.sleep(0.05)
-    assert await use(node, "y") == "y"
-    await worker
-    waits = [r.getMessage() for r in caplog.records if " y waits: " in r.getMessage()]
-    assert 1 <= len(waits) <= 2, waits
-    await node.shutdown()
-
-
-async def test_shutdown_while_a_load_finishes_ends_its_waiters_without_an_internal_error(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # Ctrl-C while a role loads: shutdown ends the waiters, then the load completes.
-    # Handing the finished load to those waiters used to raise InvalidStateError.
-    node, backends = make_node([spec("a", 100)], 1000, load_s=0.3)
-    waiter = asyncio.create_task(node.acquire("a"))
-    await asyncio.sleep(0.1)
-    assert backends.starts == ["a"]
-    with caplog.at_level(logging.ERROR, logger="rosterd.scheduler"):
-        await node.shutdown()
-    with pytest.raises((ShuttingDownError, LoadFailedError)):
-        await waiter
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
-    assert node.snapshot()["resident"] == []
-
-
-async def test_queued_gauge_is_zero_once_a_warm_up_load_is_done() -> None:
-    metrics = RosterdMetrics()
-    by_role = {"a": spec("a", 100)}
-    backends = FakeBackends(by_role, 1000 * MIB)
-    node = NodeScheduler("n1", 1000 * MIB, by_role, backends, limits=FAST, metrics=metrics)
-    node.start()
-    await node.acquire("a", take_slot=False)
-    assert metrics.registry.get_sample_value("rosterd_queued", {"role": "a"}) == 0
-    assert metrics.registry.get_sample_value("rosterd_in_flight", {"role": "a"}) == 0
-    await node.shutdown()
-
-
-async def test_waiter_leaving_mid_load_is_skipped_without_an_internal_error(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    node, _ = make_node([spec("a", 100)], 1000, load_s=0.3)
-    leaving = asyncio.create_task(node.acquire("a"))
-    staying = asyncio.create_task(use(node, "a"))
-    await asyncio.sleep(0.1)
-    with caplog.at_level(logging.ERROR, logger="rosterd.scheduler"):
-        leaving.cancel()  # the client goes away while the load is under way
-        assert await asyncio.wait_for(staying, 5) == "a"
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
-    await node.shutdown()
+    for module in (machine_module, state_module, events_module):
+        assert module.__file__ is not None
+        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+        }
+        assert imported.isdisjoint({"asyncio", "time", "logging"}), (module.__name__, imported)

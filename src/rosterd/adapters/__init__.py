@@ -1,10 +1,16 @@
 """Adapters (DESIGN.md layer 4): one module per flavor behind the ``Adapter`` Protocol.
 
-``adapter_for(flavor)`` gives the default adapter of a flavor; the values they
-build (``Launch``, ``HttpProbe``) are what the supervisor runs and probes.
+``ADAPTERS`` is the registry (flavor -> the adapter's class, built with its
+defaults) and ``adapter_for(flavor)`` looks it up: adding a backend is one
+module and one line here, and nothing else asks which flavor it holds. The
+values adapters build (``Launch``, ``HttpProbe``) are what the supervisor runs
+and probes; a flavor with one server per node declares ``shared_server``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from rosterd.adapters.base import (
     Adapter,
@@ -12,6 +18,7 @@ from rosterd.adapters.base import (
     HttpProbe,
     Launch,
     ResolvedWeights,
+    SharedServer,
     WeightsSource,
     one_token_completion,
 )
@@ -21,6 +28,7 @@ from rosterd.adapters.ollama import OllamaAdapter, OllamaError
 from rosterd.spec import InferFlavor
 
 __all__ = [
+    "ADAPTERS",
     "Adapter",
     "AdapterError",
     "HttpProbe",
@@ -30,6 +38,7 @@ __all__ = [
     "OllamaAdapter",
     "OllamaError",
     "ResolvedWeights",
+    "SharedServer",
     "WeightsSource",
     "adapter_for",
     "find_llama_server",
@@ -37,10 +46,16 @@ __all__ = [
 ]
 
 
+#: The adapter of each flavor (a class, called with no arguments for its defaults).
+ADAPTERS: Mapping[InferFlavor, Callable[[], Adapter]] = MappingProxyType(
+    {
+        InferFlavor.LLAMACPP: LlamaCppAdapter,
+        InferFlavor.MLX_LM: MlxLmAdapter,
+        InferFlavor.OLLAMA: OllamaAdapter,
+    }
+)
+
+
 def adapter_for(flavor: InferFlavor) -> Adapter:
-    """The default adapter for ``flavor``: llama-server, mlx_lm.server or ollama."""
-    if flavor is InferFlavor.LLAMACPP:
-        return LlamaCppAdapter()
-    if flavor is InferFlavor.MLX_LM:
-        return MlxLmAdapter()
-    return OllamaAdapter()
+    """The default adapter for ``flavor`` from ``ADAPTERS``: llama-server, mlx_lm.server, ollama."""
+    return ADAPTERS[flavor]()

@@ -15,10 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rosterd.errors import RosterdError
 from rosterd.spec import InferenceSpec, InferFlavor
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class AdapterError(RosterdError):
@@ -102,6 +105,38 @@ class ResolvedWeights:
     size_bytes: int = 0
 
 
+class SharedServer(Protocol):
+    """The capability of a flavor whose one server per node serves every role (ollama).
+
+    A role of such a flavor is not a process: the node runs ``server_launch``
+    once, a role becomes resident with ``load`` and leaves with ``unload``, and
+    ``resident`` says what the server holds. ``client`` is an httpx client whose
+    base URL is the server's; ``timeout_s`` in seconds. The three calls raise
+    ``AdapterError`` subclasses when the server refuses or does not answer.
+    """
+
+    @property
+    def default_port(self) -> int:
+        """Where the server listens unless the role names a port."""
+        ...
+
+    def server_launch(self, *, host: str, port: int) -> Launch:
+        """The node's one server, listening on ``host``:``port``."""
+        ...
+
+    async def load(self, client: httpx.AsyncClient, model: str, *, timeout_s: float) -> None:
+        """Make ``model`` resident until unloaded; returns once the server holds it."""
+        ...
+
+    async def unload(self, client: httpx.AsyncClient, model: str, *, timeout_s: float) -> None:
+        """Ask the server to drop ``model`` (its memory may be freed later; see ``resident``)."""
+        ...
+
+    async def resident(self, client: httpx.AsyncClient, *, timeout_s: float) -> dict[str, int]:
+        """The models the server holds now: model name -> size in bytes."""
+        ...
+
+
 class Adapter(Protocol):
     """One flavor's pure builders (DESIGN.md layer 4).
 
@@ -113,8 +148,9 @@ class Adapter(Protocol):
     def flavor(self) -> InferFlavor: ...
 
     @property
-    def shared_server(self) -> bool:
-        """Whether one server per node serves every role (ollama) instead of one per role."""
+    def shared_server(self) -> SharedServer | None:
+        """The shared-server capability when one server per node serves every role
+        (ollama); ``None`` when each role is its own process."""
         ...
 
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:

@@ -112,9 +112,9 @@ class LlamaCppAdapter(OpenAICompatible):
         return InferFlavor.LLAMACPP
 
     @property
-    def shared_server(self) -> bool:
-        """``False``: one server process per role."""
-        return False
+    def shared_server(self) -> None:
+        """``None``: one server process per role."""
+        return None
 
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         """The launch serving ``source.path`` (a ``.gguf`` file) under the role's model name.

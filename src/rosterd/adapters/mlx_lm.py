@@ -42,9 +42,9 @@ class MlxLmAdapter(OpenAICompatible):
         return InferFlavor.MLX_LM
 
     @property
-    def shared_server(self) -> bool:
-        """``False``: one ``mlx_lm.server`` process per role."""
-        return False
+    def shared_server(self) -> None:
+        """``None``: one ``mlx_lm.server`` process per role."""
+        return None
 
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         """The launch serving the model folder ``source.path``; served name is that path.

@@ -50,9 +50,14 @@ class OllamaAdapter:
         return InferFlavor.OLLAMA
 
     @property
-    def shared_server(self) -> bool:
-        """``True``: start ``server_launch`` once per node, then ``load``/``unload`` roles."""
-        return True
+    def shared_server(self) -> OllamaAdapter:
+        """Itself: ``server_launch`` once per node, then ``load``/``unload`` roles into it."""
+        return self
+
+    @property
+    def default_port(self) -> int:
+        """``DEFAULT_OLLAMA_PORT``, where ``ollama serve`` listens unless told otherwise."""
+        return DEFAULT_OLLAMA_PORT
 
     def server_launch(self, *, host: str, port: int = DEFAULT_OLLAMA_PORT) -> Launch:
         """The node's one ``ollama serve``, listening on ``host``:``port`` (``OLLAMA_HOST``).

@@ -1,0 +1,234 @@
+"""The backends boundary (between DESIGN.md layers 5 and 6): how a node's scheduler reaches
+the backends of its roles.
+
+The node scheduler decides; whatever implements this boundary acts. It is the
+scheduler's syscall table: :class:`RoleBackends` (start a role, stop a role)
+and :class:`BackendEventSource` (what happened to a backend by itself: a
+crash, a restart, a restart given up). Everything that crosses it is a plain,
+picklable value (role ids, :class:`Endpoint`, ``BackendEvent``) and every call
+is async, so the same boundary can be served by a node agent on another
+machine; here it is :class:`SupervisorBackends`, over the local supervisor and
+the flavor adapters.
+
+A flavor with one server per node (ollama) declares the capability on its
+adapter (``Adapter.shared_server``); this module asks for the capability, never
+for the adapter's type. httpx (the project's HTTP client) talks to a shared
+server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+
+from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
+from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.supervisor import Backend, BackendEvent, Supervisor, ready_timeout_for
+
+#: How long an unload waits for a shared server to answer, seconds.
+_SHARED_UNLOAD_S = 30.0
+#: How long a shared server may take to free a model's memory after an unload, seconds.
+_SHARED_FREE_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A ready backend: ``base_url`` (``http://host:port``, no trailing slash), the model
+    name it answers to (``served_model``) and its process id (``None`` if not a local process).
+    """
+
+    base_url: str
+    served_model: str
+    pid: int | None = None
+
+
+class RoleBackends(Protocol):
+    """How a node scheduler starts and stops a role's backend (the syscall table).
+
+    The node scheduler calls ``start`` and ``stop`` only as its state machine
+    says: never two transitions of one node at once, except that shutdown stops
+    a role whose start is under way. Arguments and results are plain values.
+    """
+
+    async def start(self, role: str) -> Endpoint:
+        """Start ``role``'s backend; return once it is ready to serve.
+
+        Contract: raises on failure (any exception; its message, or its
+        ``client_message`` attribute when it has one, reaches the waiting
+        requests). A start that fails must leave no process holding memory
+        once ``stop(role)`` returned.
+        """
+        ...
+
+    async def stop(self, role: str) -> None:
+        """Stop ``role``'s backend; return only after it exited, so its memory is free.
+
+        Contract: a no-op for a role that is not running. Called while
+        ``start(role)`` is still running (shutdown), it makes that start fail
+        promptly and leaves no process.
+        """
+        ...
+
+
+class BackendEventSource(Protocol):
+    """Where a node's backend events come from when the node's backends are not in this
+    process (a node agent).
+
+    Locally the supervisor's ``on_event`` callback reaches the scheduler
+    directly (``Scheduler.backend_event``); a remote node agent has no callback
+    into us, so the node scheduler asks it instead.
+    """
+
+    async def changes(self) -> Sequence[BackendEvent]:
+        """Wait until something happened to a backend by itself; return it, oldest first.
+
+        Contract: returns at least one event; never the same event twice; only
+        events of this node's roles (``BackendEvent.name`` is the role id); the
+        kinds and fields as ``Supervisor(on_event=...)`` gives them.
+        """
+        ...
+
+
+def free_port(host: str) -> int:
+    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class SupervisorBackends:
+    """:class:`RoleBackends` over the supervisor and the flavor adapters (what ``rosterd up`` uses).
+
+    ``specs``: role -> spec for the roles of one node run by ``supervisor``;
+    ``host``: where backends listen (the node's address);
+    ``resolve_weights(spec)`` gives the role's weights (raises a
+    ``RosterdError`` naming what it looked for); ``auto_ports``: ignore the
+    roster's ports and let the OS pick free ones (roles without a port always
+    get one); ``ready_timeout_s``: readiness deadline, seconds (``None``: the
+    supervisor's, which grows with the weights' size); ``adapters``: flavor ->
+    adapter (default ``adapter_for``).
+
+    Roles of a flavor with one shared server per node (an adapter whose
+    ``shared_server`` is set: ollama) are not processes: the first start runs
+    the node's server under the supervisor as ``<flavor>.<node>`` (``node``
+    names it), ``start`` then loads the role's model into it and ``stop``
+    unloads it and returns once the server no longer lists it (its memory is
+    free then). The server itself stops with the supervisor.
+
+    It is also a :class:`BackendEventSource`: hand it the supervisor's events
+    with :meth:`notice` and :meth:`changes` gives back those of its roles.
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        specs: Mapping[str, InferenceSpec],
+        *,
+        host: str,
+        resolve_weights: Callable[[InferenceSpec], WeightsSource],
+        auto_ports: bool = False,
+        ready_timeout_s: float | None = None,
+        adapters: Callable[[InferFlavor], Adapter] = adapter_for,
+        node: str = "node",
+    ) -> None:
+        self.supervisor = supervisor
+        self.specs = dict(specs)
+        self.host = host
+        self.resolve_weights = resolve_weights
+        self.auto_ports = auto_ports
+        self.ready_timeout_s = ready_timeout_s
+        self.adapters = adapters
+        self.node = node
+        self._shared_lock = asyncio.Lock()
+        self._changes: asyncio.Queue[BackendEvent] = asyncio.Queue()
+
+    async def start(self, role: str) -> Endpoint:
+        """Resolve the weights, build the adapter's launch, start it and wait until ready.
+
+        Raises:
+            AdapterError: the flavor cannot serve this role (``OllamaError``
+                when ollama refuses the model).
+            RosterdError: weights not found; ``SupervisorError`` subclasses
+                (``PortInUseError``, ``BackendStartError`` with the output tail).
+        """
+        spec = self.specs[role]
+        adapter = self.adapters(spec.flavor)
+        shared = adapter.shared_server
+        if shared is not None:
+            return await self._load_shared(spec, shared)
+        source = self.resolve_weights(spec)
+        port = spec.serve.port
+        if self.auto_ports or port is None:
+            port = free_port(self.host)
+        launch = adapter.launch(spec, source, host=self.host, port=port)
+        backend = await self.supervisor.start(role, launch, ready_timeout_s=self.ready_timeout_s)
+        return Endpoint(backend.base_url, launch.served_model, backend.pid)
+
+    async def stop(self, role: str) -> None:
+        """Stop the role's backend; returns after the process exited (or, for a
+        shared server, after it no longer holds the role's model)."""
+        spec = self.specs[role]
+        shared = self.adapters(spec.flavor).shared_server
+        if shared is not None:
+            await self._unload_shared(spec, shared)
+            return
+        await self.supervisor.stop(role)
+
+    def notice(self, event: BackendEvent) -> bool:
+        """Take a supervisor event (wire to ``Supervisor(on_event=...)``); whether it is
+        one of this node's roles (only those reach :meth:`changes`)."""
+        if event.name not in self.specs:
+            return False
+        self._changes.put_nowait(event)
+        return True
+
+    async def changes(self) -> Sequence[BackendEvent]:
+        """The events :meth:`notice` took since the last call, oldest first (waits for one)."""
+        events = [await self._changes.get()]
+        while not self._changes.empty():
+            events.append(self._changes.get_nowait())
+        return events
+
+    # ---- shared servers (ollama) ----------------------------------------------
+
+    def _shared_name(self, flavor: InferFlavor) -> str:
+        return f"{flavor.id}.{self.node}"
+
+    async def _shared_server(self, spec: InferenceSpec, shared: SharedServer) -> Backend:
+        name = self._shared_name(spec.flavor)
+        async with self._shared_lock:  # one server per node, however many roles ask at once
+            running = self.supervisor.backend(name)
+            if running is not None:
+                return running
+            port = spec.serve.port or shared.default_port
+            if self.auto_ports:
+                port = free_port(self.host)
+            launch = shared.server_launch(host=self.host, port=port)
+            return await self.supervisor.start(name, launch, ready_timeout_s=self.ready_timeout_s)
+
+    async def _load_shared(self, spec: InferenceSpec, shared: SharedServer) -> Endpoint:
+        server = await self._shared_server(spec, shared)
+        model = spec.model or spec.role
+        timeout = self.ready_timeout_s or ready_timeout_for(spec.memory.weights_bytes)
+        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+            await shared.load(client, model, timeout_s=timeout)
+        return Endpoint(server.base_url, model, None)
+
+    async def _unload_shared(self, spec: InferenceSpec, shared: SharedServer) -> None:
+        server = self.supervisor.backend(self._shared_name(spec.flavor))
+        if server is None:
+            return  # no server: nothing is loaded
+        model = spec.model or spec.role
+        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+            await shared.unload(client, model, timeout_s=_SHARED_UNLOAD_S)
+            # ollama frees memory asynchronously: free means "no longer listed".
+            async with asyncio.timeout(_SHARED_FREE_S):
+                # polling another process's state: there is no event to wait on
+                while model in await shared.resident(client, timeout_s=5.0):  # noqa: ASYNC110
+                    await asyncio.sleep(0.1)

@@ -1,0 +1,63 @@
+"""The scheduler (DESIGN.md layer 6): per node, a pure state machine and the loop applying it.
+
+- :mod:`~rosterd.scheduler.values`: phases, limits, leases, the logged events.
+- :mod:`~rosterd.scheduler.errors`: why a request could not get its role.
+- :mod:`~rosterd.scheduler.events`: the machine's events in and effects out.
+- :mod:`~rosterd.scheduler.machine`: ``NodeMachine``, the rules (pure).
+- :mod:`~rosterd.scheduler.node`: ``NodeScheduler``, the asyncio loop of one node.
+- :mod:`~rosterd.scheduler.fleet`: ``Scheduler``, the nodes of one process by role.
+
+Effects reach backends through :mod:`rosterd.backends` (``RoleBackends``).
+``docs/scheduler.md`` draws the state table.
+"""
+
+from __future__ import annotations
+
+from rosterd.backends import Endpoint, RoleBackends, SupervisorBackends, free_port
+from rosterd.scheduler.errors import (
+    LoadFailedError,
+    QueueFullError,
+    QueueTimeoutError,
+    RoleRefusedError,
+    RoleUnavailableError,
+    SchedulerError,
+    ShuttingDownError,
+    UnknownRoleError,
+)
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.machine import NodeMachine
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import (
+    HOLDS_MEMORY,
+    Lease,
+    Phase,
+    Revocation,
+    SchedulerEvent,
+    SchedulerLimits,
+    client_reason,
+)
+
+__all__ = [
+    "HOLDS_MEMORY",
+    "Endpoint",
+    "Lease",
+    "LoadFailedError",
+    "NodeMachine",
+    "NodeScheduler",
+    "Phase",
+    "QueueFullError",
+    "QueueTimeoutError",
+    "Revocation",
+    "RoleBackends",
+    "RoleRefusedError",
+    "RoleUnavailableError",
+    "Scheduler",
+    "SchedulerError",
+    "SchedulerEvent",
+    "SchedulerLimits",
+    "ShuttingDownError",
+    "SupervisorBackends",
+    "UnknownRoleError",
+    "client_reason",
+    "free_port",
+]

@@ -1,0 +1,240 @@
+"""What goes into the node state machine and what comes out (DESIGN.md layer 6, pure).
+
+Events in: every one carries ``now`` (monotonic seconds, as the node's clock
+reads it when the event happened); the machine reads no clock of its own.
+Effects out: what the node loop must do, in order. Waiters (requests, loads,
+unloads) are named by plain ``ticket`` ids the loop hands out, never by
+futures, so the machine holds no asyncio object and a test can drive it with
+synchronous calls. All are frozen dataclasses of plain values (picklable).
+See ``docs/scheduler.md`` for the state table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rosterd.backends import Endpoint
+from rosterd.scheduler.errors import SchedulerError
+from rosterd.scheduler.values import Revocation
+
+# --------------------------------------------------------------------------- events in
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """A request (``take_slot``) or a load (``rosterd load``, warm-up) wants ``role``.
+
+    ``no_evict``: give up rather than evict anything (warm-up); ``timeout_s``:
+    how long it may wait, seconds. Answered by ``GrantLease`` or ``FailWaiter``.
+    """
+
+    now: float
+    ticket: int
+    role: str
+    take_slot: bool = True
+    no_evict: bool = False
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The waiter ``ticket`` gave up (client gone); it leaves the queue, nothing is answered."""
+
+    now: float
+    ticket: int
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A lease of ``role`` taken with a slot was given back (ignored if ``generation`` is old)."""
+
+    now: float
+    role: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    """Stop ``role`` once its requests finished (``rosterd unload``); ``FinishUnload`` after."""
+
+    now: float
+    ticket: int
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class BackendChanged:
+    """The backend of ``role`` changed by itself (the supervisor's ``BackendEvent``).
+
+    ``kind``: ``exited``, ``restarting``, ``ready``, ``restart_failed`` (others
+    are ignored); ``exit_reason``: how it exited, in words; ``final``: the
+    supervisor gave up and no process is left.
+    """
+
+    now: float
+    role: str
+    kind: str
+    pid: int | None = None
+    exit_reason: str | None = None
+    detail: str = ""
+    final: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoadDone:
+    """The ``StartBackend`` of ``role`` returned: its ``endpoint``, or the ``error`` text
+    (full, for the log) and ``client_message`` (short, for clients; ``None``: cut from
+    ``error``)."""
+
+    now: float
+    role: str
+    endpoint: Endpoint | None = None
+    error: str | None = None
+    client_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StopDone:
+    """The ``StopBackend`` of ``role`` returned (the process exited); ``error`` if it raised."""
+
+    now: float
+    role: str
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: timers (queue timeouts, drain, revocation wait, idle TTL) are checked."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Stop taking requests, drain up to ``drain_s``, stop everything; ``FinishShutdown`` after."""
+
+    now: float
+
+
+Event = Acquire | Cancel | Release | Unload | BackendChanged | LoadDone | StopDone | Tick | Shutdown
+
+# --------------------------------------------------------------------------- effects out
+
+
+@dataclass(frozen=True, slots=True)
+class StartBackend:
+    """Run ``RoleBackends.start(role)`` in the background; report it with ``LoadDone``."""
+
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopBackend:
+    """Run ``RoleBackends.stop(role)`` in the background; report it with ``StopDone``.
+
+    During shutdown it may come while the role's start is under way: that start
+    then fails promptly (the ``RoleBackends.stop`` contract).
+    """
+
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class GrantLease:
+    """Answer waiter ``ticket`` with a lease on ``role`` at ``endpoint``.
+
+    With ``take_slot`` the slot is counted in flight from now on: if the waiter
+    is gone, the loop must send ``Release(role, generation)`` back at once.
+    ``waited_s``: time spent queued, seconds.
+    """
+
+    ticket: int
+    role: str
+    endpoint: Endpoint
+    generation: int
+    waited_s: float
+    take_slot: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FailWaiter:
+    """Answer waiter ``ticket`` with ``error(message, retry_after_s)``."""
+
+    ticket: int
+    error: type[SchedulerError]
+    message: str
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeLeases:
+    """Tell every holder of a lease of ``role``'s ``generation`` to end its request now."""
+
+    role: str
+    generation: int
+    revocation: Revocation
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEvent:
+    """One step of the resident set, for the event log, the log and the metrics.
+
+    ``kind``/``role``/``cause``/``resident``/``resident_bytes``/``duration_s``
+    as ``SchedulerEvent`` (``duration_s`` unrounded); ``label``: the metric's
+    cause label (``loaded``: ``request``, ``warm-up``, ``load``; ``stopped``:
+    ``make_room``, ``exclusion``, ``drain``, ``idle_ttl``, ``unload``,
+    ``shutdown``), ``None`` for other kinds.
+    """
+
+    kind: str
+    role: str
+    cause: str
+    resident: tuple[str, ...]
+    resident_bytes: int
+    duration_s: float | None = None
+    label: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateGauges:
+    """``role`` has ``in_flight`` leases out and ``queued`` waiters now."""
+
+    role: str
+    in_flight: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogNote:
+    """A line for rosterd's log that is no resident-set step (a wait reason, a failed stop)."""
+
+    level: Literal["info", "warning"]
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishUnload:
+    """The unload ``ticket`` is done: the role is not resident."""
+
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishShutdown:
+    """Shutdown is done: every backend this node started has exited."""
+
+
+Effect = (
+    StartBackend
+    | StopBackend
+    | GrantLease
+    | FailWaiter
+    | RevokeLeases
+    | RecordEvent
+    | UpdateGauges
+    | LogNote
+    | FinishUnload
+    | FinishShutdown
+)

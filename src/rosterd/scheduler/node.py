@@ -1,0 +1,431 @@
+"""The node loop (DESIGN.md layer 6): one asyncio task per node applies its state machine.
+
+Callers never read the resident set and then act on it. They ask the node
+(:meth:`NodeScheduler.acquire`, ``release``, ``unload``, ``backend_event``,
+``shutdown``); each call becomes an event (:mod:`rosterd.scheduler.events`)
+stamped with the node's clock and put in the node's inbox. The loop hands
+events to the pure :class:`~rosterd.scheduler.machine.NodeMachine` one at a
+time and is the only place its effects are applied: it resolves the callers'
+futures, runs ``RoleBackends.start``/``stop`` as tasks whose results come back
+as ``LoadDone``/``StopDone`` events, sets revocation futures, updates the
+metrics (:mod:`rosterd.metrics`), logs (logger ``rosterd.scheduler``) and
+keeps the bounded event log (:attr:`NodeScheduler.events`). A tick every
+``tick_s`` lets the machine check its timers.
+
+Plain asyncio: scheduling is rosterd's own job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from rosterd.backends import BackendEventSource, RoleBackends
+from rosterd.metrics import RosterdMetrics
+from rosterd.scheduler.errors import RoleUnavailableError, ShuttingDownError, UnknownRoleError
+from rosterd.scheduler.events import (
+    Acquire,
+    BackendChanged,
+    Cancel,
+    Effect,
+    Event,
+    FailWaiter,
+    FinishShutdown,
+    FinishUnload,
+    GrantLease,
+    LoadDone,
+    LogNote,
+    RecordEvent,
+    Release,
+    RevokeLeases,
+    Shutdown,
+    StartBackend,
+    StopBackend,
+    StopDone,
+    Tick,
+    Unload,
+    UpdateGauges,
+)
+from rosterd.scheduler.machine import NodeMachine
+from rosterd.scheduler.values import (
+    Lease,
+    Revocation,
+    SchedulerEvent,
+    SchedulerLimits,
+    client_reason,
+)
+from rosterd.spec import InferenceSpec
+from rosterd.supervisor import BackendEvent, describe_exit
+
+log = logging.getLogger("rosterd.scheduler")
+
+_LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING}
+
+
+class NodeScheduler:
+    """The owner of one node's resident set (one asyncio task, started by :meth:`start`).
+
+    ``specs``: the roles placed on the node (role -> spec); ``capacity_bytes``:
+    the node's budget (``Node.capacity_bytes``); ``backends`` starts and stops
+    them (the backends boundary). ``unavailable``: role -> why it cannot be
+    served (checked at start, e.g. missing weights); requests for it fail at
+    once with :class:`RoleUnavailableError` and no load is tried. ``clock``
+    (monotonic seconds) and ``wall_clock`` (seconds since the epoch, for the
+    event log) are injectable for tests. ``backend_events``: where backend
+    events come from when no supervisor callback reaches :meth:`backend_event`
+    (a remote node agent); the loop asks it for them.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        capacity_bytes: int,
+        specs: Mapping[str, InferenceSpec],
+        backends: RoleBackends,
+        *,
+        limits: SchedulerLimits | None = None,
+        metrics: RosterdMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        event_log_size: int = 2000,
+        unavailable: Mapping[str, str] | None = None,
+        backend_events: BackendEventSource | None = None,
+    ) -> None:
+        self.name = name
+        self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
+        self.capacity_bytes = capacity_bytes
+        self.specs = dict(specs)
+        self.limits = limits or SchedulerLimits()
+        self._backends = backends
+        self._backend_events = backend_events
+        self._metrics = metrics
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._machine = NodeMachine(capacity_bytes, self.specs, self.limits)
+        self._inbox: asyncio.Queue[Event] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._work: set[asyncio.Task[None]] = set()  # starts, stops, the event pump
+        self._tickets = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Lease]] = {}
+        self._unloading: dict[int, asyncio.Future[None]] = {}
+        self._revocations: dict[str, tuple[int, asyncio.Future[Revocation]]] = {}
+        self._shutting_down = False
+        self._shut_down: asyncio.Future[None] | None = None
+        self.events: deque[SchedulerEvent] = deque(maxlen=event_log_size)
+        self.listeners: list[Callable[[SchedulerEvent], None]] = []
+        if metrics is not None:
+            metrics.capacity_bytes.labels(node=name).set(capacity_bytes)
+            metrics.resident_bytes.labels(node=name).set(0)
+
+    # ---- public API (any task) ------------------------------------------------
+
+    def start(self) -> None:
+        """Start the node's task on the running loop (idempotent)."""
+        if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name=f"rosterd-node-{self.name}")
+            if self._backend_events is not None:
+                self._spawn(self._pump_backend_events())
+
+    async def acquire(
+        self,
+        role: str,
+        *,
+        timeout_s: float | None = None,
+        take_slot: bool = True,
+        no_evict: bool = False,
+    ) -> Lease:
+        """Wait until ``role`` is ready and (``take_slot``) a slot is free; return a lease.
+
+        Every lease taken with ``take_slot`` must be given back with
+        :meth:`release`. ``timeout_s`` defaults to ``limits.queue_timeout_s``.
+        ``no_evict`` loads the role only if nothing must be evicted (warm-up).
+        Cancelling the caller only removes its place in the queue.
+
+        Raises:
+            UnknownRoleError, RoleUnavailableError, QueueFullError,
+            QueueTimeoutError, RoleRefusedError, LoadFailedError, ShuttingDownError.
+        """
+        if role not in self.specs:
+            raise UnknownRoleError(f"role {role!r} is not placed on node {self.name!r}")
+        if role in self.unavailable:
+            raise RoleUnavailableError(
+                f"role {role!r} is unavailable: {client_reason(self.unavailable[role])}"
+            )
+        if self._shutting_down:
+            raise ShuttingDownError("rosterd is shutting down")
+        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+        ticket = next(self._tickets)
+        self._waiting[ticket] = future
+        timeout = self.limits.queue_timeout_s if timeout_s is None else timeout_s
+        self._post(Acquire(self._clock(), ticket, role, take_slot, no_evict, timeout))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                if take_slot:  # granted in the same instant: give the slot back
+                    self.release(future.result())
+            else:
+                future.cancel()  # a grant still on its way is handed back (see _grant)
+                self._post(Cancel(self._clock(), ticket, role))
+            raise
+
+    def release(self, lease: Lease) -> None:
+        """Give back a lease taken with ``take_slot`` (safe to call from any task, once)."""
+        self._post(Release(self._clock(), lease.role, lease.generation))
+
+    def backend_event(self, event: BackendEvent) -> None:
+        """Tell the node what the supervisor saw happen to a role's backend (any task).
+
+        ``exited``/``restarting`` of a ready role: it goes to ``restarting``;
+        ``ready``: the restarted process (``event.pid``) serves it again;
+        a final ``restart_failed``: it is no longer resident. Events for other
+        names (a shared server) or phases (a load or stop under way) are ignored.
+        """
+        if event.name not in self.specs:
+            return
+        code = event.exit_code
+        self._post(
+            BackendChanged(
+                self._clock(),
+                event.name,
+                event.kind,
+                pid=event.pid,
+                exit_reason=describe_exit(code) if code is not None else None,
+                detail=event.detail,
+                final=event.final,
+            )
+        )
+
+    async def unload(self, role: str) -> None:
+        """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
+
+        From the call on, the role grants no new lease: newer requests wait in its
+        queue and load it again once it stopped. Returns after the process
+        exited (at once if it was not resident).
+        Raises ``UnknownRoleError``.
+        """
+        if role not in self.specs:
+            raise UnknownRoleError(f"role {role!r} is not placed on node {self.name!r}")
+        if self._shut_down is not None and self._shut_down.done():
+            return  # nothing is resident any more
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ticket = next(self._tickets)
+        self._unloading[ticket] = future
+        self._post(Unload(self._clock(), ticket, role))
+        await asyncio.shield(future)
+
+    async def shutdown(self) -> None:
+        """Stop taking requests, let in-flight ones finish (up to ``drain_s``), stop every backend.
+
+        Waiting requests fail with ``ShuttingDownError``; a load under way is
+        aborted at once. Returns after every backend this node started has exited.
+        """
+        self._shutting_down = True
+        if self._shut_down is None:
+            self._shut_down = asyncio.get_running_loop().create_future()
+            self.start()  # a node never started still answers its shutdown
+            self._post(Shutdown(self._clock()))
+        await asyncio.shield(self._shut_down)
+        for task in [self._task, *self._work]:
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for future in self._unloading.values():
+            if not future.done():
+                future.set_result(None)
+        self._unloading.clear()
+
+    def snapshot(self) -> dict[str, object]:
+        """The node's state as JSON-ready data (``/status``, ``rosterd ps``).
+
+        ``{"capacity_bytes", "resident_bytes", "resident": [...], "transition",
+        "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
+        "in_flight", "queued", "idle_s", "loaded_for_s", "waiting_reason",
+        "base_url", "pid", "unavailable_reason"}}}`` (durations in seconds,
+        ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
+        cannot be served, ``unavailable_reason`` then says why).
+        """
+        now = self._clock()
+        roles: dict[str, object] = {}
+        for role in sorted(self.specs):
+            view = self._machine.role_view(role, now)
+            if role in self.unavailable:
+                view["phase"] = "unavailable"
+            view["unavailable_reason"] = self.unavailable.get(role)
+            roles[role] = view
+        return {
+            "capacity_bytes": self.capacity_bytes,
+            "resident_bytes": self._machine.resident_bytes(),
+            "resident": list(self._machine.resident()),
+            "transition": self._machine.transition_under_way,
+            "roles": roles,
+        }
+
+    # ---- the loop ------------------------------------------------------------------
+
+    def _post(self, event: Event) -> None:
+        self._inbox.put_nowait(event)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
+        self._work.add(task)
+        task.add_done_callback(self._work.discard)
+
+    async def _run(self) -> None:
+        while True:
+            event: Event
+            try:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
+                # that lands together with its timeout, and shutdown cancels this task.
+                async with asyncio.timeout(self.limits.tick_s):
+                    event = await self._inbox.get()
+            except TimeoutError:
+                event = Tick(self._clock())
+            self._handle(event)
+            while not self._inbox.empty():
+                self._handle(self._inbox.get_nowait())
+
+    def _handle(self, event: Event) -> None:
+        try:
+            effects = self._machine.handle(event)
+        except Exception:  # a bug here must not kill the node's task silently
+            log.exception("node %s: scheduling step failed on %s", self.name, event)
+            return
+        for effect in effects:
+            try:
+                self._apply(effect)
+            except Exception:
+                log.exception("node %s: applying %s failed", self.name, effect)
+
+    def _apply(self, effect: Effect) -> None:
+        if isinstance(effect, GrantLease):
+            self._grant(effect)
+        elif isinstance(effect, FailWaiter):
+            future = self._waiting.pop(effect.ticket, None)
+            if future is not None and not future.done():
+                future.set_exception(effect.error(effect.message, effect.retry_after_s))
+        elif isinstance(effect, RecordEvent):
+            self._record(effect)
+        elif isinstance(effect, UpdateGauges):
+            if self._metrics is not None:
+                self._metrics.in_flight.labels(role=effect.role).set(effect.in_flight)
+                self._metrics.queued.labels(role=effect.role).set(effect.queued)
+        elif isinstance(effect, StartBackend):
+            self._spawn(self._start_backend(effect.role))
+        elif isinstance(effect, StopBackend):
+            self._spawn(self._stop_backend(effect.role))
+        elif isinstance(effect, RevokeLeases):
+            held = self._revocations.get(effect.role)
+            if held is not None and held[0] == effect.generation and not held[1].done():
+                held[1].set_result(effect.revocation)
+        elif isinstance(effect, LogNote):
+            log.log(_LOG_LEVELS[effect.level], "node %s: %s", self.name, effect.message)
+        elif isinstance(effect, FinishUnload):
+            done = self._unloading.pop(effect.ticket, None)
+            if done is not None and not done.done():
+                done.set_result(None)
+        else:
+            assert isinstance(effect, FinishShutdown)
+            if self._shut_down is not None and not self._shut_down.done():
+                self._shut_down.set_result(None)
+
+    def _grant(self, effect: GrantLease) -> None:
+        future = self._waiting.pop(effect.ticket, None)
+        if future is None or future.done():
+            # The waiter left in the same instant: the slot the machine counted goes back.
+            if effect.take_slot:
+                self._post(Release(self._clock(), effect.role, effect.generation))
+            return
+        held = self._revocations.get(effect.role)
+        if held is None or held[0] != effect.generation or held[1].done():
+            held = (effect.generation, asyncio.get_running_loop().create_future())
+            self._revocations[effect.role] = held
+        lease = Lease(
+            effect.role, self.name, effect.endpoint, effect.generation, effect.waited_s, held[1]
+        )
+        future.set_result(lease)
+        if self._metrics is not None and effect.take_slot:
+            self._metrics.queue_wait.labels(role=effect.role).observe(effect.waited_s)
+
+    async def _start_backend(self, role: str) -> None:
+        try:
+            endpoint = await self._backends.start(role)
+        except Exception as exc:
+            short = getattr(exc, "client_message", None)
+            self._post(
+                LoadDone(
+                    self._clock(),
+                    role,
+                    error=str(exc),
+                    client_message=short if isinstance(short, str) and short else None,
+                )
+            )
+            return
+        self._post(LoadDone(self._clock(), role, endpoint=endpoint))
+
+    async def _stop_backend(self, role: str) -> None:
+        error: str | None = None
+        try:
+            await self._backends.stop(role)
+        except Exception as exc:
+            error = str(exc) or type(exc).__name__
+        self._post(StopDone(self._clock(), role, error))
+
+    async def _pump_backend_events(self) -> None:
+        assert self._backend_events is not None
+        while True:
+            for event in await self._backend_events.changes():
+                self.backend_event(event)
+
+    def _record(self, effect: RecordEvent) -> None:
+        duration = effect.duration_s
+        event = SchedulerEvent(
+            at=self._wall_clock(),
+            node=self.name,
+            kind=effect.kind,
+            role=effect.role,
+            cause=effect.cause,
+            resident=effect.resident,
+            resident_bytes=effect.resident_bytes,
+            duration_s=None if duration is None else round(duration, 3),
+        )
+        self.events.append(event)
+        took = f" in {duration:.2f} s" if duration is not None else ""
+        level = logging.WARNING if effect.kind in ("load_failed", "refused") else logging.INFO
+        log.log(
+            level,
+            "node %s: %s %s%s (%s); resident: %s (%.2f GiB of %.2f GiB)",
+            self.name,
+            effect.kind,
+            effect.role,
+            took,
+            effect.cause,
+            ", ".join(event.resident) or "none",
+            event.resident_bytes / 2**30,
+            self.capacity_bytes / 2**30,
+        )
+        metrics = self._metrics
+        if metrics is not None:
+            node, role = self.name, effect.role
+            if effect.kind == "loaded":
+                metrics.loads.labels(node=node, role=role, cause=effect.label or "load").inc()
+                metrics.load_duration.labels(node=node, role=role).observe(duration or 0.0)
+            elif effect.kind == "load_failed":
+                metrics.load_failures.labels(node=node, role=role).inc()
+            elif effect.kind == "stopped":
+                cause = effect.label or "unload"
+                metrics.evictions.labels(node=node, role=role, cause=cause).inc()
+            metrics.resident_bytes.labels(node=node).set(event.resident_bytes)
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("scheduler event listener failed")

@@ -1,0 +1,266 @@
+"""The node state machine's state and bookkeeping (DESIGN.md layer 6, pure).
+
+``MachineState`` holds what ``NodeMachine`` (``machine.py``) decides on: each
+role's phase, leases in flight and queued waiters, the node's one transition,
+and the effects gathered while one event is handled. Its helpers read that
+state for the residency policy and for display, and append effects; none reads
+a clock, does I/O or logs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rosterd.backends import Endpoint
+from rosterd.residency import NodeState, excludes_each_other
+from rosterd.scheduler.errors import SchedulerError
+from rosterd.scheduler.events import Effect, FailWaiter, RecordEvent, UpdateGauges
+from rosterd.scheduler.values import HOLDS_MEMORY, Phase, Revocation, SchedulerLimits
+from rosterd.spec import InferenceSpec
+
+#: What the transition under way waits for: revoked leases' releases, a stop, a
+#: start, the stop after a failed start, or both after a shutdown abort.
+Step = Literal["revoking", "stopping", "loading", "cleanup", "aborting"]
+
+
+@dataclass(eq=False)
+class Waiter:
+    ticket: int
+    since: float
+    timeout_s: float
+    take_slot: bool  # a request (counts in flight) or a load that only wants residency
+    no_evict: bool  # warm-up: load only if nothing must be evicted
+
+
+@dataclass(eq=False)
+class RoleState:
+    spec: InferenceSpec
+    phase: Phase = Phase.STOPPED
+    endpoint: Endpoint | None = None
+    generation: int = 0
+    in_flight: int = 0
+    waiters: deque[Waiter] = field(default_factory=deque)
+    loaded_at: float | None = None
+    last_used: float = 0.0
+    unload_tickets: list[int] = field(default_factory=list)
+    unload_since: float | None = None
+    waiting_reason: str | None = None
+    logged_waits: set[str] = field(default_factory=set)  # wait reasons logged since the load
+    # New leases go only to waiters older than this: a request for another role
+    # that needs this role's room came first (None: no one waits for its room).
+    hold_since: float | None = None
+    gauges: tuple[int, int] = (0, 0)  # (in_flight, queued) as last reported
+
+
+@dataclass(eq=False)
+class Transition:
+    """The node's one transition: stop ``evict`` one by one, then load ``load``."""
+
+    evict: deque[str]
+    load: str | None
+    cause: str
+    label: str
+    for_role: str | None
+    role: str = ""  # the role being stopped or loaded now
+    step: Step = "stopping"
+    started: float = 0.0
+    stop_cause: str = ""
+    stop_label: str = ""
+    revoke_until: float = 0.0
+    pending: set[str] = field(default_factory=set)  # aborting: "load", "stop" still to come
+    loaded: bool = False  # aborting: the start returned a backend anyway
+
+
+class MachineState:
+    """The state of one node's machine and the helpers over it (see ``NodeMachine``).
+
+    ``capacity_bytes``: the node's budget; ``specs``: the roles placed on it;
+    ``limits``: the knobs. Roles are kept sorted by id (ties break by id).
+    """
+
+    def __init__(
+        self, capacity_bytes: int, specs: Mapping[str, InferenceSpec], limits: SchedulerLimits
+    ) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.specs = dict(specs)
+        self.limits = limits
+        self._roles = {role: RoleState(spec) for role, spec in sorted(self.specs.items())}
+        self._transition: Transition | None = None
+        self._shutdown_since: float | None = None
+        self._shut_down = False
+        self._load_seconds: deque[float] = deque(maxlen=20)
+        self._now = -math.inf
+        self._out: list[Effect] = []
+
+    @property
+    def shutting_down(self) -> bool:
+        """Whether ``Shutdown`` was handled."""
+        return self._shutdown_since is not None
+
+    @property
+    def transition_under_way(self) -> bool:
+        """Whether a start or stop is under way on the node."""
+        return self._transition is not None
+
+    def resident(self) -> tuple[str, ...]:
+        """The roles holding memory (every phase but ``stopped``), by id."""
+        return tuple(r for r, st in self._roles.items() if st.phase in HOLDS_MEMORY)
+
+    def resident_bytes(self) -> int:
+        """The spec bytes of :meth:`resident`."""
+        return sum(self._roles[r].spec.memory.resident_bytes for r in self.resident())
+
+    def waiting_reason(self, role: str) -> str | None:
+        """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""
+        return self._roles[role].waiting_reason
+
+    def role_view(self, role: str, now: float) -> dict[str, object]:
+        """``role``'s state as JSON-ready data (see ``NodeScheduler.snapshot``)."""
+        st = self._roles[role]
+        resident = st.phase in HOLDS_MEMORY
+        idle = st.phase is Phase.READY and st.in_flight == 0
+        return {
+            "phase": st.phase.value,
+            "latency_class": st.spec.latency_class.value,
+            "sticky": st.spec.sticky,
+            "resident_bytes": st.spec.memory.resident_bytes,
+            "in_flight": st.in_flight,
+            "queued": len(st.waiters),
+            "idle_s": round(now - st.last_used, 3) if idle else None,
+            "loaded_for_s": round(now - st.loaded_at, 3)
+            if resident and st.loaded_at is not None
+            else None,
+            "waiting_reason": st.waiting_reason if st.waiters else None,
+            "base_url": st.endpoint.base_url if st.endpoint else None,
+            "pid": st.endpoint.pid if st.endpoint else None,
+        }
+
+    def typical_load_s(self) -> float:
+        """Seconds a load takes here (the slowest of the last 20, rounded up; 5 if none)."""
+        if not self._load_seconds:
+            return 5.0
+        return float(math.ceil(max(self._load_seconds)))
+
+    def _exclusion_blockers(self, role: str) -> tuple[str, ...] | None:
+        """The resident roles that exclude ``role``, if they are what keeps it out and
+        may yield: ``None`` when none excludes it (the refusal is about memory) or
+        when an interactive winner keeps out a batch role (interactive roles stay)."""
+        spec = self._roles[role].spec
+        blockers = tuple(
+            other
+            for other in self.resident()
+            if other != role and excludes_each_other(spec, self._roles[other].spec)
+        )
+        if not blockers:
+            return None
+        if not spec.interactive and any(self._roles[b].spec.interactive for b in blockers):
+            return None
+        return blockers
+
+    def _can_yield(self, role: str, now: float) -> bool:
+        st = self._roles[role]
+        return (
+            st.phase is Phase.READY
+            and st.in_flight == 0
+            and not st.waiters
+            and not self._recently_loaded(st, now)
+        )
+
+    def _recently_loaded(self, st: RoleState, now: float) -> bool:
+        return st.loaded_at is not None and now - st.loaded_at < self.limits.min_residency_s
+
+    def _node_state(self, now: float, *, ignore_in_flight: bool) -> NodeState:
+        resident = self.resident()
+        busy: dict[str, int] = {}
+        for role in resident:
+            st = self._roles[role]
+            if st.phase is not Phase.READY:
+                busy[role] = 1  # loading or stopping: never a candidate to evict
+            elif st.in_flight and not ignore_in_flight:
+                busy[role] = st.in_flight
+        recency = tuple(sorted(resident, key=lambda r: (self._roles[r].last_used, r)))
+        recent = frozenset(r for r in resident if self._recently_loaded(self._roles[r], now))
+        return NodeState(
+            capacity_bytes=self.capacity_bytes,
+            specs=self.specs,
+            resident=frozenset(resident),
+            in_flight=busy,
+            recency=recency,
+            recently_loaded=recent,
+        )
+
+    def _revocation(self, role: str, label: str, for_role: str | None) -> Revocation:
+        """What a client whose request to ``role`` is cut by this stop is told."""
+        after = f"after --drain {self.limits.drain_s:g} s"
+        if label == "shutdown":
+            return Revocation(
+                "shutting_down", f"rosterd is shutting down; role {role} was stopped {after}"
+            )
+        if label == "unload":
+            why = "was unloaded (rosterd unload)"
+        elif label == "exclusion" and for_role is not None:
+            why = f"was unloaded for {for_role} (they exclude each other)"
+        elif for_role is not None:
+            why = f"was unloaded to make room for {for_role}"
+        else:
+            why = "was unloaded"
+        return Revocation("evicted", f"role {role} {why} {after}")
+
+    def _mark_stopped(self, role: str) -> None:
+        st = self._roles[role]
+        st.phase = Phase.STOPPED
+        st.endpoint = None
+        st.in_flight = 0
+        st.loaded_at = None
+
+    def _retry_after(self) -> float:
+        return max(1.0, self.typical_load_s())
+
+    def _fail(
+        self,
+        ticket: int,
+        error: type[SchedulerError],
+        message: str,
+        retry_after_s: float | None = None,
+    ) -> None:
+        self._out.append(FailWaiter(ticket, error, message, retry_after_s))
+
+    def _fail_waiters(self, role: str, error: type[SchedulerError], message: str) -> None:
+        """Fail every waiter of ``role`` with ``error(message)``; the queue is empty after."""
+        st = self._roles[role]
+        for w in st.waiters:
+            self._fail(w.ticket, error, message)
+        st.waiters.clear()
+        self._gauges(role)
+
+    def _record(
+        self,
+        kind: str,
+        role: str,
+        cause: str,
+        *,
+        duration_s: float | None = None,
+        label: str | None = None,
+    ) -> None:
+        self._out.append(
+            RecordEvent(
+                kind=kind,
+                role=role,
+                cause=cause,
+                resident=self.resident(),
+                resident_bytes=self.resident_bytes(),
+                duration_s=duration_s,
+                label=label,
+            )
+        )
+
+    def _gauges(self, role: str) -> None:
+        st = self._roles[role]
+        now = (st.in_flight, len(st.waiters))
+        if now != st.gauges:
+            st.gauges = now
+            self._out.append(UpdateGauges(role, *now))

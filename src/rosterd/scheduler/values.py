@@ -1,0 +1,139 @@
+"""The scheduler's values (DESIGN.md layer 6, pure): phases, limits, leases, logged events.
+
+Plain frozen dataclasses and enums: our own values, nothing to parse.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rosterd.backends import Endpoint
+
+if TYPE_CHECKING:
+    import asyncio
+
+# An absolute path (not the path part of a URL): "/a/b/c" -> its last part "c".
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\"`,;()/]+/)*([^\s'\"`,;()/]*)")
+
+
+def client_reason(text: str, *, limit: int = 300) -> str:
+    """``text`` (an error message) fit for an HTTP client: its first line only, with
+    absolute paths cut to their last part, at most ``limit`` characters.
+
+    Full messages (log tails, command lines, paths) stay in rosterd's log and the
+    backend's log file; clients get the short reason.
+    """
+    first = text.strip().splitlines()[0] if text.strip() else "unknown error"
+    short = _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", first)
+    return short if len(short) <= limit else short[: limit - 1] + "…"
+
+
+class Phase(enum.Enum):
+    """Where a role's backend is: every phase but ``stopped`` holds memory.
+
+    ``restarting``: the backend crashed and the supervisor is starting it again.
+    """
+
+    STOPPED = "stopped"
+    LOADING = "loading"
+    READY = "ready"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+
+
+#: The phases whose role counts against the node's budget.
+HOLDS_MEMORY = frozenset({Phase.LOADING, Phase.READY, Phase.RESTARTING, Phase.STOPPING})
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    """The scheduler's knobs; durations in seconds.
+
+    ``max_concurrency``: leases per role at once; ``max_queue``: waiters per
+    role; ``queue_timeout_s``: how long a request waits for its role;
+    ``drain_s``: how long a waiter lets busy roles finish before they may be
+    evicted (and how long shutdown lets requests finish); ``idle_ttl_s``: idle
+    time after which a non-sticky batch role is unloaded (``math.inf``: never);
+    ``min_residency_s``: how long a just-loaded role is protected from batch
+    evictions; ``tick_s``: how often timers (TTL, min residency, drain, queue
+    timeouts) are checked.
+    """
+
+    max_concurrency: int = 4
+    max_queue: int = 64
+    queue_timeout_s: float = 300.0
+    drain_s: float = 30.0
+    idle_ttl_s: float = 600.0
+    min_residency_s: float = 10.0
+    tick_s: float = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Revocation:
+    """Why the leases of a role were revoked: the scheduler stops the role's backend while
+    requests are still in flight (after ``drain_s``), so the router ends them itself.
+
+    ``code``: the OpenAI error code for the client (``evicted``, ``shutting_down``);
+    ``message``: what the client is told (no paths, no pids).
+    """
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Permission to send requests to ``role``'s backend at ``endpoint`` until released.
+
+    ``generation`` tells leases of an earlier load of the same role apart (a
+    release from a stopped generation is ignored); ``waited_s`` is the time
+    spent queued, seconds. ``revoked`` gets a :class:`Revocation` when the
+    scheduler stops the backend before the lease was released: the holder must
+    end its upstream request at once and release the lease.
+    """
+
+    role: str
+    node: str
+    endpoint: Endpoint
+    generation: int
+    waited_s: float
+    revoked: asyncio.Future[Revocation] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerEvent:
+    """One step of a node's resident set, as logged.
+
+    ``kind``: ``loading``, ``loaded``, ``load_failed``, ``stopping``,
+    ``stopped``, ``refused``, ``crashed``, ``restarted``, ``restart_failed``;
+    ``cause``: why (the policy's reason, ``idle``, ``unload``, ``shutdown``, …);
+    ``resident``: roles holding memory after the step (sorted);
+    ``resident_bytes``: their spec bytes; ``at``: wall-clock time (seconds
+    since the epoch); ``duration_s``: for ``loaded``/``stopped``, how long the
+    step took.
+    """
+
+    at: float
+    node: str
+    kind: str
+    role: str
+    cause: str
+    resident: tuple[str, ...]
+    resident_bytes: int
+    duration_s: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        """The event as a JSON-ready dict (``/rosterd/events``)."""
+        return {
+            "at": self.at,
+            "node": self.node,
+            "kind": self.kind,
+            "role": self.role,
+            "cause": self.cause,
+            "resident": list(self.resident),
+            "resident_bytes": self.resident_bytes,
+            "duration_s": self.duration_s,
+        }
