@@ -65,8 +65,8 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def llama_server_binary() -> Path:
     """The llama-server binary, or a skip saying how to build it."""
-    from rosterd.adapters.base import AdapterError
     from rosterd.adapters.llamacpp import find_llama_server
+    from rosterd.errors import AdapterError
 
     try:
         return find_llama_server()

@@ -9,13 +9,7 @@ from pathlib import Path
 import pytest
 
 from rosterd.adapters import adapter_for
-from rosterd.adapters.base import (
-    AdapterError,
-    HttpProbe,
-    Launch,
-    ResolvedWeights,
-    WeightsSource,
-)
+from rosterd.adapters.base import HttpProbe, Launch
 from rosterd.adapters.llamacpp import (
     LLAMA_CPP_PYTHON_VERSION,
     LlamaCppAdapter,
@@ -24,9 +18,11 @@ from rosterd.adapters.llamacpp import (
 )
 from rosterd.adapters.mlx_lm import MlxLmAdapter
 from rosterd.adapters.ollama import OllamaAdapter
+from rosterd.errors import AdapterError
 from rosterd.fleet import ModelSource
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.tokens import GB
+from rosterd.weights import ResolvedWeights, WeightsSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = Path("/opt/llama/bin/llama-server")

@@ -25,11 +25,11 @@ from backend_helpers import (
     wait_gone,
     wait_port_free,
 )
-from rosterd.adapters.base import ResolvedWeights
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import BackendStartError, Supervisor
 from rosterd.tokens import GB
+from rosterd.weights import ResolvedWeights
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from backend_helpers import gone, port_is_free
-from rosterd.adapters.base import ResolvedWeights
 from rosterd.adapters.mlx_lm import MlxLmAdapter
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import Supervisor
 from rosterd.tokens import GB
+from rosterd.weights import ResolvedWeights
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from backend_helpers import gone
-from rosterd.adapters.ollama import OllamaAdapter, OllamaError
+from rosterd.adapters.ollama import OllamaAdapter
+from rosterd.errors import OllamaError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import Supervisor, run_probe
 

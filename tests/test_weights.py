@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rosterd.adapters.base import ResolvedWeights
+from rosterd.errors import WeightsError
 from rosterd.fleet import Fleet, ModelSource, load_fleet
 from rosterd.spec import InferenceSpec, InferFlavor
-from rosterd.weights import WeightsError, resolve_for_fleet, resolve_weights
+from rosterd.weights import ResolvedWeights, resolve_for_fleet, resolve_weights
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -1,10 +1,53 @@
-"""The error tree (layer 1). Every error a user can cause is a ``RosterdError``.
+"""The error tree (layer 1): every error rosterd raises is one of these, each for one reason.
 
-The CLI turns these into a message and exit code 2; nothing else reaches the
-user as a traceback.
+::
+
+    RosterdError                          base: any error rosterd reports to a person
+    ├── SpecError                         an inference spec failed validation (the seed's text)
+    ├── InputError                        a file given by the operator cannot be used as a whole
+    │   ├── RosterError                   the roster or its overlay is rejected; nothing imported
+    │   └── FleetError                    the fleet file is rejected
+    ├── WeightsError                      a role's weights cannot be found or are not allowed
+    ├── AdapterError                      a role cannot be served by its flavor's adapter
+    │   └── OllamaError                   the ollama server refused a load, unload or query
+    ├── SupervisorError                   base only: a backend process could not be managed
+    │   ├── BackendNameError              a backend name is not a plain token
+    │   ├── BackendAlreadySupervisedError start() of a name that is already supervised
+    │   ├── BackendNotSupervisedError     probe() of a name that is not supervised
+    │   ├── BackendStartError             the process exited before it was ready
+    │   │   ├── BackendNotReadyError      not ready before the deadline; it was killed
+    │   │   └── BackendStoppedError       stop() came while it was still starting
+    │   ├── PortInUseError                another process listens on the backend's port
+    │   └── StateDirLockedError           another rosterd holds the state folder's lock
+    ├── SchedulerError                    a request could not get its role (retry_after_s)
+    │   ├── UnknownRoleError              the role is not placed on any node served here
+    │   ├── QueueFullError                the role's queue is full (HTTP 429)
+    │   ├── QueueTimeoutError             the request waited queue_timeout_s (HTTP 503)
+    │   ├── RoleRefusedError              the residency policy refused the load; its reason
+    │   ├── LoadFailedError               the backend failed to start, or its restart was given up
+    │   ├── RoleUnavailableError          the role cannot be served at all (weights missing)
+    │   └── ShuttingDownError             rosterd is stopping
+    ├── ClientGoneError                   the HTTP client left before its answer was complete
+    ├── RouterError                       one OpenAI error answer (rosterd.router.openai_errors:
+    │                                     it carries its row of the status/type/code table)
+    └── NotRunningError                   no running ``rosterd up`` answers ps/load/unload
+
+Where an error of a dependency crosses into rosterd it is mapped to one of these
+once, at that boundary, with ``raise ... from exc`` (httpx errors in
+``rosterd.router.openai_errors``; OS errors of processes in ``rosterd.supervisor``).
+``RouterError`` lives with the router's error table because its status, type and
+code come from that table. The CLI turns a ``RosterdError`` into its message and
+an exit status in one place (``rosterd.cli.edge``).
+
+Internal exceptions never leave the module that raises them and are not part of
+the tree: the roster reader's ``ReadError`` (``roster._serde_yaml``),
+``YamlSyntaxError`` (``roster._yaml_nodes``) and ``LocatedError``
+(``roster.document``) are turned into ``RosterError`` before the import returns.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class RosterdError(Exception):
@@ -63,3 +106,189 @@ class RosterError(InputError):
 
 class FleetError(InputError):
     """The fleet file is rejected as a whole."""
+
+
+# ------------------------------------------------------------------ weights (layer 2)
+
+
+class WeightsError(RosterdError):
+    """A role's weights cannot be found or are not allowed; the message says where it looked."""
+
+
+# ----------------------------------------------------------------- adapters (layer 4)
+
+
+class AdapterError(RosterdError):
+    """A role cannot be served by its flavor's adapter; the message says why and what to fix."""
+
+
+class OllamaError(AdapterError):
+    """The ollama server refused or failed a load, unload or residency query."""
+
+
+# --------------------------------------------------------------- supervisor (layer 5)
+
+
+class SupervisorError(RosterdError):
+    """Base of the supervisor's errors; catch it to handle any of them. Never raised itself.
+
+    ``client_message``: the short reason an HTTP client may be told (no pids,
+    command lines or paths), or ``None`` when the message's first line will do.
+    """
+
+    client_message: str | None = None
+
+
+class BackendNameError(SupervisorError):
+    """Raised by ``Supervisor.start`` when a backend name is not a plain token.
+
+    The name becomes a log and a record file name, so it must be one (DESIGN.md:
+    ids must be plain tokens before they name a file or process).
+    """
+
+
+class BackendAlreadySupervisedError(SupervisorError):
+    """Raised by ``Supervisor.start`` for a name that is already supervised (stop it first)."""
+
+
+class BackendNotSupervisedError(SupervisorError):
+    """Raised by ``Supervisor.probe`` for a name that is not supervised."""
+
+
+class BackendStartError(SupervisorError):
+    """Raised when a backend's process exited (or was killed) before it became ready.
+
+    Its subclasses are raised for the other ways a start ends without a ready
+    backend. ``name`` is the backend, ``pid`` its process (gone by the time this
+    is raised), ``exit_code`` its exit status (negative: killed by that signal;
+    ``None``: still running when given up on), ``output_tail`` the last lines
+    of its stdout/stderr, ``log_path`` its full log.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        pid: int,
+        exit_code: int | None,
+        output_tail: tuple[str, ...],
+        log_path: Path,
+    ) -> None:
+        self.name = name
+        self.pid = pid
+        self.exit_code = exit_code
+        self.output_tail = output_tail
+        self.log_path = log_path
+        tail = "\n".join(f"  | {line}" for line in output_tail) or "  | (no output)"
+        super().__init__(f"{message}\nlast lines of {log_path}:\n{tail}")
+
+
+class BackendNotReadyError(BackendStartError):
+    """Raised when a backend did not pass its readiness probe before the deadline; it was killed."""
+
+
+class BackendStoppedError(BackendStartError):
+    """Raised by a ``start`` that a ``stop`` of the same backend ended before it was ready."""
+
+
+class PortInUseError(SupervisorError):
+    """Raised when another process listens on the backend's port.
+
+    ``host``/``port`` are the address; ``holder`` names the process
+    (``pid 123 (llama-server)``) or is ``None`` when the OS does not tell us.
+    """
+
+    def __init__(self, host: str, port: int, holder: str | None) -> None:
+        self.host = host
+        self.port = port
+        self.holder = holder
+        who = f"by {holder}" if holder else "by another process (its owner is not visible)"
+        self.client_message = (
+            f"port {port} is in use by another process; stop it or give the role another port"
+        )
+        super().__init__(
+            f"port {port} on {host} is already in use {who}; "
+            "stop that process or give the role another port"
+        )
+
+
+class StateDirLockedError(SupervisorError):
+    """Raised by ``lock_state_dir`` when another running rosterd holds the state folder's lock.
+
+    ``lock_path`` is the lock file, ``owner_pid`` the pid written in it (``None``
+    when it cannot be read).
+    """
+
+    def __init__(self, lock_path: Path, owner_pid: int | None) -> None:
+        self.lock_path = lock_path
+        self.owner_pid = owner_pid
+        who = f"pid {owner_pid}" if owner_pid is not None else "a process whose pid is unknown"
+        super().__init__(
+            f"another rosterd ({who}) is running with the state folder {lock_path.parent}; "
+            "stop it first, or give this one its own folder with --state-dir"
+        )
+
+
+# ---------------------------------------------------------------- scheduler (layer 6)
+
+
+class SchedulerError(RosterdError):
+    """A request could not get its role; ``retry_after_s`` (seconds) when retrying may help."""
+
+    retry_after_s: float | None = None
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
+
+
+class UnknownRoleError(SchedulerError):
+    """The role is not placed on any node this process runs."""
+
+
+class QueueFullError(SchedulerError):
+    """The role's queue holds ``max_queue`` waiters already (the router answers 429)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s)
+
+
+class QueueTimeoutError(SchedulerError):
+    """The request waited ``queue_timeout_s`` for its role (the router answers 503)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s)
+
+
+class RoleRefusedError(SchedulerError):
+    """The residency policy refused to load the role; the message is its reason."""
+
+
+class LoadFailedError(SchedulerError):
+    """The role's backend failed to start or become ready; the message says why."""
+
+
+class RoleUnavailableError(SchedulerError):
+    """The role cannot be served at all (found at start, e.g. its weights are missing);
+    no load is tried. The router answers 503 ``model_unavailable``."""
+
+
+class ShuttingDownError(SchedulerError):
+    """rosterd is stopping and takes no new requests."""
+
+
+# ------------------------------------------------------------------- router (layer 7)
+
+
+class ClientGoneError(RosterdError):
+    """The client disconnected before its answer was complete (no answer is sent)."""
+
+
+# ---------------------------------------------------------------------- cli (layer 8)
+
+
+class NotRunningError(RosterdError):
+    """No running ``rosterd up`` answers at the URL that ``ps``, ``load`` or ``unload`` was
+    given (nothing listens, or what answers does not speak HTTP); exit status 3."""

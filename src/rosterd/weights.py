@@ -21,16 +21,46 @@ reader (layout, refs, snapshots).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
-from rosterd.adapters.base import ResolvedWeights, WeightsSource
-from rosterd.errors import RosterdError
+from rosterd.errors import WeightsError
 from rosterd.fleet import Fleet
 from rosterd.spec import InferenceSpec, InferFlavor
 
 
-class WeightsError(RosterdError):
-    """A role's weights cannot be found or are not allowed; the message says where it looked."""
+@runtime_checkable
+class WeightsSource(Protocol):
+    """Where a role's weights are and how to serve them (``rosterd.fleet.ModelSource`` fits).
+
+    ``path`` is absolute (a GGUF file for llama.cpp, a model folder for mlx_lm);
+    ``ctx_size`` (tokens) and ``parallel`` (slots) are ``None`` for the
+    adapter's default; ``extra_args`` are appended to the argv as given.
+    """
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def ctx_size(self) -> int | None: ...
+    @property
+    def parallel(self) -> int | None: ...
+    @property
+    def extra_args(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedWeights:
+    """A ``WeightsSource`` built by ``rosterd.weights`` (e.g. from the Hugging Face cache).
+
+    ``size_bytes`` is the weights' size on disk (0 if unknown).
+    """
+
+    path: Path
+    ctx_size: int | None = None
+    parallel: int | None = None
+    extra_args: tuple[str, ...] = ()
+    size_bytes: int = 0
 
 
 def resolve_weights(

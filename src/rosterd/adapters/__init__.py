@@ -12,20 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from rosterd.adapters.base import (
-    Adapter,
-    AdapterError,
-    HttpProbe,
-    Launch,
-    ResolvedWeights,
-    SharedServer,
-    WeightsSource,
-    one_token_completion,
-)
+from rosterd.adapters.base import Adapter, HttpProbe, Launch, SharedServer, one_token_completion
 from rosterd.adapters.llamacpp import LlamaCppAdapter, find_llama_server
 from rosterd.adapters.mlx_lm import MlxLmAdapter
-from rosterd.adapters.ollama import OllamaAdapter, OllamaError
+from rosterd.adapters.ollama import OllamaAdapter
+from rosterd.errors import AdapterError, OllamaError
 from rosterd.spec import InferFlavor
+from rosterd.weights import ResolvedWeights, WeightsSource
 
 __all__ = [
     "ADAPTERS",

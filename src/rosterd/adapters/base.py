@@ -14,18 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
-from rosterd.errors import RosterdError
 from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.weights import WeightsSource
 
 if TYPE_CHECKING:
     import httpx
-
-
-class AdapterError(RosterdError):
-    """A role cannot be served by its flavor's adapter; the message says why and what to fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,39 +65,6 @@ class Launch:
         """``http://host:port`` (IPv6 hosts in brackets), no trailing slash."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
-
-
-@runtime_checkable
-class WeightsSource(Protocol):
-    """Where a role's weights are and how to serve them (``rosterd.fleet.ModelSource`` fits).
-
-    ``path`` is absolute (a GGUF file for llama.cpp, a model folder for mlx_lm);
-    ``ctx_size`` (tokens) and ``parallel`` (slots) are ``None`` for the
-    adapter's default; ``extra_args`` are appended to the argv as given.
-    """
-
-    @property
-    def path(self) -> Path: ...
-    @property
-    def ctx_size(self) -> int | None: ...
-    @property
-    def parallel(self) -> int | None: ...
-    @property
-    def extra_args(self) -> tuple[str, ...]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedWeights:
-    """A ``WeightsSource`` built by ``rosterd.weights`` (e.g. from the Hugging Face cache).
-
-    ``size_bytes`` is the weights' size on disk (0 if unknown).
-    """
-
-    path: Path
-    ctx_size: int | None = None
-    parallel: int | None = None
-    extra_args: tuple[str, ...] = ()
-    size_bytes: int = 0
 
 
 class SharedServer(Protocol):

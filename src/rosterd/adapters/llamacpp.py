@@ -26,15 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from rosterd.adapters.base import (
-    AdapterError,
-    HttpProbe,
-    Launch,
-    OpenAICompatible,
-    WeightsSource,
-    weights_size_hint,
-)
+from rosterd.adapters.base import HttpProbe, Launch, OpenAICompatible, weights_size_hint
+from rosterd.errors import AdapterError
 from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.weights import WeightsSource
 
 #: The llama-cpp-python release whose vendored llama.cpp ``scripts/build-llama-server`` builds.
 LLAMA_CPP_PYTHON_VERSION: Final[str] = "0.3.36"

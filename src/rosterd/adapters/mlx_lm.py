@@ -14,15 +14,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from rosterd.adapters.base import (
-    AdapterError,
-    Launch,
-    OpenAICompatible,
-    WeightsSource,
-    one_token_completion,
-    weights_size_hint,
-)
+from rosterd.adapters.base import Launch, OpenAICompatible, one_token_completion, weights_size_hint
+from rosterd.errors import AdapterError
 from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.weights import WeightsSource
 
 
 @dataclass(frozen=True, slots=True)

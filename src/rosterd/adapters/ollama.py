@@ -17,22 +17,13 @@ from typing import Final
 
 import httpx
 
-from rosterd.adapters.base import (
-    AdapterError,
-    HttpProbe,
-    Launch,
-    WeightsSource,
-    rewrite_model_field,
-    weights_size_hint,
-)
+from rosterd.adapters.base import HttpProbe, Launch, rewrite_model_field, weights_size_hint
+from rosterd.errors import AdapterError, OllamaError
 from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.weights import WeightsSource
 
 #: Ollama's own default port.
 DEFAULT_OLLAMA_PORT: Final[int] = 11434
-
-
-class OllamaError(AdapterError):
-    """The ollama server refused or failed a load, unload or residency query."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rosterd.cli import DEFAULT_URL, app, make_console
-from rosterd.cli.edge import NotRunningError
-from rosterd.errors import RosterdError
+from rosterd.errors import NotRunningError, RosterdError
 from rosterd.tokens import GB, valid_token
 
 if TYPE_CHECKING:

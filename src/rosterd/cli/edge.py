@@ -35,7 +35,7 @@ from typing import Any
 
 import typer
 
-from rosterd.errors import RosterdError
+from rosterd.errors import NotRunningError, RosterdError
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -45,11 +45,6 @@ EXIT_NOT_RUNNING = 3
 #: Keys of ``ctx.meta`` (one dict shared by a command's context and its parents').
 _JSON_KEY = "rosterd.errors_as_json"
 _TRACEBACK_KEY = "rosterd.show_tracebacks"
-
-
-class NotRunningError(RosterdError):
-    """No running ``rosterd up`` answers at the URL that ``ps``, ``load`` or ``unload`` was
-    given (nothing listens, or what answers does not speak HTTP); exit status 3."""
 
 
 def exit_status(error: RosterdError) -> int:

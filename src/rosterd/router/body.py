@@ -14,12 +14,8 @@ from typing import Any
 
 from starlette.types import Receive, Scope
 
-from rosterd.errors import RosterdError
+from rosterd.errors import ClientGoneError
 from rosterd.router.openai_errors import RouterError
-
-
-class ClientGoneError(RosterdError):
-    """The client disconnected before its answer was complete (no answer is sent)."""
 
 
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:

@@ -25,8 +25,9 @@ from typing import Any
 import httpx
 from starlette.types import Message, Receive, Scope, Send
 
+from rosterd.errors import ClientGoneError
 from rosterd.metrics import RosterdMetrics
-from rosterd.router.body import ClientGoneError, parse_json_object, read_body, requested_model
+from rosterd.router.body import parse_json_object, read_body, requested_model
 from rosterd.router.openai_errors import (
     RouterError,
     revoked_error,

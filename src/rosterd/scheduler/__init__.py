@@ -1,7 +1,8 @@
 """The scheduler (DESIGN.md layer 6): per node, a pure state machine and the loop applying it.
 
 - :mod:`~rosterd.scheduler.values`: phases, limits, leases, the logged events.
-- :mod:`~rosterd.scheduler.errors`: why a request could not get its role.
+- its errors (``SchedulerError`` and subclasses: why a request could not get
+  its role) are in :mod:`rosterd.errors`, re-exported here.
 - :mod:`~rosterd.scheduler.events`: the machine's events in and effects out.
 - :mod:`~rosterd.scheduler.machine`: ``NodeMachine``, the rules (pure).
 - :mod:`~rosterd.scheduler.node`: ``NodeScheduler``, the asyncio loop of one node.
@@ -14,7 +15,7 @@ Effects reach backends through :mod:`rosterd.backends` (``RoleBackends``).
 from __future__ import annotations
 
 from rosterd.backends import Endpoint, RoleBackends, SupervisorBackends, free_port
-from rosterd.scheduler.errors import (
+from rosterd.errors import (
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,

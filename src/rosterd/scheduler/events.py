@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rosterd.backends import Endpoint
-from rosterd.scheduler.errors import SchedulerError
+from rosterd.errors import SchedulerError
 from rosterd.scheduler.values import Revocation
 
 # --------------------------------------------------------------------------- events in

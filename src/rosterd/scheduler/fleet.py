@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from rosterd.scheduler.errors import UnknownRoleError
+from rosterd.errors import UnknownRoleError
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import Lease, SchedulerEvent
 from rosterd.supervisor import BackendEvent

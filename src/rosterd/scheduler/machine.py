@@ -23,6 +23,14 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
+from rosterd.errors import (
+    LoadFailedError,
+    QueueFullError,
+    QueueTimeoutError,
+    RoleRefusedError,
+    ShuttingDownError,
+    UnknownRoleError,
+)
 from rosterd.residency import (
     AlreadyResident,
     Load,
@@ -30,14 +38,6 @@ from rosterd.residency import (
     Wait,
     decide,
     excludes_each_other,
-)
-from rosterd.scheduler.errors import (
-    LoadFailedError,
-    QueueFullError,
-    QueueTimeoutError,
-    RoleRefusedError,
-    ShuttingDownError,
-    UnknownRoleError,
 )
 from rosterd.scheduler.events import (
     Acquire,

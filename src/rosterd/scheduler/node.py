@@ -27,8 +27,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from rosterd.backends import BackendEventSource, RoleBackends
+from rosterd.errors import RoleUnavailableError, ShuttingDownError, UnknownRoleError
 from rosterd.metrics import RosterdMetrics
-from rosterd.scheduler.errors import RoleUnavailableError, ShuttingDownError, UnknownRoleError
 from rosterd.scheduler.events import (
     Acquire,
     BackendChanged,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rosterd.backends import Endpoint
+from rosterd.errors import SchedulerError
 from rosterd.residency import NodeState, excludes_each_other
-from rosterd.scheduler.errors import SchedulerError
 from rosterd.scheduler.events import Effect, FailWaiter, RecordEvent, UpdateGauges
 from rosterd.scheduler.values import HOLDS_MEMORY, Phase, Revocation, SchedulerLimits
 from rosterd.spec import InferenceSpec

@@ -13,14 +13,15 @@ servers that adapters describe (``Launch``). Its parts, one concept each:
   and the reaping of an earlier run's leftovers (never anyone else's);
 - ``lifecycle``: the ``Supervisor`` itself, its ``Backend`` snapshots and
   ``BackendEvent``s, restarts with capped exponential backoff;
-- ``errors``: the supervisor's error tree, one reason per type.
+- its errors (``SupervisorError`` and subclasses) are in :mod:`rosterd.errors`,
+  re-exported here.
 
 Every name below is importable from ``rosterd.supervisor``.
 """
 
 from __future__ import annotations
 
-from rosterd.supervisor.errors import (
+from rosterd.errors import (
     BackendAlreadySupervisedError,
     BackendNameError,
     BackendNotReadyError,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from rosterd.adapters.base import HttpProbe, Launch
-from rosterd.supervisor.errors import (
+from rosterd.errors import (
     BackendAlreadySupervisedError,
     BackendNameError,
     BackendNotSupervisedError,

@@ -12,7 +12,7 @@ import socket
 
 import psutil
 
-from rosterd.supervisor.errors import PortInUseError
+from rosterd.errors import PortInUseError
 
 
 def _family(host: str) -> socket.AddressFamily:

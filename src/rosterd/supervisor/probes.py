@@ -21,7 +21,7 @@ from typing import Final
 import httpx
 
 from rosterd.adapters.base import HttpProbe, Launch
-from rosterd.supervisor.errors import BackendNotReadyError, BackendStartError, BackendStoppedError
+from rosterd.errors import BackendNotReadyError, BackendStartError, BackendStoppedError
 from rosterd.supervisor.process import describe_exit, output_tail
 from rosterd.tokens import GB
 

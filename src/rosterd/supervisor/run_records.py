@@ -28,7 +28,7 @@ from typing import Final
 
 import psutil
 
-from rosterd.supervisor.errors import StateDirLockedError
+from rosterd.errors import StateDirLockedError
 from rosterd.supervisor.process import stop_foreign_group
 
 #: Two start times closer than this (seconds) are the same: psutil rounds them.
