@@ -63,3 +63,31 @@ class RosterError(InputError):
 
 class FleetError(InputError):
     """The fleet file is rejected as a whole."""
+
+
+class ClusterError(RosterdError):
+    """Running the fleet on a Ray cluster failed; the message says which node and why."""
+
+
+class RayNotInstalledError(ClusterError):
+    """``--ray-address`` was asked for but Ray (the ``ray`` extra) is not installed."""
+
+
+class ClusterConnectError(ClusterError):
+    """The Ray cluster at the given address cannot be joined (unreachable, refused, bad address)."""
+
+
+class NodeAgentError(ClusterError):
+    """A node agent failed in a way that is not a backend's failure (a fault in the agent,
+    or Ray could not reach it for a moment). ``node`` names the fleet node."""
+
+    def __init__(self, node: str, message: str) -> None:
+        self.node = node
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.node, str(self)))
+
+
+class NodeLostError(NodeAgentError):
+    """A fleet node's Ray node died, or its agent did: nothing of that node runs any more."""
