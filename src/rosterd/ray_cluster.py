@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import ipaddress
 import logging
 import socket
@@ -61,10 +62,9 @@ def import_ray() -> ModuleType:
         RayNotInstalledError: Ray is not installed (the message says how to get it).
     """
     try:
-        import ray
+        return importlib.import_module("ray")
     except ImportError:
         raise RayNotInstalledError(RAY_MISSING) from None
-    return ray
 
 
 @dataclass(frozen=True, slots=True)
