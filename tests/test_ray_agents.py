@@ -394,9 +394,9 @@ async def test_a_lost_node_is_reported_and_its_backend_dies_with_its_agent(
         assert losses[0].ray_node_id == spare.node_id
         assert losses[0].reason.startswith("node spare is lost")
         assert await wait_until_gone(pid, 30.0)  # it died with its agent
-        assert [(e.name, e.kind, e.final) for e in events[-2:]] == [
-            ("chat", "exited", False),
-            ("chat", "restart_failed", True),
+        assert [(e.name, e.kind, e.pid, e.final) for e in events[-2:]] == [
+            ("chat", "exited", pid, False),
+            ("chat", "restart_failed", pid, True),
         ]
         with pytest.raises(NodeLostError, match="node spare is lost"):
             await backends.start("chat")

@@ -333,6 +333,7 @@ class AgentBackends:
         self._on_lost = on_lost
         self._event_poll_s = event_poll_s
         self._running: set[str] = set()
+        self._pids: dict[str, int] = {}  # role -> its backend's last pid on the node
         self._lost_reason: str | None = None
         self._pump: asyncio.Task[None] | None = None
         #: What the agent said when it opened (set by whoever opened it).
@@ -364,9 +365,16 @@ class AgentBackends:
         return Endpoint(endpoint.base_url, endpoint.served_model, None)
 
     async def stop(self, role: str) -> None:
-        """Stop ``role``'s backend on the node; returns after it exited (at once when lost)."""
+        """Stop ``role``'s backend on the node; returns after it exited (at once when lost:
+        the backend died with the agent, so there is nothing to wait for).
+
+        Raises:
+            NodeAgentError: the agent failed otherwise (the backend may still run).
+            RosterdError: what the node's supervisor raised.
+        """
         if self._lost_reason is None:
-            await self.call(self._actor.stop.remote(role))
+            with contextlib.suppress(NodeLostError):
+                await self.call(self._actor.stop.remote(role))
         self._running.discard(role)
 
     async def measured_bytes(self) -> dict[str, int]:
@@ -391,9 +399,11 @@ class AgentBackends:
         if self._pump is not None and self._pump is not asyncio.current_task():
             self._pump.cancel()
         for role in sorted(self._running):
-            self._emit(BackendEvent(role, "exited", detail=reason))
-            self._emit(BackendEvent(role, "restart_failed", detail=reason, final=True))
+            pid = self._pids.get(role)
+            self._emit(BackendEvent(role, "exited", pid=pid, detail=reason))
+            self._emit(BackendEvent(role, "restart_failed", pid=pid, detail=reason, final=True))
         self._running.clear()
+        self._pids.clear()
         if self._on_lost is not None:
             self._on_lost(self.node, reason)
 
@@ -427,6 +437,8 @@ class AgentBackends:
             raise NodeLostError(self.node, self._lost_reason)
 
     def _emit(self, event: BackendEvent) -> None:
+        if event.kind == "ready" and event.pid is not None:
+            self._pids[event.name] = event.pid
         if event.name in self._running and (
             event.kind == "stopped" or (event.kind == "restart_failed" and event.final)
         ):
