@@ -46,7 +46,7 @@ from rosterd.ray_cluster import (
 )
 from rosterd.scheduler import NodeScheduler, Scheduler, SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
-from rosterd.supervisor import BackendEvent, BackendStartError
+from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedError
 from rosterd.tokens import GB
 from rosterd.weights import WeightsError
 
@@ -357,6 +357,13 @@ async def test_a_node_error_is_raised_on_the_head_as_itself(
             await backends.start("chat")
         with pytest.raises(ClusterError, match="already has an agent"):
             await ray_fleet.start_agent("worker", {})
+        # A second rosterd on the same node and state folder is refused, not let in.
+        second = connect_fleet(cluster.address, fleet)
+        with pytest.raises(StateDirLockedError) as caught:
+            await second.start_agent("worker", {}, state_root=str(tmp_path / "state"))
+        assert caught.value.lock_path == tmp_path / "state" / "nodes" / "worker" / "rosterd.lock"
+        assert caught.value.owner_pid == (backends.info.pid if backends.info else None)
+        assert second.agents == {}
     finally:
         await ray_fleet.close()
 
