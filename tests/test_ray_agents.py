@@ -447,3 +447,37 @@ async def test_an_agent_that_dies_takes_its_backends_and_its_node_is_lost(
             await backends.start("chat")
     finally:
         await ray_fleet.close()
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_a_ray_node_marked_dead_is_a_lost_node(cluster: Any, tmp_path: Path) -> None:
+    # A Ray node can be declared dead while its agent's calls have not failed yet (a
+    # network split); here the cluster's listing says so, and the node is lost at once.
+    fleet = fleet_of({"worker": WORKER_IP}, Path("unused.gguf"), [])
+    ray_fleet = connect_fleet(cluster.address, fleet)
+    losses: list[NodeLost] = []
+    watcher = asyncio.create_task(ray_fleet.watch(losses.append, poll_s=0.2))
+    try:
+        backends = await ray_fleet.start_agent("worker", {}, state_root=str(tmp_path / "state"))
+        await asyncio.sleep(0.5)
+        assert losses == []  # alive: nothing to report
+        worker_id = ray_fleet.connection("worker").ray_node_id
+        assert worker_id is not None
+        ray_fleet.check([RayNode(worker_id, WORKER_IP, alive=False, death_reason="no heartbeat")])
+        assert losses == [
+            NodeLost(
+                "worker",
+                worker_id,
+                f"node worker is lost: its Ray node at {WORKER_IP} is no longer alive: "
+                "no heartbeat",
+            )
+        ]
+        assert backends.lost_reason == losses[0].reason
+        with pytest.raises(NodeLostError):
+            await backends.start("chat")
+        assert backends.info is not None
+        assert await wait_until_gone(backends.info.pid, 30.0)  # a lost node's agent is ended
+    finally:
+        watcher.cancel()
+        await ray_fleet.close()

@@ -308,14 +308,15 @@ class AgentBackends:
     (made by ``rosterd.ray_cluster``); ``on_event``: hears every backend event
     of the node as ``Supervisor(on_event=...)`` would (called on the event
     loop; the event's ``pid`` is a process on the node's machine);
-    ``on_lost(node, reason)``: told once when the agent is found dead.
+    ``on_lost(node, reason)``: told once when the node is taken as lost.
 
     ``start`` returns an ``Endpoint`` whose ``pid`` is ``None`` (the process is
     not on this machine; :meth:`measured_bytes` gives its RSS). After the node
     is lost (:meth:`lost`), ``start`` raises ``NodeLostError``, ``stop`` returns
     at once (nothing of the node runs: its backends died with the agent), and
     every role that was running gets an ``exited`` then a final
-    ``restart_failed`` event, so its node scheduler stops serving it.
+    ``restart_failed`` event, so its node scheduler stops serving it, and the
+    agent is ended if it still runs (its backends die with it).
     """
 
     def __init__(
@@ -404,6 +405,9 @@ class AgentBackends:
             self._emit(BackendEvent(role, "restart_failed", pid=pid, detail=reason, final=True))
         self._running.clear()
         self._pids.clear()
+        # Ray may declare a node dead that still runs (a network split): end the agent,
+        # and with it its backends, so that nothing of a lost node goes on holding memory.
+        self._kill_actor()
         if self._on_lost is not None:
             self._on_lost(self.node, reason)
 
@@ -417,10 +421,13 @@ class AgentBackends:
             with contextlib.suppress(NodeAgentError):
                 await self.call(self._actor.close.remote())
         self._running.clear()
+        self._kill_actor()
+
+    def _kill_actor(self) -> None:
         import ray
 
         with contextlib.suppress(Exception):  # already dead is fine
-            ray.kill(self._actor)
+            ray.kill(self._actor, no_restart=True)
 
     async def call(self, ref: Awaitable[_T]) -> _T:
         """Await ``ref`` (a call to the agent), Ray's errors mapped by :func:`map_ray_errors`;

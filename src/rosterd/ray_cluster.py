@@ -397,17 +397,21 @@ class RayFleet:
                 on_lost(event)
         while True:
             with contextlib.suppress(RosterdError):
-                nodes = {rn.node_id: rn for rn in await asyncio.to_thread(list_ray_nodes)}
-                for node in list(self._agents):
-                    conn = self.connection(node)
-                    rn = nodes.get(conn.ray_node_id or "")
-                    if rn is None or not rn.alive:
-                        why = f": {rn.death_reason}" if rn is not None and rn.death_reason else ""
-                        self._agents[node].lost(
-                            f"node {node} is lost: its Ray node at {conn.address} "
-                            f"is no longer alive{why}"
-                        )
+                self.check(await asyncio.to_thread(list_ray_nodes))
             await asyncio.sleep(poll_s)
+
+    def check(self, ray_nodes: Sequence[RayNode]) -> None:
+        """Take as lost every node with an agent whose Ray node is not alive (or not listed)
+        in ``ray_nodes`` (what :meth:`watch` does at each poll; a lost node stays lost)."""
+        by_id = {rn.node_id: rn for rn in ray_nodes}
+        for node, backends in list(self._agents.items()):
+            conn = self.connection(node)
+            rn = by_id.get(conn.ray_node_id or "")
+            if rn is None or not rn.alive:
+                why = f": {rn.death_reason}" if rn is not None and rn.death_reason else ""
+                backends.lost(
+                    f"node {node} is lost: its Ray node at {conn.address} is no longer alive{why}"
+                )
 
     async def close(self) -> None:
         """Stop every agent's backends and end the agents (concurrently); returns once done.
