@@ -43,6 +43,7 @@ from rosterd.ray_cluster import (
     disconnect,
     import_ray,
     match_fleet,
+    ray_address,
 )
 from rosterd.scheduler import NodeScheduler, Scheduler, SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -191,6 +192,13 @@ def test_ray_address_without_ray_says_how_to_install_it(monkeypatch: pytest.Monk
         connect_fleet("10.0.0.1:6379", Fleet(nodes=(node("a", "10.0.0.1"),)))
 
 
+def test_the_ray_address_comes_from_the_option_else_the_environment() -> None:
+    assert ray_address("10.0.0.1:6379", {"RAY_ADDRESS": "10.0.0.2:6379"}) == "10.0.0.1:6379"
+    assert ray_address(None, {"RAY_ADDRESS": "10.0.0.2:6379"}) == "10.0.0.2:6379"
+    assert ray_address(None, {"RAY_ADDRESS": " "}) is None
+    assert ray_address(None, {}) is None
+
+
 def test_rosterd_without_a_ray_fleet_never_imports_ray() -> None:
     code = (
         "import sys, rosterd.ray_cluster, rosterd.node_agent, rosterd.scheduler\n"
@@ -265,7 +273,9 @@ async def test_roles_on_two_nodes_are_served_by_their_own_agents(
     fleet = fleet_of(
         {"head": HEAD_IP, "worker": WORKER_IP, "absent": ABSENT_IP}, tiny_gguf, ["chat", "code"]
     )
+    sigterm = signal.getsignal(signal.SIGTERM)
     ray_fleet = connect_fleet(cluster.address, fleet)
+    assert signal.getsignal(signal.SIGTERM) is sigterm  # rosterd's own drain stays in charge
     conns = {c.node: c for c in ray_fleet.connections}
     assert conns["head"].ray_node_id == cluster.head_node.node_id
     assert conns["worker"].ray_node_id == next(iter(cluster.worker_nodes)).node_id

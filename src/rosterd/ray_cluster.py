@@ -29,7 +29,9 @@ import functools
 import importlib
 import ipaddress
 import logging
+import signal
 import socket
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -235,6 +237,15 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
+def ray_address(option: str | None, environ: Mapping[str, str]) -> str | None:
+    """The Ray cluster to join: ``--ray-address`` (``option``), else ``RAY_ADDRESS`` from
+    ``environ``; ``None`` (blank counts as unset) means no Ray: serve this machine alone."""
+    for given in (option, environ.get("RAY_ADDRESS")):
+        if given is not None and given.strip():
+            return given.strip()
+    return None
+
+
 def connect_fleet(
     address: str,
     fleet: Fleet,
@@ -247,8 +258,9 @@ def connect_fleet(
     ``RAY_ADDRESS``), or ``auto`` (the cluster this machine joined). A cluster
     is never started here. Joining twice in one process reuses the first
     connection. ``resolve``: a fleet address -> its IPs (default
-    :func:`node_addresses`). Blocks while joining (seconds); call it before
-    serving, or in a thread. The connections are in :attr:`RayFleet.connections`.
+    :func:`node_addresses`). Blocks while joining (seconds): call it from the
+    main thread before serving; the process's SIGTERM handler is left as it
+    was. The connections are in :attr:`RayFleet.connections`.
 
     Raises:
         RayNotInstalledError: the ``ray`` extra is not installed.
@@ -257,16 +269,21 @@ def connect_fleet(
     ray = import_ray()
     if not ray.is_initialized():
         _check_reachable(address)
+        # ray.init sets its own SIGTERM handler (exit at once); rosterd drains first.
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
         try:
             ray.init(
                 address=address,
                 ignore_reinit_error=True,
                 logging_level=logging.WARNING,
                 log_to_driver=False,  # the agents' own output stays in Ray's logs
-                configure_logging=True,
             )
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
             raise ClusterConnectError(f"cannot join the Ray cluster at {address}: {exc}") from exc
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, sigterm)
     nodes = list_ray_nodes()
     addresses = {node.name: tuple(resolve(node.address)) for node in fleet.nodes}
     return RayFleet(fleet, match_fleet(fleet, nodes, addresses))
