@@ -27,6 +27,11 @@
     │   ├── LoadFailedError               the backend failed to start, or its restart was given up
     │   ├── RoleUnavailableError          the role cannot be served at all (weights missing)
     │   └── ShuttingDownError             rosterd is stopping
+    ├── ClusterError                      running the fleet on a Ray cluster failed
+    │   ├── RayNotInstalledError          --ray-address without the ``ray`` extra
+    │   ├── ClusterConnectError           the cluster cannot be joined
+    │   └── NodeAgentError                a node agent failed (not a backend's failure)
+    │       └── NodeLostError             a node's Ray node or its agent died
     ├── ClientGoneError                   the HTTP client left before its answer was complete
     ├── RouterError                       one OpenAI error answer (rosterd.router.openai_errors:
     │                                     it carries its row of the status/type/code table)
@@ -34,7 +39,8 @@
 
 Where an error of a dependency crosses into rosterd it is mapped to one of these
 once, at that boundary, with ``raise ... from exc`` (httpx errors in
-``rosterd.router.openai_errors``; OS errors of processes in ``rosterd.supervisor``).
+``rosterd.router.openai_errors``; OS errors of processes in ``rosterd.supervisor``;
+Ray's errors in ``rosterd.node_agent.map_ray_errors``).
 ``RouterError`` lives with the router's error table because its status, type and
 code come from that table. The CLI turns a ``RosterdError`` into its message and
 an exit status in one place (``rosterd.cli.edge``).
@@ -277,6 +283,37 @@ class RoleUnavailableError(SchedulerError):
 
 class ShuttingDownError(SchedulerError):
     """rosterd is stopping and takes no new requests."""
+
+
+# ---------------------------------------------------- the fleet on Ray (layer 6)
+
+
+class ClusterError(RosterdError):
+    """Running the fleet on a Ray cluster failed; the message says which node and why."""
+
+
+class RayNotInstalledError(ClusterError):
+    """``--ray-address`` was asked for but Ray (the ``ray`` extra) is not installed."""
+
+
+class ClusterConnectError(ClusterError):
+    """The Ray cluster at the given address cannot be joined (unreachable, refused, bad address)."""
+
+
+class NodeAgentError(ClusterError):
+    """A node agent failed in a way that is not a backend's failure (a fault in the agent,
+    or Ray could not reach it for a moment). ``node`` names the fleet node."""
+
+    def __init__(self, node: str, message: str) -> None:
+        self.node = node
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.node, str(self)))
+
+
+class NodeLostError(NodeAgentError):
+    """A fleet node's Ray node died, or its agent did: nothing of that node runs any more."""
 
 
 # ------------------------------------------------------------------- router (layer 7)

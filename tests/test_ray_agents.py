@@ -1,0 +1,493 @@
+"""The fleet on Ray: fleet nodes matched to Ray nodes, one agent per node serving real backends.
+
+A ``ray.cluster_utils.Cluster`` runs several Ray nodes on this machine, each
+at its own loopback address (127.0.0.2, 127.0.0.3, ...: all of 127/8 is
+loopback on Linux), standing for the fleet's machines; so matching by address
+is real. Each node's agent starts a real llama-server on the tiny GGUF,
+listening on that node's address, and the test reaches it over HTTP there.
+Every Ray process a test starts is stopped by its own handle
+(``Cluster.shutdown``, ``Cluster.remove_node``), never ``ray stop``.
+The Ray tests skip with the reason when Ray (the ``ray`` extra) is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from backend_helpers import gone
+from rosterd.errors import (
+    ClusterError,
+    NodeLostError,
+    RayNotInstalledError,
+    WeightsError,
+)
+from rosterd.fleet import Fleet, ModelSource, Node, Platform
+from rosterd.node_agent import CarriedError
+from rosterd.ray_cluster import (
+    RAY_MISSING,
+    NodeLost,
+    RayNode,
+    connect_fleet,
+    disconnect,
+    import_ray,
+    match_fleet,
+    ray_address,
+)
+from rosterd.scheduler import NodeScheduler, Scheduler, SchedulerLimits
+from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedError
+from rosterd.tokens import GB
+
+try:
+    import ray  # noqa: F401
+
+    HAVE_RAY = True
+except ImportError:
+    HAVE_RAY = False
+
+needs_ray = pytest.mark.skipif(not HAVE_RAY, reason=f"{RAY_MISSING} (the Ray tests need it)")
+
+HEAD_IP, WORKER_IP, SPARE_IP, ABSENT_IP = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.9"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def node(name: str, address: str) -> Node:
+    return Node(
+        name=name,
+        memory_bytes=8 * GB,
+        reserved_bytes=GB,
+        platform=Platform.LINUX_X86_64,
+        flavors=frozenset({InferFlavor.LLAMACPP}),
+        address=address,
+    )
+
+
+def tiny_spec(role: str) -> InferenceSpec:
+    return InferenceSpec(
+        role=role,
+        flavor=InferFlavor.LLAMACPP,
+        model=f"tiny-{role}",
+        memory=MemorySpec(weights_bytes=GB // 10),
+    )
+
+
+def fleet_of(nodes: dict[str, str], gguf: Path, roles: list[str]) -> Fleet:
+    """Nodes name -> address; every role in ``roles`` served from ``gguf`` with one thread."""
+    source = ModelSource(path=gguf, ctx_size=256, parallel=1, extra_args=("-t", "1"))
+    return Fleet(
+        nodes=tuple(node(n, a) for n, a in nodes.items()),
+        models={role: source for role in roles},
+        model_roots=(gguf.parent,),
+    )
+
+
+async def complete(base_url: str, model: str) -> str:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        answer = await client.post(
+            base_url + "/v1/completions",
+            json={"model": model, "prompt": "Hello", "max_tokens": 4, "temperature": 0},
+            timeout=60,
+        )
+    assert answer.status_code == 200, answer.text
+    text = answer.json()["choices"][0]["text"]
+    assert isinstance(text, str)
+    return text
+
+
+async def eventually(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``done()`` turns true within ``timeout_s`` seconds (checked every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    # another process's state (or events on their way from one): nothing to await
+    while not done() and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.1)
+    return done()
+
+
+async def wait_until_gone(pid: int, timeout_s: float) -> bool:
+    return await eventually(lambda: gone(pid), timeout_s)
+
+
+def listen_addresses(pid: int) -> set[str]:
+    return {
+        c.laddr.ip
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+
+
+# --------------------------------------------------------------------------- without Ray
+
+
+def test_fleet_nodes_match_ray_nodes_by_ip() -> None:
+    fleet = Fleet(
+        nodes=(
+            node("a", "10.0.0.1"),
+            node("b", "10.0.0.2"),
+            node("c", "10.0.0.3"),
+            node("d", "10.0.0.4"),
+            node("e", "gpu-box"),
+            node("f", "gpu-box-2"),
+        )
+    )
+    ray_nodes = [
+        RayNode("aa" * 14, "10.0.0.1", alive=True),
+        RayNode("bb" * 14, "10.0.0.2", alive=False),
+        RayNode("c1" * 14, "10.0.0.3", alive=True),
+        RayNode("c2" * 14, "10.0.0.3", alive=True),
+        RayNode("ee" * 14, "10.0.0.5", alive=True),
+    ]
+    got = {c.node: c for c in match_fleet(fleet, ray_nodes, {"e": ["10.0.0.5"], "f": []})}
+    assert got["a"].connected
+    assert got["a"].ray_node_id == "aa" * 14
+    assert got["a"].reason == f"Ray node {'aa' * 6} at 10.0.0.1"
+    assert not got["b"].connected
+    assert got["b"].reason == "the Ray node at 10.0.0.2 is not alive"
+    assert not got["c"].connected
+    assert got["c"].reason.startswith("2 live Ray nodes have address 10.0.0.3")
+    assert not got["d"].connected
+    assert got["d"].reason == (
+        "no live Ray node has address 10.0.0.4 (live Ray nodes: 10.0.0.1, 10.0.0.3, 10.0.0.5); "
+        "join that machine with `ray start --address`"
+    )
+    assert got["e"].ray_node_id == "ee" * 14  # a name, resolved
+    assert got["f"].reason == "address gpu-box-2 does not resolve to an IP address"
+
+
+def test_a_rosterd_error_crosses_the_agent_boundary_whole() -> None:
+    err = BackendStartError(
+        "backend r exited with code 1 before it was ready",
+        name="r",
+        pid=42,
+        exit_code=1,
+        output_tail=("bad model",),
+        log_path=Path("logs/r.log"),
+    )
+    back = pickle.loads(pickle.dumps(CarriedError(err))).unwrap()
+    assert type(back) is BackendStartError
+    assert str(back) == str(err)
+    assert (back.name, back.pid, back.exit_code, back.output_tail) == ("r", 42, 1, ("bad model",))
+    lost = pickle.loads(pickle.dumps(NodeLostError("b", "node b is lost")))
+    assert (lost.node, str(lost)) == ("b", "node b is lost")
+
+
+def test_ray_address_without_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
+    with pytest.raises(RayNotInstalledError) as caught:
+        import_ray()
+    assert str(caught.value) == "Ray is not installed: pip install 'rosterd[ray]'"
+    with pytest.raises(RayNotInstalledError):
+        connect_fleet("10.0.0.1:6379", Fleet(nodes=(node("a", "10.0.0.1"),)))
+
+
+def test_the_ray_address_comes_from_the_option_else_the_environment() -> None:
+    assert ray_address("10.0.0.1:6379", {"RAY_ADDRESS": "10.0.0.2:6379"}) == "10.0.0.1:6379"
+    assert ray_address(None, {"RAY_ADDRESS": "10.0.0.2:6379"}) == "10.0.0.2:6379"
+    assert ray_address(None, {"RAY_ADDRESS": " "}) is None
+    assert ray_address(None, {}) is None
+
+
+def test_rosterd_without_a_ray_fleet_never_imports_ray() -> None:
+    code = (
+        "import sys, rosterd.ray_cluster, rosterd.node_agent, rosterd.scheduler\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@needs_ray
+def test_joining_never_starts_a_cluster_and_says_why_it_cannot_join() -> None:
+    # A fresh process: this one may already have joined the test cluster.
+    code = (
+        "import sys\n"
+        "from rosterd.errors import ClusterConnectError\n"
+        "from rosterd.fleet import local_fleet\n"
+        "from rosterd.ray_cluster import connect_fleet\n"
+        "for address in sys.argv[1:]:\n"
+        "    try:\n"
+        "        connect_fleet(address, local_fleet())\n"
+        "    except ClusterConnectError as err:\n"
+        "        print(err)\n"
+        "import ray\n"
+        "assert not ray.is_initialized()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, "127.0.0.9:1", "ray://127.0.0.9:10001", "nonsense"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("cannot reach the Ray cluster at 127.0.0.9:1: Connection refused")
+    assert "not a URL" in lines[1]
+    assert lines[2] == "--ray-address nonsense: expected HOST:PORT, e.g. 192.168.1.10:6379"
+
+
+# --------------------------------------------------------------------------- on a Ray cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A Ray head at 127.0.0.2 and a second Ray node at 127.0.0.3, one CPU each."""
+    if not HAVE_RAY:
+        pytest.skip(f"{RAY_MISSING} (the Ray tests need it)")
+    from ray.cluster_utils import Cluster
+
+    ray_cluster: Any = Cluster(  # Ray's test cluster is untyped
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": HEAD_IP},
+    )
+    try:
+        ray_cluster.add_node(num_cpus=1, node_ip_address=WORKER_IP)
+        ray_cluster.wait_for_nodes()
+        yield ray_cluster
+    finally:
+        disconnect()
+        ray_cluster.shutdown()
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_roles_on_two_nodes_are_served_by_their_own_agents(
+    cluster: Any, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
+) -> None:
+    fleet = fleet_of(
+        {"head": HEAD_IP, "worker": WORKER_IP, "absent": ABSENT_IP}, tiny_gguf, ["chat", "code"]
+    )
+    sigterm = signal.getsignal(signal.SIGTERM)
+    ray_fleet = connect_fleet(cluster.address, fleet)
+    assert signal.getsignal(signal.SIGTERM) is sigterm  # rosterd's own drain stays in charge
+    conns = {c.node: c for c in ray_fleet.connections}
+    assert conns["head"].ray_node_id == cluster.head_node.node_id
+    assert conns["worker"].ray_node_id == next(iter(cluster.worker_nodes)).node_id
+    assert not conns["absent"].connected
+    assert conns["absent"].reason.startswith("no live Ray node has address 127.0.0.9")
+    with pytest.raises(ClusterError, match="node absent is not connected"):
+        await ray_fleet.start_agent("absent", {})
+
+    events: list[BackendEvent] = []
+    placed = {"head": "chat", "worker": "code"}
+    try:
+        backends = {
+            name: await ray_fleet.start_agent(
+                name,
+                {role: tiny_spec(role)},
+                on_event=events.append,
+                state_root=str(tmp_path / "state"),
+                auto_ports=True,
+                grace_s=5.0,
+            )
+            for name, role in placed.items()
+        }
+        agent_pids = {name: b.info.pid for name, b in backends.items() if b.info is not None}
+        assert len(set(agent_pids.values())) == 2  # one agent process per node
+        for name in placed:
+            state_dir = tmp_path / "state" / "nodes" / name
+            info = backends[name].info
+            assert info is not None
+            assert info.state_dir == str(state_dir)
+
+        # The node schedulers drive the agents as they drive the local supervisor.
+        scheduler = Scheduler(
+            {
+                name: NodeScheduler(
+                    name, 4 * GB, {role: tiny_spec(role)}, backends[name], limits=SchedulerLimits()
+                )
+                for name, role in placed.items()
+            }
+        )
+        scheduler.start()
+        try:
+            leases = await asyncio.gather(*(scheduler.acquire(r) for r in placed.values()))
+            pids: dict[str, int] = {}
+            for lease in leases:
+                address = fleet.node(lease.node).address
+                assert lease.endpoint.base_url.startswith(f"http://{address}:")
+                assert lease.endpoint.pid is None  # not a process of this machine
+                assert await complete(lease.endpoint.base_url, lease.endpoint.served_model) != ""
+                scheduler.release(lease)
+                (pid,) = (await backends[lease.node].backend_pids()).values()
+                pids[lease.node] = pid
+                server = psutil.Process(pid)
+                assert Path(server.exe()).name == "llama-server"
+                assert server.ppid() == agent_pids[lease.node]  # started by its node's agent
+                assert listen_addresses(pid) == {address}
+                (rss,) = (await backends[lease.node].measured_bytes()).values()
+                assert rss > 0
+                log = tmp_path / "state" / "nodes" / lease.node / "logs" / f"{lease.role}.log"
+                assert "--- rosterd: starting" in log.read_text(errors="replace")
+            ready = {(e.name, e.pid) for e in events if e.kind == "ready"}
+            assert ready == {(placed[n], pids[n]) for n in placed}
+        finally:
+            await scheduler.shutdown()
+        for pid in pids.values():
+            assert gone(pid)
+        # events come from the nodes a moment later than the stops returned
+        stopped = set(placed.values())
+        assert await eventually(
+            lambda: {e.name for e in events if e.kind == "stopped"} == stopped, 10.0
+        )
+    finally:
+        await ray_fleet.close()
+    for pid in agent_pids.values():
+        assert await wait_until_gone(pid, 30.0)
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_a_node_error_is_raised_on_the_head_as_itself(
+    cluster: Any, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    fleet = fleet_of({"worker": WORKER_IP}, tiny_gguf, [])  # no weights known for any role
+    ray_fleet = connect_fleet(cluster.address, fleet)
+    try:
+        backends = await ray_fleet.start_agent(
+            "worker", {"chat": tiny_spec("chat")}, state_root=str(tmp_path / "state")
+        )
+        with pytest.raises(WeightsError, match="role chat: no weights found"):
+            await backends.start("chat")
+        with pytest.raises(ClusterError, match="already has an agent"):
+            await ray_fleet.start_agent("worker", {})
+        # A second rosterd on the same node and state folder is refused, not let in.
+        second = connect_fleet(cluster.address, fleet)
+        with pytest.raises(StateDirLockedError) as caught:
+            await second.start_agent("worker", {}, state_root=str(tmp_path / "state"))
+        assert caught.value.lock_path == tmp_path / "state" / "nodes" / "worker" / "rosterd.lock"
+        assert caught.value.owner_pid == (backends.info.pid if backends.info else None)
+        assert second.agents == {}
+    finally:
+        await ray_fleet.close()
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_a_lost_node_is_reported_and_its_backend_dies_with_its_agent(
+    cluster: Any, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
+) -> None:
+    spare = cluster.add_node(num_cpus=1, node_ip_address=SPARE_IP)
+    cluster.wait_for_nodes()
+    removed = False
+    fleet = fleet_of({"spare": SPARE_IP}, tiny_gguf, ["chat"])
+    ray_fleet = connect_fleet(cluster.address, fleet)
+    assert ray_fleet.connection("spare").ray_node_id == spare.node_id
+    events: list[BackendEvent] = []
+    losses: list[NodeLost] = []
+    watcher = asyncio.create_task(ray_fleet.watch(losses.append, poll_s=0.5))
+    try:
+        backends = await ray_fleet.start_agent(
+            "spare",
+            {"chat": tiny_spec("chat")},
+            on_event=events.append,
+            state_root=str(tmp_path / "state"),
+            auto_ports=True,
+        )
+        endpoint = await backends.start("chat")
+        assert endpoint.base_url.startswith(f"http://{SPARE_IP}:")
+        (pid,) = (await backends.backend_pids()).values()
+
+        cluster.remove_node(spare)
+        removed = True
+        assert await eventually(lambda: bool(losses), 60.0)
+        assert [lost.node for lost in losses] == ["spare"]
+        assert losses[0].ray_node_id == spare.node_id
+        assert losses[0].reason.startswith("node spare is lost")
+        assert await wait_until_gone(pid, 30.0)  # it died with its agent
+        assert [(e.name, e.kind, e.pid, e.final) for e in events[-2:]] == [
+            ("chat", "exited", pid, False),
+            ("chat", "restart_failed", pid, True),
+        ]
+        with pytest.raises(NodeLostError, match="node spare is lost"):
+            await backends.start("chat")
+        await backends.stop("chat")  # nothing is left to stop: returns at once
+        again = connect_fleet(cluster.address, fleet).connection("spare")
+        assert not again.connected
+        assert again.reason == f"the Ray node at {SPARE_IP} is not alive"
+    finally:
+        watcher.cancel()
+        await ray_fleet.close()
+        if not removed:
+            cluster.remove_node(spare)
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_an_agent_that_dies_takes_its_backends_and_its_node_is_lost(
+    cluster: Any, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
+) -> None:
+    fleet = fleet_of({"worker": WORKER_IP}, tiny_gguf, ["chat"])
+    ray_fleet = connect_fleet(cluster.address, fleet)
+    events: list[BackendEvent] = []
+    try:
+        backends = await ray_fleet.start_agent(
+            "worker",
+            {"chat": tiny_spec("chat")},
+            on_event=events.append,
+            state_root=str(tmp_path / "state"),
+            auto_ports=True,
+        )
+        await backends.start("chat")
+        (pid,) = (await backends.backend_pids()).values()
+        assert backends.info is not None
+        os.kill(backends.info.pid, signal.SIGKILL)  # the agent's process, by its pid
+
+        assert await eventually(lambda: "worker" in ray_fleet.lost, 30.0)
+        assert "its agent died" in ray_fleet.lost["worker"].reason
+        assert await wait_until_gone(pid, 30.0)  # the parent-death signal took it
+        assert ("chat", "restart_failed", True) in [(e.name, e.kind, e.final) for e in events]
+        with pytest.raises(NodeLostError):
+            await backends.start("chat")
+    finally:
+        await ray_fleet.close()
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_a_ray_node_marked_dead_is_a_lost_node(cluster: Any, tmp_path: Path) -> None:
+    # A Ray node can be declared dead while its agent's calls have not failed yet (a
+    # network split); here the cluster's listing says so, and the node is lost at once.
+    fleet = fleet_of({"worker": WORKER_IP}, Path("unused.gguf"), [])
+    ray_fleet = connect_fleet(cluster.address, fleet)
+    losses: list[NodeLost] = []
+    watcher = asyncio.create_task(ray_fleet.watch(losses.append, poll_s=0.2))
+    try:
+        backends = await ray_fleet.start_agent("worker", {}, state_root=str(tmp_path / "state"))
+        await asyncio.sleep(0.5)
+        assert losses == []  # alive: nothing to report
+        worker_id = ray_fleet.connection("worker").ray_node_id
+        assert worker_id is not None
+        ray_fleet.check([RayNode(worker_id, WORKER_IP, alive=False, death_reason="no heartbeat")])
+        assert losses == [
+            NodeLost(
+                "worker",
+                worker_id,
+                f"node worker is lost: its Ray node at {WORKER_IP} is no longer alive: "
+                "no heartbeat",
+            )
+        ]
+        assert backends.lost_reason == losses[0].reason
+        with pytest.raises(NodeLostError):
+            await backends.start("chat")
+        assert backends.info is not None
+        assert await wait_until_gone(backends.info.pid, 30.0)  # a lost node's agent is ended
+    finally:
+        watcher.cancel()
+        await ray_fleet.close()
