@@ -20,7 +20,7 @@ rosterd builds (``src/llama-context.cpp``, ``llama-kv-cache.cpp``,
   one layer holds ``kv_heads · key_length`` K values and ``kv_heads · value_length``
   V values of the cache types (``--cache-type-k/-v``, ``-ctk/-ctv``, f16 by default),
   in ggml's block sizes. This part is exact: it is llama.cpp's own arithmetic.
-- **overhead**: the compute buffer (its attention masks, ``pad`` cells × ``n_ubatch`` f16
+- **overhead**: the compute buffer (its attention masks, ``pad`` cells x ``n_ubatch`` f16
   each for the full and the sliding-window cache, plus ``n_ubatch`` rows of the
   feed-forward, embedding and query activations, plus one row of logits; without
   flash attention also the f32 score matrix of every head), the output buffer
@@ -297,10 +297,10 @@ def estimate_llamacpp(facts: ModelFacts, settings: LlamaCppSettings) -> MemoryEs
     overhead = compute + output + vocab + LLAMA_SERVER_BASE_BYTES
     swa = sum(facts.swa_layers)
     kv_note = (
-        f"{layout.streams} × {layout.cells} cells on {facts.block_count - swa} full layers"
+        f"{layout.streams} x {layout.cells} cells on {facts.block_count - swa} full layers"
         + (f", {layout.swa_cells} cells on {swa} sliding-window layers" if swa else "")
         + f"; K {settings.cache_type_k}, V {settings.cache_type_v}"
-        + f", {facts.head_count_kv} KV heads × {facts.key_length}/{facts.value_length}"
+        + f", {facts.head_count_kv} KV heads x {facts.key_length}/{facts.value_length}"
     )
     weights_note = f"GGUF file size ({facts.file_type})"
     if repacked:
@@ -335,8 +335,8 @@ def estimate_mlx(facts: ModelFacts, ctx_size: int, parallel: int = 1) -> MemoryE
         overhead_bytes=MLX_SERVER_BASE_BYTES,
         weights_note=f"safetensors sizes ({facts.file_type})",
         kv_note=(
-            f"{parallel} × {tokens} tokens × {facts.block_count} layers, "
-            f"{facts.head_count_kv} KV heads × {facts.key_length}, {dtype}-byte values"
+            f"{parallel} x {tokens} tokens x {facts.block_count} layers, "
+            f"{facts.head_count_kv} KV heads x {facts.key_length}, {dtype}-byte values"
         ),
         overhead_note=f"mlx_lm.server process {_mib(MLX_SERVER_BASE_BYTES)}",
     )
@@ -400,9 +400,10 @@ def ollama_formula_bytes(facts: ModelFacts, ctx_size: int) -> int:
     The comparison the memory bench prints next to ours (f16 K and V on every
     layer for the whole context, no sliding window, no buffers).
     """
-    return facts.file_bytes + 2 * facts.block_count * facts.head_count_kv * (
-        facts.key_length
-    ) * ctx_size * 2
+    return (
+        facts.file_bytes
+        + 2 * facts.block_count * facts.head_count_kv * (facts.key_length) * ctx_size * 2
+    )
 
 
 def _mib(n: int) -> str:
