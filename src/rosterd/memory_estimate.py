@@ -25,8 +25,13 @@ rosterd builds (``src/llama-context.cpp``, ``llama-kv-cache.cpp``,
   feed-forward, embedding and query activations, plus one row of logits; without
   flash attention also the f32 score matrix of every head), the output buffer
   (``n_vocab`` f32 logits per slot), the vocabulary (about 94 bytes a token) and
-  llama-server's own resident size (about 15 MiB). The last two and the activation
-  multipliers are calibrated against measured peak RSS (``bench/memory_bench.py``).
+  llama-server's own resident size (about 15 MiB), and for models with sliding-window
+  layers the context checkpoints one prompt filling each slot leaves (copies of
+  those layers' cache, one every ``--checkpoint-min-step`` tokens, 8192 by default,
+  plus one near the prompt's end); up to ``--ctx-checkpoints`` (32) per slot
+  accumulate over many prompts, which the estimate notes but does not count.
+  The vocabulary and base figures and the activation multipliers are calibrated
+  against measured peak RSS (``bench/memory_bench.py``).
 - **not counted**: llama-server's prompt cache (``--cache-ram``, 8192 MiB by default)
   grows with use; the measured peak of the last run covers it (see ``memory_count``).
 
@@ -57,14 +62,21 @@ KV_PAD_CELLS: Final[int] = 256
 DEFAULT_BATCH: Final[int] = 2048
 DEFAULT_UBATCH: Final[int] = 512
 
+#: llama-server's default ``--ctx-checkpoints``: copies of the sliding-window cache kept per slot.
+DEFAULT_CTX_CHECKPOINTS: Final[int] = 32
+
+#: llama-server's default ``--checkpoint-min-step``: tokens between checkpoints of one prompt.
+DEFAULT_CHECKPOINT_MIN_STEP: Final[int] = 8192
+
 #: llama-server's resident size with a model of no size (measured: 14.9 MiB, x86-64).
 LLAMA_SERVER_BASE_BYTES: Final[int] = 15 * MiB
 
 #: Resident bytes per vocabulary entry (measured on gemma-3's 262144 tokens: 94).
 LLAMA_VOCAB_BYTES_PER_TOKEN: Final[int] = 94
 
-#: mlx_lm.server's resident size before its model (Python, mlx, mlx_lm, transformers).
-MLX_SERVER_BASE_BYTES: Final[int] = 180 * MiB
+#: mlx_lm.server's resident size before its model (Python, mlx, mlx_lm, transformers),
+#: measured on Linux with mlx's CPU backend after a short completion: 131 MiB.
+MLX_SERVER_BASE_BYTES: Final[int] = 131 * MiB
 
 #: mlx_lm's KV cache grows in steps of this many tokens (``mlx_lm.models.cache.KVCache``).
 MLX_KV_STEP_TOKENS: Final[int] = 256
@@ -136,6 +148,8 @@ class LlamaCppSettings:
     ubatch: int = DEFAULT_UBATCH
     kv_unified: bool = False
     swa_full: bool = False
+    ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS
+    checkpoint_min_step: int = DEFAULT_CHECKPOINT_MIN_STEP
 
 
 def parse_llamacpp_settings(
@@ -146,7 +160,8 @@ def parse_llamacpp_settings(
     Reads ``-c/--ctx-size``, ``-np/--parallel``, ``-ctk/--cache-type-k``,
     ``-ctv/--cache-type-v``, ``-fa/--flash-attn``, ``-b/--batch-size``,
     ``-ub/--ubatch-size``, ``-kvu/--kv-unified``, ``-no-kvu/--no-kv-unified``,
-    ``--swa-full``, each also as ``--flag=value``; other arguments are ignored.
+    ``--swa-full``, ``-ctxcp/--ctx-checkpoints``, ``-cms/--checkpoint-min-step``,
+    each also as ``--flag=value``; other arguments are ignored.
     A value that does not parse keeps the default (llama-server itself would
     refuse to start; the estimate need not).
     """
@@ -167,6 +182,11 @@ def parse_llamacpp_settings(
         "--batch-size": "batch",
         "-ub": "ubatch",
         "--ubatch-size": "ubatch",
+        "-ctxcp": "ctxcp",
+        "--ctx-checkpoints": "ctxcp",
+        "--swa-checkpoints": "ctxcp",
+        "-cms": "cms",
+        "--checkpoint-min-step": "cms",
     }
     switches = {
         "-kvu": ("unified", True),
@@ -191,12 +211,12 @@ def parse_llamacpp_settings(
             flags[key] = on
         i += 1
 
-    def count(key: str, default: int) -> int:
+    def count(key: str, default: int, least: int = 1) -> int:
         try:
             found = int(values[key])
         except (KeyError, ValueError):
             return default
-        return found if found > 0 else default
+        return found if found >= least else default
 
     def cache_type(key: str) -> str:
         found = values.get(key, "f16").lower()
@@ -213,6 +233,8 @@ def parse_llamacpp_settings(
         ubatch=count("ubatch", DEFAULT_UBATCH),
         kv_unified=flags.get("unified", False),
         swa_full=flags.get("swa_full", False),
+        ctx_checkpoints=count("ctxcp", DEFAULT_CTX_CHECKPOINTS, least=0),
+        checkpoint_min_step=count("cms", DEFAULT_CHECKPOINT_MIN_STEP, least=0),
     )
 
 
@@ -264,12 +286,46 @@ def llamacpp_kv_bytes(facts: ModelFacts, settings: LlamaCppSettings) -> int:
     layout = llamacpp_cache_layout(facts, settings)
     total = 0
     for layer in range(facts.block_count):
-        heads = facts.kv_heads[layer]
         cells = layout.swa_cells if facts.swa_layers[layer] else layout.cells
-        per_cell = ggml_row_bytes(settings.cache_type_k, heads * facts.key_length)
-        per_cell += ggml_row_bytes(settings.cache_type_v, heads * facts.value_length)
-        total += layout.streams * cells * per_cell
+        total += layout.streams * cells * _cell_bytes(facts, settings, layer)
     return total
+
+
+def llamacpp_checkpoint_bytes(facts: ModelFacts, settings: LlamaCppSettings) -> int:
+    """Bytes of one context checkpoint of one slot: its sliding-window layers' cache.
+
+    llama-server copies the part of the cache it cannot roll back (the
+    sliding-window layers) after each prompt, keeping up to ``ctx_checkpoints``
+    per slot (``tools/server/server-context.cpp``); 0 without sliding layers,
+    with ``--swa-full`` or with ``--ctx-checkpoints 0``.
+    """
+    if settings.swa_full or settings.ctx_checkpoints == 0:
+        return 0
+    layout = llamacpp_cache_layout(facts, settings)
+    return sum(
+        layout.swa_cells * _cell_bytes(facts, settings, layer)
+        for layer in range(facts.block_count)
+        if facts.swa_layers[layer]
+    )
+
+
+def llamacpp_checkpoints_per_slot(facts: ModelFacts, settings: LlamaCppSettings) -> int:
+    """Context checkpoints one prompt filling a slot leaves: one every
+    ``checkpoint_min_step`` tokens plus one near its end, at most ``ctx_checkpoints``."""
+    if llamacpp_checkpoint_bytes(facts, settings) == 0:
+        return 0
+    cells = llamacpp_cache_layout(facts, settings).cells
+    step = settings.checkpoint_min_step
+    per_prompt = 1 + cells // step if step > 0 else settings.ctx_checkpoints
+    return min(settings.ctx_checkpoints, per_prompt)
+
+
+def _cell_bytes(facts: ModelFacts, settings: LlamaCppSettings, layer: int) -> int:
+    """Bytes of one cache cell of ``layer``: its K and V rows in the cache types."""
+    heads = facts.kv_heads[layer]
+    return ggml_row_bytes(settings.cache_type_k, heads * facts.key_length) + ggml_row_bytes(
+        settings.cache_type_v, heads * facts.value_length
+    )
 
 
 def estimate_llamacpp(facts: ModelFacts, settings: LlamaCppSettings) -> MemoryEstimate:
@@ -294,7 +350,22 @@ def estimate_llamacpp(facts: ModelFacts, settings: LlamaCppSettings) -> MemoryEs
     compute = activations + masks + scores + facts.vocab_size * 4
     output = facts.vocab_size * 4 * settings.parallel
     vocab = facts.vocab_size * LLAMA_VOCAB_BYTES_PER_TOKEN
-    overhead = compute + output + vocab + LLAMA_SERVER_BASE_BYTES
+    checkpoint = llamacpp_checkpoint_bytes(facts, settings)
+    per_slot = llamacpp_checkpoints_per_slot(facts, settings)
+    checkpoints = checkpoint * per_slot * settings.parallel
+    overhead = compute + output + vocab + checkpoints + LLAMA_SERVER_BASE_BYTES
+    notes = [
+        "not counted: llama-server's prompt cache (--cache-ram, 8192 MiB by default), "
+        "which grows with use; the measured peak covers it",
+    ]
+    if checkpoint:
+        most = checkpoint * settings.parallel * settings.ctx_checkpoints
+        notes.append(
+            f"counted: {per_slot} context checkpoint(s) per slot ({_mib(checkpoint)} each), "
+            f"what one prompt filling the slot leaves; up to "
+            f"{settings.ctx_checkpoints} per slot ({_mib(most)} in all) accumulate with use "
+            "(--ctx-checkpoints N bounds them); the measured peak covers it"
+        )
     swa = sum(facts.swa_layers)
     kv_note = (
         f"{layout.streams} x {layout.cells} cells on {facts.block_count - swa} full layers"
@@ -314,12 +385,10 @@ def estimate_llamacpp(facts: ModelFacts, settings: LlamaCppSettings) -> MemoryEs
         overhead_note=(
             f"compute buffer {_mib(compute)} (ubatch {ub}, flash attention "
             f"{settings.flash_attn}), output {_mib(output)}, vocabulary {_mib(vocab)}, "
-            f"llama-server {_mib(LLAMA_SERVER_BASE_BYTES)}"
+            + (f"context checkpoints {_mib(checkpoints)}, " if checkpoints else "")
+            + f"llama-server {_mib(LLAMA_SERVER_BASE_BYTES)}"
         ),
-        notes=(
-            "not counted: llama-server's prompt cache (--cache-ram, 8192 MiB by default), "
-            "which grows with use; the measured peak covers it",
-        ),
+        notes=tuple(notes),
     )
 
 
