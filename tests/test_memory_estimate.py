@@ -16,6 +16,7 @@ from rosterd.memory_estimate import (
     estimate_ollama,
     llamacpp_cache_layout,
     llamacpp_checkpoint_bytes,
+    llamacpp_checkpoints_per_slot,
     llamacpp_kv_bytes,
     ollama_formula_bytes,
     parse_llamacpp_settings,
@@ -102,7 +103,11 @@ def test_sliding_window_layers_hold_window_plus_ubatch(swa_facts: ModelFacts) ->
 
 def test_checkpoints_are_the_sliding_layers_cache(swa_facts: ModelFacts, tiny_gguf: Path) -> None:
     one = llamacpp_checkpoint_bytes(swa_facts, parse_llamacpp_settings(4096, 2))
-    assert one == 768 * 6 * 2 * 32 * 2
+    assert one == 128 * 6 * 2 * 32 * 2  # the 128-token window of the 6 sliding layers
+    assert llamacpp_checkpoints_per_slot(swa_facts, parse_llamacpp_settings(4096, 2)) == 2
+    assert llamacpp_checkpoints_per_slot(swa_facts, parse_llamacpp_settings(16384, 1)) == 3
+    capped = parse_llamacpp_settings(16384, 1, ["--ctx-checkpoints", "1"])
+    assert llamacpp_checkpoints_per_slot(swa_facts, capped) == 1
     assert (
         llamacpp_checkpoint_bytes(swa_facts, parse_llamacpp_settings(4096, 2, ["-ctxcp", "0"])) == 0
     )

@@ -24,11 +24,11 @@ rosterd builds (``src/llama-context.cpp``, ``llama-kv-cache.cpp``,
   each for the full and the sliding-window cache, plus ``n_ubatch`` rows of the
   feed-forward, embedding and query activations, plus one row of logits; without
   flash attention also the f32 score matrix of every head), the output buffer
-  (``n_vocab`` f32 logits per slot), the vocabulary (about 94 bytes a token) and
-  llama-server's own resident size (about 15 MiB), and for models with sliding-window
+  (``n_vocab`` f32 logits per slot), the vocabulary (about 170 bytes a token) and
+  llama-server's own resident size (about 16.5 MiB), and for models with sliding-window
   layers the context checkpoints one prompt filling each slot leaves (copies of
-  those layers' cache, one every ``--checkpoint-min-step`` tokens, 8192 by default,
-  plus one near the prompt's end); up to ``--ctx-checkpoints`` (32) per slot
+  those layers' window, two near the prompt's end and one more every
+  ``--checkpoint-min-step`` tokens, 8192 by default); up to ``--ctx-checkpoints`` (32) per slot
   accumulate over many prompts, which the estimate notes but does not count.
   The vocabulary and base figures and the activation multipliers are calibrated
   against measured peak RSS (``bench/memory_bench.py``).
@@ -68,11 +68,13 @@ DEFAULT_CTX_CHECKPOINTS: Final[int] = 32
 #: llama-server's default ``--checkpoint-min-step``: tokens between checkpoints of one prompt.
 DEFAULT_CHECKPOINT_MIN_STEP: Final[int] = 8192
 
-#: llama-server's resident size with a model of no size (measured: 14.9 MiB, x86-64).
-LLAMA_SERVER_BASE_BYTES: Final[int] = 15 * MiB
+#: llama-server's resident size with a model of no size (measured with the tiny GGUF after a
+#: prompt filling its context: 16.5 MiB, x86-64).
+LLAMA_SERVER_BASE_BYTES: Final[int] = 16 * MiB + MiB // 2
 
-#: Resident bytes per vocabulary entry (measured on gemma-3's 262144 tokens: 94).
-LLAMA_VOCAB_BYTES_PER_TOKEN: Final[int] = 94
+#: Resident bytes per vocabulary entry, from gemma-3's 262144 tokens: its llama-server holds
+#: 43 MiB more when idle after loading than the weights, cache, buffers and base explain.
+LLAMA_VOCAB_BYTES_PER_TOKEN: Final[int] = 170
 
 #: mlx_lm.server's resident size before its model (Python, mlx, mlx_lm, transformers),
 #: measured on Linux with mlx's CPU backend after a short completion: 131 MiB.
@@ -292,31 +294,35 @@ def llamacpp_kv_bytes(facts: ModelFacts, settings: LlamaCppSettings) -> int:
 
 
 def llamacpp_checkpoint_bytes(facts: ModelFacts, settings: LlamaCppSettings) -> int:
-    """Bytes of one context checkpoint of one slot: its sliding-window layers' cache.
+    """Bytes of one context checkpoint of one slot: the window of its sliding-window layers.
 
-    llama-server copies the part of the cache it cannot roll back (the
-    sliding-window layers) after each prompt, keeping up to ``ctx_checkpoints``
-    per slot (``tools/server/server-context.cpp``); 0 without sliding layers,
-    with ``--swa-full`` or with ``--ctx-checkpoints 0``.
+    llama-server copies the part of the cache it cannot roll back (the cells of
+    the sliding-window layers still inside the window) near the end of each
+    prompt, keeping up to ``ctx_checkpoints`` per slot
+    (``tools/server/server-context.cpp``; gemma-3 270M at ``-c 4096`` logs 7.5 MiB
+    each: 15 layers x 512 cells x 1 KiB). 0 without sliding layers, with
+    ``--swa-full`` or with ``--ctx-checkpoints 0``.
     """
     if settings.swa_full or settings.ctx_checkpoints == 0:
         return 0
     layout = llamacpp_cache_layout(facts, settings)
+    cells = min(facts.sliding_window, layout.swa_cells)
     return sum(
-        layout.swa_cells * _cell_bytes(facts, settings, layer)
+        cells * _cell_bytes(facts, settings, layer)
         for layer in range(facts.block_count)
         if facts.swa_layers[layer]
     )
 
 
 def llamacpp_checkpoints_per_slot(facts: ModelFacts, settings: LlamaCppSettings) -> int:
-    """Context checkpoints one prompt filling a slot leaves: one every
-    ``checkpoint_min_step`` tokens plus one near its end, at most ``ctx_checkpoints``."""
+    """Context checkpoints one prompt filling a slot leaves: two near its end (seen in
+    llama-server's log) and one more every ``checkpoint_min_step`` tokens before, at
+    most ``ctx_checkpoints``."""
     if llamacpp_checkpoint_bytes(facts, settings) == 0:
         return 0
     cells = llamacpp_cache_layout(facts, settings).cells
     step = settings.checkpoint_min_step
-    per_prompt = 1 + cells // step if step > 0 else settings.ctx_checkpoints
+    per_prompt = 2 + (cells - 1) // step if step > 0 else settings.ctx_checkpoints
     return min(settings.ctx_checkpoints, per_prompt)
 
 
