@@ -1,0 +1,115 @@
+"""Measured peaks persist in the state folder across store instances (so the next `up` starts
+from them), per node and role, by atomic writes; damaged files are ignored with a warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rosterd.measured_peaks import (
+    MeasuredPeaks,
+    MeasuredPeaksError,
+    process_tree_peak_rss_bytes,
+)
+
+
+def test_peaks_survive_a_new_store(tmp_path: Path) -> None:
+    first = MeasuredPeaks(tmp_path)
+    first.record("mac1", "chat", 4_000_000_000, measured_at_s=100.0, fingerprint="c4096")
+    first.record("mac1", "voice", 300_000_000, measured_at_s=101.0)
+    first.record("box2", "chat", 5_000_000_000, measured_at_s=102.0)
+
+    second = MeasuredPeaks(tmp_path)
+    assert second.peak_bytes("mac1", "chat") == 4_000_000_000
+    assert second.peak_bytes("mac1", "voice") == 300_000_000
+    assert second.peak_bytes("box2", "chat") == 5_000_000_000
+    assert second.peak_bytes("box2", "voice") is None
+    assert second.peak_bytes("mac1", "chat", fingerprint="c4096") == 4_000_000_000
+    assert second.peak_bytes("mac1", "chat", fingerprint="c8192") is None  # other settings
+    assert second.for_node("mac1")["voice"].measured_at_s == 101.0
+    assert second.warnings == ()
+    assert (tmp_path / "memory" / "mac1.json").is_file()
+
+
+def test_the_last_run_replaces_the_one_before(tmp_path: Path) -> None:
+    store = MeasuredPeaks(tmp_path)
+    store.record("n", "chat", 900, measured_at_s=1.0)
+    store.record("n", "chat", 700, measured_at_s=2.0)
+    assert MeasuredPeaks(tmp_path).peak_bytes("n", "chat") == 700
+
+
+def test_no_temporary_files_are_left(tmp_path: Path) -> None:
+    store = MeasuredPeaks(tmp_path)
+    for i in range(5):
+        store.record("n", f"r{i}", i, measured_at_s=float(i))
+    assert sorted(os.listdir(tmp_path / "memory")) == ["n.json"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[]", b'{"version": 99, "roles": {}}', b'{"version": 1}', b"\xff\xfe"],
+)
+def test_a_damaged_file_is_ignored_with_a_warning(tmp_path: Path, content: bytes) -> None:
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    (folder / "n.json").write_bytes(content)
+    store = MeasuredPeaks(tmp_path)
+    assert store.peak_bytes("n", "chat") is None
+    assert len(store.warnings) == 1
+    assert "n.json" in store.warnings[0]
+    assert "ignored" in store.warnings[0]
+    store.record("n", "chat", 5, measured_at_s=0.0)  # the next measurement replaces it
+    assert MeasuredPeaks(tmp_path).peak_bytes("n", "chat") == 5
+
+
+def test_a_bad_entry_is_skipped_and_the_rest_kept(tmp_path: Path) -> None:
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    document = {
+        "version": 1,
+        "roles": {"good": {"peak_rss_bytes": 10}, "bad": {"peak_rss_bytes": "lots"}},
+    }
+    (folder / "n.json").write_text(json.dumps(document))
+    store = MeasuredPeaks(tmp_path)
+    assert store.peak_bytes("n", "good") == 10
+    assert store.peak_bytes("n", "bad") is None
+    assert any("bad" in w for w in store.warnings)
+
+
+def test_names_that_are_not_tokens_never_name_a_file(tmp_path: Path) -> None:
+    store = MeasuredPeaks(tmp_path)
+    with pytest.raises(MeasuredPeaksError, match="plain token"):
+        store.record("../etc", "chat", 1, measured_at_s=0.0)
+    with pytest.raises(MeasuredPeaksError, match="plain token"):
+        store.record("n", "a/b", 1, measured_at_s=0.0)
+    with pytest.raises(MeasuredPeaksError, match="negative"):
+        store.record("n", "chat", -1, measured_at_s=0.0)
+
+
+def test_peak_of_a_process_tree_counts_its_high_water_mark() -> None:
+    # A child that touches 64 MiB, frees it, then waits: its peak stays above what it holds.
+    code = (
+        "import sys, time\n"
+        "b = bytearray(64 << 20)\n"
+        "for i in range(0, len(b), 4096): b[i] = 1\n"
+        "del b\n"
+        "print('ok', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ok"
+        peak = process_tree_peak_rss_bytes(proc.pid)
+        assert peak is not None
+        if sys.platform.startswith("linux"):
+            assert peak >= 64 << 20
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_tree_peak_rss_bytes(proc.pid) is None
