@@ -34,15 +34,16 @@ from typing import cast
 
 import httpx
 
-from rosterd.adapters.base import Adapter, AdapterError, ResolvedWeights
+from rosterd.adapters.base import Adapter
 from rosterd.adapters.llamacpp import LlamaCppAdapter, find_llama_server
 from rosterd.adapters.mlx_lm import MlxLmAdapter
-from rosterd.measured_peaks import process_tree_peak_rss_bytes
+from rosterd.errors import AdapterError
 from rosterd.memory_estimate import MiB, estimate_memory, ollama_formula_bytes
 from rosterd.model_facts import ModelFacts, read_model_facts
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
-from rosterd.supervisor import Supervisor
+from rosterd.supervisor import Supervisor, process_tree_peak_rss_bytes
 from rosterd.tokens import GB
+from rosterd.weights import ResolvedWeights
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = ("-t", "2")  # the machine has two cores

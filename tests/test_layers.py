@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "rosterd.residency": 3,
     "rosterd.placement": 3,
     "rosterd.memory_estimate": 3,
+    "rosterd.memory_count": 3,
     # 4. adapters: argv and probe builders per flavor
     "rosterd.adapters": 4,
     # 5. processes and the state folder

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rosterd.measured_peaks import (
-    MeasuredPeaks,
-    MeasuredPeaksError,
-    process_tree_peak_rss_bytes,
-)
+from rosterd.errors import MeasuredPeaksError
+from rosterd.measured_peaks import MeasuredPeaks
+from rosterd.supervisor import process_tree_peak_rss_bytes
 
 
 def test_peaks_survive_a_new_store(tmp_path: Path) -> None:
@@ -112,4 +110,6 @@ def test_peak_of_a_process_tree_counts_its_high_water_mark() -> None:
     finally:
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     assert process_tree_peak_rss_bytes(proc.pid) is None

@@ -10,12 +10,11 @@ from rosterd.memory_count import (
     FigureSource,
     count_memory,
     counted_memory_spec,
-    is_unmeasured_ram_gb,
     memory_warning,
     show_declared,
 )
 from rosterd.memory_estimate import MemoryEstimate
-from rosterd.roster import ram_bytes
+from rosterd.roster import is_unmeasured_ram_gb, ram_bytes
 from rosterd.tokens import GB
 
 

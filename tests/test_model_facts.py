@@ -12,8 +12,8 @@ from typing import cast
 import pytest
 
 from conftest import _load_script
-from rosterd.errors import RosterdError
-from rosterd.model_facts import ModelFactsError, read_model_facts, swa_layers
+from rosterd.errors import ModelFactsError, RosterdError
+from rosterd.model_facts import read_model_facts, swa_layers
 
 pytest.importorskip("gguf", reason="the gguf package (dev extra) writes and reads GGUFs")
 

@@ -8,6 +8,8 @@
     │   ├── RosterError                   the roster or its overlay is rejected; nothing imported
     │   └── FleetError                    the fleet file is rejected
     ├── WeightsError                      a role's weights cannot be found or are not allowed
+    ├── ModelFactsError                   a weights file or folder cannot be read as a model
+    ├── MeasuredPeaksError                a measured peak cannot be stored in the state folder
     ├── AdapterError                      a role cannot be served by its flavor's adapter
     │   └── OllamaError                   the ollama server refused a load, unload or query
     ├── SupervisorError                   base only: a backend process could not be managed
@@ -119,6 +121,17 @@ class FleetError(InputError):
 
 class WeightsError(RosterdError):
     """A role's weights cannot be found or are not allowed; the message says where it looked."""
+
+
+class ModelFactsError(RosterdError):
+    """A weights file or folder cannot be read as a model; the message names it and says why."""
+
+
+# ------------------------------------------------- measured peaks (layer 5)
+
+
+class MeasuredPeaksError(RosterdError):
+    """A measured peak cannot be stored (bad node or role name, or the folder is not writable)."""
 
 
 # ----------------------------------------------------------------- adapters (layer 4)

@@ -20,10 +20,10 @@ estimate still stand without it, so refusing to start over a damaged cache file
 would cost the operator more than it protects. The next ``record`` for that node
 replaces the damaged file.
 
-``process_tree_peak_rss_bytes`` measures: the high-water mark of resident memory
-(Linux ``VmHWM`` in ``/proc/<pid>/status``) of a process and its children,
-summed, which is what the kernel saw at the worst moment of each; elsewhere the
-current RSS through psutil.
+What is stored is what ``rosterd.supervisor.process_tree_peak_rss_bytes``
+measures: the high-water mark of resident memory (Linux ``VmHWM`` in
+``/proc/<pid>/status``) of a process and its children, summed, which is what
+the kernel saw at the worst moment of each; elsewhere the current RSS.
 """
 
 from __future__ import annotations
@@ -37,16 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import psutil
-
-from rosterd.errors import RosterdError
+from rosterd.errors import MeasuredPeaksError
 from rosterd.tokens import valid_token
 
 FORMAT_VERSION: Final[int] = 1
-
-
-class MeasuredPeaksError(RosterdError):
-    """A measured peak cannot be stored (bad node or role name, or the folder is not writable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,36 +190,3 @@ def _write_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def process_tree_peak_rss_bytes(pid: int) -> int | None:
-    """The peak resident memory (bytes) of process ``pid`` plus its children's, or ``None``.
-
-    On Linux each process's ``VmHWM`` (its high-water mark); where that is not
-    readable, its current RSS. ``None`` when ``pid`` is not running.
-    """
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return None
-    total = 0
-    for proc in procs:
-        peak = _vm_hwm_bytes(proc.pid)
-        if peak is None:
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                peak = proc.memory_info().rss
-        total += peak or 0
-    return total
-
-
-def _vm_hwm_bytes(pid: int) -> int | None:
-    """``VmHWM`` of ``pid`` from ``/proc/<pid>/status`` in bytes, or ``None`` if unavailable."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from rosterd.memory_estimate import MemoryEstimate
-from rosterd.serde_yaml_rules import rust_trim
 from rosterd.spec import MemorySpec
 from rosterd.tokens import GB
 
@@ -30,15 +29,6 @@ class FigureSource(enum.Enum):
     MEASURED = "measured"
     ESTIMATE = "estimate"
     ROSTER = "roster"
-
-
-def is_unmeasured_ram_gb(value: object) -> bool:
-    """Whether a roster ``ram_gb`` value is a guess: a string whose trimmed text starts with ``~``.
-
-    The roster import reads ``"~10"`` as 10 GB (``rosterd.roster.ram_bytes``
-    strips every leading ``~``); this keeps the mark it drops.
-    """
-    return isinstance(value, str) and rust_trim(value).startswith("~")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from rosterd.errors import RosterdError
+from rosterd.errors import ModelFactsError
 
 ModelFormat = Literal["gguf", "mlx"]
 
@@ -66,10 +66,6 @@ _SAFETENSORS_DTYPE_BYTES: Final[dict[str, int]] = {
 
 #: The largest safetensors header we read (its format caps it at 100 MB).
 _MAX_SAFETENSORS_HEADER_BYTES: Final[int] = 100_000_000
-
-
-class ModelFactsError(RosterdError):
-    """A weights file or folder cannot be read as a model; the message names it and says why."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,13 @@ from __future__ import annotations
 
 from rosterd.roster.document import MAX_OVERLAY_BYTES, MAX_ROSTER_BYTES
 from rosterd.roster.entries import MAX_ENTRIES
-from rosterd.roster.importer import flavor_for_backend, import_roster, load_roster, ram_bytes
+from rosterd.roster.importer import (
+    flavor_for_backend,
+    import_roster,
+    is_unmeasured_ram_gb,
+    load_roster,
+    ram_bytes,
+)
 from rosterd.roster.overlay import RosterOverlay
 from rosterd.roster.result import ImportedRoster, ImportedSpec, spec_to_json
 
@@ -53,6 +59,7 @@ __all__ = [
     "RosterOverlay",
     "flavor_for_backend",
     "import_roster",
+    "is_unmeasured_ram_gb",
     "load_roster",
     "ram_bytes",
     "spec_to_json",

@@ -84,6 +84,16 @@ def ram_bytes(value: object) -> int | None:
     return int(gb * float(GB))
 
 
+def is_unmeasured_ram_gb(value: object) -> bool:
+    """Whether a roster ``ram_gb`` value is a guess: a string whose trimmed text starts with ``~``.
+
+    The import reads ``"~10"`` as 10 GB (:func:`ram_bytes` strips every leading
+    ``~``, as roster.rs does); this keeps the mark it drops, so views can show the
+    figure as unmeasured.
+    """
+    return isinstance(value, str) and rust_trim(value).startswith("~")
+
+
 def import_roster(
     text: str | bytes, overlay: RosterOverlay | None = None, *, file: str | None = None
 ) -> ImportedRoster:

@@ -54,6 +54,7 @@ from rosterd.supervisor.process import (
     TAIL_LINES,
     describe_exit,
     output_tail,
+    process_tree_peak_rss_bytes,
     tree_rss_bytes,
 )
 from rosterd.supervisor.run_records import StateDirLock, lock_state_dir, reap_leftovers
@@ -86,6 +87,7 @@ __all__ = [
     "lock_state_dir",
     "output_tail",
     "port_holder",
+    "process_tree_peak_rss_bytes",
     "ready_timeout_for",
     "reap_leftovers",
     "run_probe",

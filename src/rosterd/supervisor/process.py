@@ -200,3 +200,36 @@ def tree_rss_bytes(pid: int) -> int | None:
         with contextlib.suppress(psutil.Error):
             total += int(child.memory_info().rss)
     return total
+
+
+def process_tree_peak_rss_bytes(pid: int) -> int | None:
+    """The peak resident memory (bytes) of process ``pid`` plus its children's, or ``None``.
+
+    On Linux each process's ``VmHWM`` (its high-water mark); where that is not
+    readable, its current RSS. ``None`` when ``pid`` is not running.
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    total = 0
+    for proc in procs:
+        peak = _vm_hwm_bytes(proc.pid)
+        if peak is None:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                peak = proc.memory_info().rss
+        total += peak or 0
+    return total
+
+
+def _vm_hwm_bytes(pid: int) -> int | None:
+    """``VmHWM`` of ``pid`` from ``/proc/<pid>/status`` in bytes, or ``None`` if unavailable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
