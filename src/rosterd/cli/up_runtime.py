@@ -52,6 +52,7 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster, load_roster
 from rosterd.router import RoleRoute, RouterConfig, create_app
+from rosterd.router.streams import LiveStreams
 from rosterd.scheduler import (
     NodeScheduler,
     Scheduler,
@@ -242,6 +243,7 @@ class UpRun:
             metrics = RosterdMetrics()
             nodes = self._node_schedulers(roster, fleet, result, local_nodes, supervisor, metrics)
             scheduler = Scheduler(nodes)
+            streams = LiveStreams()  # followed logs and the page's stream end as serving stops
             router = create_app(
                 scheduler,
                 _routes(scheduler.roles, roster, result),
@@ -251,6 +253,8 @@ class UpRun:
                 metrics=metrics,
                 status_extra=_status_extra(result, fleet, nodes),
                 unserved=unserved_reasons(result, roster, nodes),
+                log_path=supervisor.log_path,
+                streams=streams,
             )
             scheduler.start()
             config = uvicorn.Config(
@@ -276,6 +280,7 @@ class UpRun:
                 warm = asyncio.create_task(self._warm_up(scheduler, nodes), name="rosterd-warm-up")
             await self._stop.wait()
             self.out.print("stopping: draining requests, then stopping every backend …")
+            streams.close()
             if warm is not None:
                 warm.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.auth import ApiKeyGate
+from rosterd.router.logs import LogPath, log_response
 from rosterd.router.openai_errors import RouterError, error_response, scheduler_errors
 from rosterd.router.proxy import Proxy, ProxyContext, upstream_clients
 from rosterd.router.routing import (
@@ -31,6 +32,7 @@ from rosterd.router.routing import (
     RouterConfig,
     shown_name,
 )
+from rosterd.router.streams import LiveStreams
 from rosterd.scheduler import Scheduler
 from rosterd.supervisor import tree_rss_bytes
 from rosterd.tokens import valid_token
@@ -50,6 +52,8 @@ def create_app(
     status_extra: Callable[[], Mapping[str, object]] | None = None,
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     unserved: Mapping[str, str] | None = None,
+    log_path: LogPath | None = None,
+    streams: LiveStreams | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -58,14 +62,18 @@ def create_app(
     nodes); ``on_shutdown`` coroutines run when the app's lifespan ends (after
     the upstream client is closed); ``unserved``: names (role ids, model
     names) known but not served by this process -> why (unplaced, or planned
-    on another node), given in their 404. The scheduler's tasks are started
-    with the app's lifespan.
+    on another node), given in their 404; ``log_path(role)``: where the role's
+    backend log is (``None``: not kept here; no ``log_path``: no log is);
+    ``streams``: ends the endless responses (followed logs, the event stream)
+    when its ``close()`` is called, as serving stops (default: at the end of
+    the lifespan). The scheduler's tasks are started with the app's lifespan.
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
     client, fresh_client = upstream_clients(config)
     names = ModelNames(routes, unserved)
     extra = status_extra or dict
+    live = streams or LiveStreams()
     started_at = time.time()
     ctx = ProxyContext(
         scheduler=scheduler,
@@ -163,6 +171,13 @@ def create_app(
             return error_response(err)
         return JSONResponse({"role": role, "resident": False})
 
+    async def logs(request: Request) -> Response:
+        try:
+            role = admin_role(request)
+            return await log_response(request, role, log_path or (lambda _: None), live)
+        except RouterError as err:
+            return error_response(err)
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(
             RouterError("not_found", f"no route {request.method} {request.url.path}")
@@ -186,6 +201,7 @@ def create_app(
         try:
             yield
         finally:
+            live.close()
             await client.aclose()
             await fresh_client.aclose()
             for hook in on_shutdown:
@@ -201,6 +217,7 @@ def create_app(
         Route("/rosterd/events", events, methods=["GET"]),
         Route("/rosterd/load/{role}", load, methods=["POST"]),
         Route("/rosterd/unload/{role}", unload, methods=["POST"]),
+        Route("/rosterd/logs/{role}", logs, methods=["GET"]),
     ]
     route_list += [Route(path, Proxy(ctx, path), methods=["POST"]) for path in PROXIED_PATHS]
     app = Starlette(
