@@ -9,80 +9,16 @@ in its own process, over real HTTP.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import subprocess
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
-from backend_helpers import pick_free_port
-from rosterd.router import RoleRoute, RouterConfig, create_app
-from rosterd.router.streams import LiveStreams
-from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler
-from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from rosterd.router import RouterConfig
+from router_support import serve
 from test_up_support import rosterd_argv
-
-MIB = 2**20
-
-
-class NoBackends:
-    async def start(self, role: str) -> Endpoint:
-        return Endpoint("http://127.0.0.1:9", role)
-
-    async def stop(self, role: str) -> None:
-        return None
-
-
-@dataclass
-class Served:
-    url: str
-    logs: Path
-    streams: LiveStreams
-
-
-@contextlib.asynccontextmanager
-async def serve(tmp_path: Path, *, api_keys: tuple[str, ...] = ()) -> AsyncIterator[Served]:
-    roles = ["chat", "quiet"]
-    specs = {
-        r: InferenceSpec(
-            role=r, flavor=InferFlavor.LLAMACPP, model=f"{r}-m", memory=MemorySpec(MIB)
-        )
-        for r in roles
-    }
-    scheduler = Scheduler({"n1": NodeScheduler("n1", 100 * MIB, specs, NoBackends())})
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    streams = LiveStreams()
-    app = create_app(
-        scheduler,
-        {r: RoleRoute(r, names=(f"{r}-m",)) for r in roles},
-        config=RouterConfig(api_keys=api_keys),
-        log_path=lambda role: logs / f"{role}.log",
-        streams=streams,
-    )
-    port = pick_free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-    async with httpx.AsyncClient() as probe:
-        for _ in range(200):
-            with contextlib.suppress(httpx.HTTPError):
-                if (await probe.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
-                    break
-            await asyncio.sleep(0.02)
-    try:
-        yield Served(f"http://127.0.0.1:{port}", logs, streams)
-    finally:
-        streams.close()
-        server.should_exit = True
-        await task
-        await scheduler.shutdown()
 
 
 def numbered(first: int, last: int) -> str:
@@ -121,7 +57,8 @@ async def test_bad_log_requests_are_openai_errors(tmp_path: Path) -> None:
 
 
 async def test_the_log_needs_the_api_key(tmp_path: Path) -> None:
-    async with serve(tmp_path, api_keys=("sesame",)) as up, httpx.AsyncClient() as client:
+    keyed = RouterConfig(api_keys=("sesame",))
+    async with serve(tmp_path, config=keyed) as up, httpx.AsyncClient() as client:
         (up.logs / "chat.log").write_text("secret output\n")
         r = await client.get(f"{up.url}/rosterd/logs/chat")
         assert r.status_code == 401

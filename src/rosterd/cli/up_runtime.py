@@ -80,7 +80,7 @@ class UpOptions:
     :func:`default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
     ``max_body_bytes``: the largest request body; ``auto_backend_ports``: let the
     OS choose backend ports; ``warm_up``: load interactive and sticky roles that
-    fit at start.
+    fit at start; ``cors_origins``: browser origins allowed to call the API.
     """
 
     roster_path: Path
@@ -95,6 +95,7 @@ class UpOptions:
     max_body_bytes: int = 8 * 2**20
     auto_backend_ports: bool = False
     warm_up: bool = True
+    cors_origins: tuple[str, ...] = ()
 
 
 def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
@@ -248,7 +249,9 @@ class UpRun:
                 scheduler,
                 _routes(scheduler.roles, roster, result),
                 config=RouterConfig(
-                    api_keys=options.api_keys, max_body_bytes=options.max_body_bytes
+                    api_keys=options.api_keys,
+                    max_body_bytes=options.max_body_bytes,
+                    cors_origins=options.cors_origins,
                 ),
                 metrics=metrics,
                 status_extra=_status_extra(result, fleet, nodes),

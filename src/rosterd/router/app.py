@@ -2,7 +2,9 @@
 
 Starlette routes the plain endpoints (JSON in, JSON out); the OpenAI paths
 routed by ``model`` are :class:`~rosterd.router.proxy.Proxy` apps; the whole
-app sits behind the API-key gate. uvicorn serves it (``rosterd up``).
+app sits behind the API-key gate, and, with ``--cors-origin``, Starlette's
+``CORSMiddleware`` in front of that (it answers preflight requests). uvicorn
+serves it (``rosterd up``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -225,4 +228,16 @@ def create_app(
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
         lifespan=lifespan,
     )
-    return ApiKeyGate(app, config.api_keys)
+    gated = ApiKeyGate(app, config.api_keys)
+    if not config.cors_origins:
+        return gated
+    # Outside the key gate: a browser's preflight (OPTIONS) never carries the key, and an
+    # error answer (401, 429) must carry the CORS headers for the page to read it.
+    return CORSMiddleware(
+        gated,
+        allow_origins=list(config.cors_origins),
+        allow_methods=["GET", "POST"],
+        allow_headers=["Authorization", "Content-Type"],
+        expose_headers=["Retry-After"],
+        max_age=600,
+    )
