@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -36,6 +36,7 @@ from rosterd.router.routing import (
     shown_name,
 )
 from rosterd.router.streams import LiveStreams
+from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.scheduler import Scheduler
 from rosterd.supervisor import tree_rss_bytes
 from rosterd.tokens import valid_token
@@ -126,11 +127,14 @@ def create_app(
                 info["measured_rss_bytes"] = tree_rss_bytes(pid) if isinstance(pid, int) else None
         return snap
 
-    async def status(_: Request) -> Response:
+    def status_data() -> dict[str, object]:
         data: dict[str, object] = dict(ps_data())
         data["uptime_s"] = round(time.time() - started_at, 3)
         data.update(extra())
-        return JSONResponse(data)
+        return data
+
+    async def status(_: Request) -> Response:
+        return JSONResponse(status_data())
 
     async def ps(_: Request) -> Response:
         return JSONResponse(ps_data())
@@ -210,7 +214,7 @@ def create_app(
             for hook in on_shutdown:
                 await hook()
 
-    route_list = [
+    route_list: list[BaseRoute] = [
         Route("/health", health, methods=["GET"]),
         Route("/status", status, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -222,13 +226,14 @@ def create_app(
         Route("/rosterd/unload/{role}", unload, methods=["POST"]),
         Route("/rosterd/logs/{role}", logs, methods=["GET"]),
     ]
+    route_list += page_routes(scheduler, status_data, live)
     route_list += [Route(path, Proxy(ctx, path), methods=["POST"]) for path in PROXIED_PATHS]
     app = Starlette(
         routes=route_list,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
         lifespan=lifespan,
     )
-    gated = ApiKeyGate(app, config.api_keys)
+    gated = ApiKeyGate(app, config.api_keys, open_paths=PAGE_PATHS, open_prefixes=[STATIC_PREFIX])
     if not config.cors_origins:
         return gated
     # Outside the key gate: a browser's preflight (OPTIONS) never carries the key, and an

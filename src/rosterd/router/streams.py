@@ -10,8 +10,9 @@ rosterd's stop that long. :class:`LiveStreams` is told when serving stops
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Final
+from typing import Final, TypeVar
+
+T = TypeVar("T")
 
 #: Seconds between keep-alive comments on an otherwise quiet stream (proxies drop idle ones).
 HEARTBEAT_S: Final[float] = 15.0
@@ -44,7 +45,19 @@ class LiveStreams:
             return False
         return True
 
-    async def ticks(self, interval_s: float) -> AsyncIterator[None]:
-        """Yield every ``interval_s`` seconds until :meth:`close`."""
-        while not await self.wait_closed(interval_s):
-            yield None
+    async def next_item(self, queue: asyncio.Queue[T], timeout_s: float) -> T | None:
+        """The next item of ``queue``, or ``None`` once ``timeout_s`` seconds passed or
+        :meth:`close` came first (no item is lost: one not taken stays queued)."""
+        getting = asyncio.ensure_future(queue.get())
+        closing = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait(
+                {getting, closing}, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            closing.cancel()
+            if not getting.done():
+                getting.cancel()
+        if getting.done() and not getting.cancelled():
+            return getting.result()
+        return None
