@@ -72,3 +72,11 @@ def llama_server_binary() -> Path:
         return find_llama_server()
     except AdapterError as err:
         pytest.skip(f"llama-server is missing: {err}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--screenshot-dir",
+        default=None,
+        help="also keep the browser test's screenshot of the page here (page.png)",
+    )

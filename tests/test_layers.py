@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "rosterd.roster": 2,
     "rosterd.fleet": 2,
     "rosterd.weights": 2,
+    "rosterd.schemas": 2,
     "rosterd.model_facts": 2,
     # 3. pure decisions
     "rosterd.residency": 3,

@@ -8,8 +8,9 @@ exit status in one place, :mod:`rosterd.cli.edge`.
 A command starts at once: the command modules import at their top only Typer
 and the standard library, and everything a command uses (the roster import, the
 solver, the HTTP server, Rich tables) inside the command's body. ``rosterd
---help``, ``ps``, ``load``, ``unload`` and ``roster import`` so never load
-OR-Tools, numpy or uvicorn (``tests/test_cli_startup.py`` checks it).
+--help``, ``--version``, ``ps``, ``load``, ``unload``, ``logs``, ``schema`` and
+``roster import`` so never load OR-Tools, numpy or uvicorn
+(``tests/test_cli_startup.py`` checks it).
 """
 
 from __future__ import annotations
@@ -91,11 +92,26 @@ app = typer.Typer(
 )
 
 
+def _print_version(given: bool) -> None:
+    """``--version``: ``rosterd <version>`` on stdout, then exit 0 (before any command)."""
+    if given:
+        from rosterd import __version__
+
+        sys.stdout.write(f"rosterd {__version__}\n")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="On an internal error, show its traceback.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Show the version and exit."
+        ),
     ] = False,
 ) -> None:
     # Options before the command name, for every command.
@@ -168,7 +184,7 @@ def make_console(stderr: bool = False) -> Console:
 
 
 #: The command modules, in the order ``--help`` lists their commands.
-_COMMAND_MODULES = ("plan_cmd", "roster_cmd", "serve_cmd", "client_cmd")
+_COMMAND_MODULES = ("plan_cmd", "roster_cmd", "serve_cmd", "client_cmd", "logs_cmd", "schema_cmd")
 
 
 def _register() -> None:

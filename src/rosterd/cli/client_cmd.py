@@ -16,6 +16,7 @@ in under 0.25 s). It reads no proxy variables, as ``up``'s own client does not
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.parse
 from typing import TYPE_CHECKING, Annotated, Any
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rosterd.cli import DEFAULT_URL, app, make_console
+from rosterd.cli.edge import errors_as_json
 from rosterd.errors import NotRunningError, RosterdError
 from rosterd.tokens import GB, valid_token
 
@@ -127,9 +129,21 @@ def _age(seconds: object) -> str:
 
 
 @app.command("ps")
-def ps_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
+def ps_cmd(
+    ctx: typer.Context,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print rosterd up's answer as JSON (GET /rosterd/ps).")
+    ] = False,
+) -> None:
     """What is resident where: memory (planned and measured), requests, idle time."""
+    if as_json:
+        errors_as_json(ctx)
     data = call("GET", url, "/rosterd/ps", api_key, 10.0)
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return
     from rich.table import Table
     from rich.text import Text
 

@@ -53,6 +53,36 @@ def check_api_keys(given: Iterable[str], environ: Mapping[str, str]) -> tuple[st
     return keys
 
 
+def check_cors_origins(given: Iterable[str]) -> tuple[str, ...]:
+    """The ``--cors-origin`` values, each ``*`` or ``scheme://host[:port]`` as a browser
+    sends it in ``Origin``.
+
+    Raises:
+        RosterdError: a value is not an origin (a path, a query, no scheme, blank).
+    """
+    import urllib.parse
+
+    origins: list[str] = []
+    for origin in given:
+        if origin != "*":
+            parts = urllib.parse.urlsplit(origin)
+            if (
+                parts.scheme not in ("http", "https")
+                or not parts.hostname
+                or parts.path
+                or parts.query
+                or parts.fragment
+                or parts.username is not None
+                or origin != origin.strip()
+            ):
+                raise RosterdError(
+                    f"--cors-origin {origin!r} is not an origin; give it as a browser sends it, "
+                    "such as https://notebook.lab:8888 (scheme, host, port; no path), or *"
+                )
+        origins.append(origin)
+    return tuple(dict.fromkeys(origins))
+
+
 def _configure_logging(verbose: bool) -> None:
     """Plain timestamped lines on stderr: rosterd's own at INFO (``-v``: DEBUG), others WARNING.
 
@@ -120,6 +150,14 @@ def up_cmd(
     warm_up: Annotated[
         bool, typer.Option(help="Load interactive and sticky roles that fit at start.")
     ] = True,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors-origin",
+            metavar="ORIGIN",
+            help="Let pages from ORIGIN call the API (CORS; repeatable; * for any). Default: none.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
@@ -129,6 +167,7 @@ def up_cmd(
     if not 1 <= port <= 65535:
         raise RosterdError(f"--port {port} is not a usable port (1..65535)")
     keys = check_api_keys(api_key or [], os.environ)
+    origins = check_cors_origins(cors_origin or [])
     # The runtime (uvicorn, the scheduler, OR-Tools) only now: other commands never load it.
     from rosterd.cli.up_runtime import UpOptions, run_up
     from rosterd.scheduler import SchedulerLimits
@@ -153,5 +192,6 @@ def up_cmd(
         max_body_bytes=max_body,
         auto_backend_ports=auto_backend_ports,
         warm_up=warm_up,
+        cors_origins=origins,
     )
     run_up(options, out=make_console(), err=make_console(stderr=True))

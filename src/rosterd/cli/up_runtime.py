@@ -52,6 +52,7 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster, load_roster
 from rosterd.router import RoleRoute, RouterConfig, create_app
+from rosterd.router.streams import LiveStreams
 from rosterd.scheduler import (
     NodeScheduler,
     Scheduler,
@@ -79,7 +80,7 @@ class UpOptions:
     :func:`default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
     ``max_body_bytes``: the largest request body; ``auto_backend_ports``: let the
     OS choose backend ports; ``warm_up``: load interactive and sticky roles that
-    fit at start.
+    fit at start; ``cors_origins``: browser origins allowed to call the API.
     """
 
     roster_path: Path
@@ -94,6 +95,7 @@ class UpOptions:
     max_body_bytes: int = 8 * 2**20
     auto_backend_ports: bool = False
     warm_up: bool = True
+    cors_origins: tuple[str, ...] = ()
 
 
 def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
@@ -242,15 +244,20 @@ class UpRun:
             metrics = RosterdMetrics()
             nodes = self._node_schedulers(roster, fleet, result, local_nodes, supervisor, metrics)
             scheduler = Scheduler(nodes)
+            streams = LiveStreams()  # followed logs and the page's stream end as serving stops
             router = create_app(
                 scheduler,
                 _routes(scheduler.roles, roster, result),
                 config=RouterConfig(
-                    api_keys=options.api_keys, max_body_bytes=options.max_body_bytes
+                    api_keys=options.api_keys,
+                    max_body_bytes=options.max_body_bytes,
+                    cors_origins=options.cors_origins,
                 ),
                 metrics=metrics,
                 status_extra=_status_extra(result, fleet, nodes),
                 unserved=unserved_reasons(result, roster, nodes),
+                log_path=supervisor.log_path,
+                streams=streams,
             )
             scheduler.start()
             config = uvicorn.Config(
@@ -276,6 +283,7 @@ class UpRun:
                 warm = asyncio.create_task(self._warm_up(scheduler, nodes), name="rosterd-warm-up")
             await self._stop.wait()
             self.out.print("stopping: draining requests, then stopping every backend …")
+            streams.close()
             if warm is not None:
                 warm.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

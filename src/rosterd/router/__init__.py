@@ -10,7 +10,10 @@ stream without buffering. Modules:
   one retry on a pooled connection the backend closed;
 - ``openai_errors``: the error table, the OpenAI error body, the SSE error
   event, ``Retry-After``, and the mapping of scheduler and httpx errors;
-- ``auth``: the API-key gate; ``body``: the request body (size limit, strict JSON).
+- ``auth``: the API-key gate; ``body``: the request body (size limit, strict JSON);
+- ``ui``: the live web page and its event stream; ``logs``: a role's backend
+  log, tailed or followed; ``streams``: the signal that ends endless responses
+  when serving stops.
 
 Endpoints:
 
@@ -26,6 +29,10 @@ Endpoints:
 - ``GET /rosterd/ps``, ``GET /rosterd/events``, ``POST /rosterd/load/{role}``,
   ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to;
   ``{role}`` must be a plain token of at most 64 bytes (else 400 ``invalid_role``).
+- ``GET /rosterd/logs/{role}`` (``?lines=N``, ``?follow=1``): the role's backend log.
+- ``GET /`` and ``/ui`` (the page, its files under ``/ui/static/``; no key needed:
+  they hold no data), ``GET /rosterd/events/stream`` (server-sent events:
+  scheduler events and ``/status`` snapshots).
 
 Every error is OpenAI-shaped: ``{"error": {"message", "type", "code"}}``, with
 400 for a body that is not strict JSON (``NaN`` and ``Infinity`` included),

@@ -2,7 +2,9 @@
 
 Starlette routes the plain endpoints (JSON in, JSON out); the OpenAI paths
 routed by ``model`` are :class:`~rosterd.router.proxy.Proxy` apps; the whole
-app sits behind the API-key gate. uvicorn serves it (``rosterd up``).
+app sits behind the API-key gate, and, with ``--cors-origin``, Starlette's
+``CORSMiddleware`` in front of that (it answers preflight requests). uvicorn
+serves it (``rosterd up``).
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.auth import ApiKeyGate
+from rosterd.router.logs import LogPath, log_response
 from rosterd.router.openai_errors import RouterError, error_response, scheduler_errors
 from rosterd.router.proxy import Proxy, ProxyContext, upstream_clients
 from rosterd.router.routing import (
@@ -31,6 +35,8 @@ from rosterd.router.routing import (
     RouterConfig,
     shown_name,
 )
+from rosterd.router.streams import LiveStreams
+from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.scheduler import Scheduler
 from rosterd.supervisor import tree_rss_bytes
 from rosterd.tokens import valid_token
@@ -50,6 +56,8 @@ def create_app(
     status_extra: Callable[[], Mapping[str, object]] | None = None,
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     unserved: Mapping[str, str] | None = None,
+    log_path: LogPath | None = None,
+    streams: LiveStreams | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -58,14 +66,18 @@ def create_app(
     nodes); ``on_shutdown`` coroutines run when the app's lifespan ends (after
     the upstream client is closed); ``unserved``: names (role ids, model
     names) known but not served by this process -> why (unplaced, or planned
-    on another node), given in their 404. The scheduler's tasks are started
-    with the app's lifespan.
+    on another node), given in their 404; ``log_path(role)``: where the role's
+    backend log is (``None``: not kept here; no ``log_path``: no log is);
+    ``streams``: ends the endless responses (followed logs, the event stream)
+    when its ``close()`` is called, as serving stops (default: at the end of
+    the lifespan). The scheduler's tasks are started with the app's lifespan.
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
     client, fresh_client = upstream_clients(config)
     names = ModelNames(routes, unserved)
     extra = status_extra or dict
+    live = streams or LiveStreams()
     started_at = time.time()
     ctx = ProxyContext(
         scheduler=scheduler,
@@ -115,11 +127,14 @@ def create_app(
                 info["measured_rss_bytes"] = tree_rss_bytes(pid) if isinstance(pid, int) else None
         return snap
 
-    async def status(_: Request) -> Response:
+    def status_data() -> dict[str, object]:
         data: dict[str, object] = dict(ps_data())
         data["uptime_s"] = round(time.time() - started_at, 3)
         data.update(extra())
-        return JSONResponse(data)
+        return data
+
+    async def status(_: Request) -> Response:
+        return JSONResponse(status_data())
 
     async def ps(_: Request) -> Response:
         return JSONResponse(ps_data())
@@ -163,6 +178,13 @@ def create_app(
             return error_response(err)
         return JSONResponse({"role": role, "resident": False})
 
+    async def logs(request: Request) -> Response:
+        try:
+            role = admin_role(request)
+            return await log_response(request, role, log_path or (lambda _: None), live)
+        except RouterError as err:
+            return error_response(err)
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(
             RouterError("not_found", f"no route {request.method} {request.url.path}")
@@ -186,12 +208,13 @@ def create_app(
         try:
             yield
         finally:
+            live.close()
             await client.aclose()
             await fresh_client.aclose()
             for hook in on_shutdown:
                 await hook()
 
-    route_list = [
+    route_list: list[BaseRoute] = [
         Route("/health", health, methods=["GET"]),
         Route("/status", status, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -201,11 +224,25 @@ def create_app(
         Route("/rosterd/events", events, methods=["GET"]),
         Route("/rosterd/load/{role}", load, methods=["POST"]),
         Route("/rosterd/unload/{role}", unload, methods=["POST"]),
+        Route("/rosterd/logs/{role}", logs, methods=["GET"]),
     ]
+    route_list += page_routes(scheduler, status_data, live)
     route_list += [Route(path, Proxy(ctx, path), methods=["POST"]) for path in PROXIED_PATHS]
     app = Starlette(
         routes=route_list,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
         lifespan=lifespan,
     )
-    return ApiKeyGate(app, config.api_keys)
+    gated = ApiKeyGate(app, config.api_keys, open_paths=PAGE_PATHS, open_prefixes=[STATIC_PREFIX])
+    if not config.cors_origins:
+        return gated
+    # Outside the key gate: a browser's preflight (OPTIONS) never carries the key, and an
+    # error answer (401, 429) must carry the CORS headers for the page to read it.
+    return CORSMiddleware(
+        gated,
+        allow_origins=list(config.cors_origins),
+        allow_methods=["GET", "POST"],
+        allow_headers=["Authorization", "Content-Type"],
+        expose_headers=["Retry-After"],
+        max_age=600,
+    )

@@ -7,7 +7,7 @@ standard library's ``hmac.compare_digest`` (constant time, the DESIGN.md rule).
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -41,15 +41,31 @@ class ApiKeyGate:
     """ASGI middleware: every path but ``/health`` needs ``Authorization: Bearer <key>``.
 
     ``keys`` empty: no gate. A request without a valid key gets 401
-    ``invalid_api_key`` with ``WWW-Authenticate: Bearer``.
+    ``invalid_api_key`` with ``WWW-Authenticate: Bearer``. ``open_paths`` and
+    ``open_prefixes`` name more paths that need no key: files that hold no data
+    (the web page's HTML, CSS and script, which then ask for the key).
     """
 
-    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: Sequence[str],
+        *,
+        open_paths: Iterable[str] = (),
+        open_prefixes: Iterable[str] = (),
+    ) -> None:
         self.app = app
         self.keys = [k.encode() for k in keys]
+        self.open_paths = frozenset((OPEN_PATH, *open_paths))
+        self.open_prefixes = tuple(open_prefixes)
+
+    def _open(self, path: str) -> bool:
+        return path in self.open_paths or (
+            any(path.startswith(prefix) for prefix in self.open_prefixes) and ".." not in path
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope.get("path") == OPEN_PATH:
+        if scope["type"] != "http" or not self.keys or self._open(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         given = bearer_token(scope)

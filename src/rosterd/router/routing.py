@@ -48,9 +48,12 @@ class RouterConfig:
     below llama-server's keep-alive timeout (5 s, cpp-httplib's default): with
     httpx's default, also 5 s, the router reused connections the backend was
     closing at that very moment, and the request failed unanswered.
+    ``cors_origins``: the browser origins (``https://host:port``, or ``*``)
+    allowed to call the API from their pages (empty: no CORS headers at all).
     """
 
     api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 8 * 2**20
     upstream_connect_s: float = 10.0
     upstream_read_s: float = 600.0

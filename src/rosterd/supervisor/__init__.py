@@ -8,6 +8,8 @@ servers that adapters describe (``Launch``). Its parts, one concept each:
   until it is gone, describe an exit, a log's tail, a process tree's RSS;
 - ``probes``: run an adapter's HTTP probe, wait for readiness, the readiness
   deadline that grows with the weights' size;
+- ``logs``: a backend's output piped into its log file, rotated by size, read
+  by a thread of its own so that a backend never blocks on rosterd;
 - ``ports``: refuse a port another process listens on (naming it), pick a free one;
 - ``run_records``: the state folder's lock, the ``run/<name>.json`` records
   and the reaping of an earlier run's leftovers (never anyone else's);

@@ -12,7 +12,7 @@ adds the lifecycle:
   with the exit code and the last lines of its output) or when a deadline that
   grows with the weights' size passes (``BackendNotReadyError``, process killed).
 - **logs**: each backend's stdout and stderr go to ``<state_dir>/logs/<name>.log``
-  (appended, one header line per start).
+  (appended, one header line per start; rotated by size, see ``logs``).
 - **stop**: ``stop`` returns only after the process group has exited, so the
   backend's memory can be counted as free when it returns.
 - **restarts**: a backend that exits by itself is restarted after an

@@ -1,7 +1,8 @@
 """Backend processes (DESIGN.md layer 5): spawn, signal, wait, describe and measure them.
 
 - **argv only**: ``spawn_logged`` starts a process from its argument list, never
-  a shell, with its stdout and stderr appended to a log file.
+  a shell, with its stdout and stderr appended to a log file that rotates by
+  size (through a pipe rosterd reads: :mod:`rosterd.supervisor.logs`).
 - **dies with rosterd**: the process leads its own process group (session)
   and, on Linux, gets a parent-death signal (``PR_SET_PDEATHSIG`` = SIGKILL),
   so ``kill -9`` of rosterd takes it along. The signal is tied to the thread
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Final
 
 import psutil
+
+from rosterd.supervisor.logs import drain_log, open_backend_log
 
 #: Lines of a backend's output quoted in a start error.
 TAIL_LINES: Final[int] = 20
@@ -81,31 +84,36 @@ async def spawn_logged(
 ) -> tuple[asyncio.subprocess.Process, int]:
     """Start ``argv`` (no shell) in its own process group, dying with this process.
 
-    ``env`` is added to this process's environment. Output is appended to
-    ``log_path`` after one header line naming ``name``, the time and the
-    command. Returns the process and the log's size in bytes before its first
-    output (the offset ``output_tail`` reads from).
+    ``env`` is added to this process's environment. Output (stdout and stderr,
+    one pipe) is appended to ``log_path`` after one header line naming
+    ``name``, the time and the command, by a reader of rosterd's that rotates
+    the log by size (:mod:`rosterd.supervisor.logs`). Returns the process and
+    the log's size in bytes before its first output (the offset ``output_tail``
+    reads from).
 
     Raises:
         OSError: the log cannot be opened or ``argv[0]`` cannot be executed.
     """
-    with log_path.open("ab") as log:
-        log.write(
-            f"--- rosterd: starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
-            f"{' '.join(argv)}\n".encode()
-        )
-        log.flush()
-        offset = log.tell()
+    header = (
+        f"--- rosterd: starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
+        f"{' '.join(argv)}\n"
+    )
+    log = open_backend_log(name, log_path, header)
+    try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
+            stdout=log.write_fd,
+            stderr=log.write_fd,
             env={**os.environ, **env},
             start_new_session=True,
             preexec_fn=_parent_death_preexec(os.getpid()),
         )
-    return proc, offset
+    except BaseException:
+        log.abandon()
+        raise
+    log.started()
+    return proc, log.offset
 
 
 def kill_group(pgid: int, sig: signal.Signals) -> None:
@@ -169,11 +177,24 @@ async def stop_foreign_group(proc: psutil.Process, *, grace_s: float) -> None:
 
 
 def output_tail(path: Path, offset: int, lines: int = TAIL_LINES) -> tuple[str, ...]:
-    """The last ``lines`` lines written to ``path`` after byte ``offset`` (``()`` if unreadable)."""
+    """The last ``lines`` lines written to ``path`` after byte ``offset`` (``()`` if unreadable).
+
+    What the backend wrote and rosterd's log reader has not yet moved is moved
+    first. If the log rotated since ``offset`` was taken (the file is now
+    shorter than ``offset``), the rotated file's part after ``offset`` comes
+    first; a start would have to write a whole log's worth (10 MiB) for that
+    to be mistaken.
+    """
+    drain_log(path)
     try:
         with path.open("rb") as f:
-            f.seek(offset)
             data = f.read()
+        if len(data) >= offset:
+            data = data[offset:]
+        else:  # rotated since: the start of this output is in the previous file
+            with contextlib.suppress(OSError), path.with_name(path.name + ".1").open("rb") as old:
+                old.seek(offset)
+                data = old.read() + data
     except OSError:
         return ()
     text = data.decode("utf-8", errors="replace").splitlines()

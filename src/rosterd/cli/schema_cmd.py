@@ -1,0 +1,25 @@
+"""``rosterd schema roster|overlay|fleet``: print the JSON Schema of a file rosterd reads
+(layer 8), for an editor to validate the file with (:mod:`rosterd.schemas`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from rosterd.cli import app
+from rosterd.errors import RosterdError
+from rosterd.schemas import SCHEMA_NAMES, schema_text
+
+
+@app.command("schema")
+def schema_cmd(
+    name: Annotated[
+        str, typer.Argument(metavar="roster|overlay|fleet", help="Which file's schema.")
+    ],
+) -> None:
+    """Print the JSON Schema of the roster, overlay or fleet file (for editors)."""
+    if name not in SCHEMA_NAMES:
+        raise RosterdError(f"no schema named {name!r}; expected one of {', '.join(SCHEMA_NAMES)}")
+    sys.stdout.write(schema_text(name))

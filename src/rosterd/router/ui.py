@@ -1,0 +1,177 @@
+"""The live web page (DESIGN.md layer 7): ``GET /`` and ``/ui``, and the one event stream
+it lives on, ``GET /rosterd/events/stream``.
+
+The page is plain HTML, CSS and one small script in ``rosterd/router/static/``
+(package data: no build step, nothing fetched from elsewhere). It draws every
+node with its memory bar and every role with its state and buttons, from what
+the stream sends:
+
+- ``event: snapshot``: the same JSON as ``GET /status``, at once, then every
+  :data:`SNAPSHOT_INTERVAL_S` seconds and right after each scheduler event
+  (idle times, in-flight and queued counts and measured RSS change without one);
+- ``event: scheduler``: one :class:`~rosterd.scheduler.SchedulerEvent` as
+  ``GET /rosterd/events`` gives it (a load, an eviction with its cause, a crash,
+  a restart), the moment the node's loop records it;
+- ``event: history``: at connect, the last :data:`HISTORY_EVENTS` of them.
+
+Keys: the page, its CSS and its script hold no data and are served without a
+key; everything they show comes from the stream, ``/rosterd/logs`` and
+``/rosterd/load|unload``, which the key gate guards as every other path. The
+script sends ``Authorization: Bearer`` with ``fetch`` and reads the stream with
+``fetch`` too (``EventSource`` cannot send a header). A cookie set by a login
+would have let any other site's page make a logged-in browser load and unload
+roles (cross-site requests carry cookies); a header only this page's script
+sets cannot be sent that way, and the gate keeps one rule and its
+constant-time comparison. The key is kept in the tab's ``sessionStorage``.
+
+Library choice: Starlette's ``StaticFiles`` serves the files from the package,
+with ETags and ``304 Not Modified``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from rosterd.router.streams import LiveStreams
+from rosterd.scheduler import Scheduler, SchedulerEvent
+
+#: Seconds between two snapshots on a quiet stream.
+SNAPSHOT_INTERVAL_S: Final[float] = 1.0
+#: Seconds a snapshot waits after a scheduler event, so that a burst of them sends one.
+EVENT_SNAPSHOT_DELAY_S: Final[float] = 0.05
+#: Scheduler events sent at connect.
+HISTORY_EVENTS: Final[int] = 200
+#: Scheduler events a slow client may fall behind by; past that it gets a fresh history.
+STREAM_QUEUE_EVENTS: Final[int] = 1000
+#: Milliseconds a browser waits before it connects again (SSE ``retry:``).
+RECONNECT_MS: Final[int] = 2000
+#: The paths of the page itself (served without a key: they hold no data).
+PAGE_PATHS: Final[tuple[str, ...]] = ("/", "/ui", "/ui/")
+#: Where the page's CSS and script are served (without a key).
+STATIC_PREFIX: Final[str] = "/ui/static/"
+
+_STATIC = StaticFiles(packages=[("rosterd.router", "static")])
+
+
+def sse(event: str, data: object) -> bytes:
+    """One server-sent event: ``event: NAME`` and its data as one line of JSON."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def _history(scheduler: Scheduler) -> dict[str, object]:
+    return {"events": [e.as_json() for e in scheduler.events()[-HISTORY_EVENTS:]]}
+
+
+async def event_stream(
+    scheduler: Scheduler,
+    status: Callable[[], Mapping[str, object]],
+    streams: LiveStreams,
+    *,
+    interval_s: float = SNAPSHOT_INTERVAL_S,
+) -> AsyncIterator[bytes]:
+    """The page's stream: history and a snapshot at once, then scheduler events as they
+    are recorded and snapshots (see the module docstring), until ``streams`` closes.
+
+    ``status()`` is ``GET /status``'s JSON. Every node's listeners hear the events
+    (nodes added later are joined at the next snapshot); a client that falls
+    :data:`STREAM_QUEUE_EVENTS` behind gets a fresh history instead.
+    """
+    queue: asyncio.Queue[SchedulerEvent] = asyncio.Queue(STREAM_QUEUE_EVENTS)
+    overflowed = False
+
+    def hear(event: SchedulerEvent) -> None:
+        nonlocal overflowed
+        try:
+            queue.put_nowait(event)
+        except asyncio.QueueFull:
+            overflowed = True
+
+    joined: dict[str, list[Callable[[SchedulerEvent], None]]] = {}
+
+    def join_nodes() -> None:
+        for name, node in scheduler.nodes.items():
+            if name not in joined:
+                node.listeners.append(hear)
+                joined[name] = node.listeners
+
+    join_nodes()
+    try:
+        yield f"retry: {RECONNECT_MS}\n\n".encode()
+        yield sse("history", _history(scheduler))
+        yield sse("snapshot", status())
+        next_snapshot = time.monotonic() + interval_s
+        while not streams.closed:
+            event = await streams.next_item(queue, next_snapshot - time.monotonic())
+            if overflowed:  # fell behind: start over from the event log
+                overflowed = False
+                while not queue.empty():
+                    queue.get_nowait()
+                yield sse("history", _history(scheduler))
+                next_snapshot = time.monotonic()
+            elif event is not None:
+                yield sse("scheduler", event.as_json())
+                while not queue.empty():
+                    yield sse("scheduler", queue.get_nowait().as_json())
+                # The state after the event, soon: the page shows the new phase at once.
+                next_snapshot = min(next_snapshot, time.monotonic() + EVENT_SNAPSHOT_DELAY_S)
+            if not streams.closed and time.monotonic() >= next_snapshot:
+                join_nodes()
+                yield sse("snapshot", status())
+                next_snapshot = time.monotonic() + interval_s
+    finally:
+        for listeners in joined.values():
+            if hear in listeners:
+                listeners.remove(hear)
+
+
+def page_routes(
+    scheduler: Scheduler,
+    status: Callable[[], Mapping[str, object]],
+    streams: LiveStreams,
+) -> list[BaseRoute]:
+    """The page's routes: ``/``, ``/ui``, ``/ui/static/*`` and ``/rosterd/events/stream``.
+
+    ``status()`` gives ``GET /status``'s JSON (the snapshots); ``streams`` ends
+    the event streams when serving stops.
+    """
+
+    async def page(_: Request) -> Response:
+        index = _STATIC.lookup_path("index.html")[0]
+        return FileResponse(
+            index,
+            media_type="text/html; charset=utf-8",
+            headers={
+                "Cache-Control": "no-cache",
+                # Only this page's own files run or load; nothing from elsewhere.
+                "Content-Security-Policy": (
+                    "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+                    "script-src 'self'; connect-src 'self'; frame-ancestors 'none'"
+                ),
+                "X-Content-Type-Options": "nosniff",
+                "Referrer-Policy": "no-referrer",
+            },
+        )
+
+    async def stream(_: Request) -> Response:
+        return StreamingResponse(
+            event_stream(scheduler, status, streams),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    return [
+        Route("/", page, methods=["GET"]),
+        Route("/ui", page, methods=["GET"]),
+        Route("/ui/", page, methods=["GET"]),
+        Mount(STATIC_PREFIX.rstrip("/"), app=_STATIC),
+        Route("/rosterd/events/stream", stream, methods=["GET"]),
+    ]
