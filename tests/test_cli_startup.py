@@ -1,5 +1,5 @@
-"""``rosterd --help``, ``ps``, ``load``, ``unload`` and ``roster import`` start at once: they
-import nothing they do not use (no solver, no numpy, no HTTP server, no scheduler).
+"""``rosterd --help``, ``ps``, ``load``, ``unload``, ``reload`` and ``roster import`` start at
+once: they import nothing they do not use (no solver, no numpy, no HTTP server, no scheduler).
 ``roster import`` still loads pydantic: Typer checks its path arguments with it.
 
 Each command runs in a fresh interpreter, as a user runs it; the modules it loaded are read
@@ -78,10 +78,11 @@ def _loaded(args: list[str]) -> tuple[int, list[str]]:
         (["ps", "--url", "DEAD"], 3),
         (["load", "chat-small", "--url", "DEAD"], 3),
         (["unload", "chat-small", "--url", "DEAD"], 3),
+        (["reload", "--url", "DEAD"], 3),
         (["roster", "import", str(EXAMPLES / "roster.yaml"), "--json"], 0),
         (["roster", "import", str(EXAMPLES / "roster.yaml")], 0),
     ],
-    ids=["help", "ps", "load", "unload", "roster-import-json", "roster-import"],
+    ids=["help", "ps", "load", "unload", "reload", "roster-import-json", "roster-import"],
 )
 def test_light_commands_import_nothing_heavy(args: list[str], status: int) -> None:
     dead = _dead_url()

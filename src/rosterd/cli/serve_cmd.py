@@ -6,7 +6,9 @@ the roster, plans it on the fleet (printing the plan), starts the supervisor on
 this machine, loads the interactive and sticky roles that fit without evicting
 anything (showing each load as it happens), and serves the OpenAI-compatible
 router until Ctrl-C or SIGTERM; then it lets in-flight requests finish (up to
-``--drain``) and stops every backend it started. Nodes of the fleet whose
+``--drain``) and stops every backend it started. SIGHUP, ``rosterd reload`` and,
+with ``--watch``, a change of the roster, overlay or fleet file reload them
+without a restart (:mod:`rosterd.cli.up_reload`). Nodes of the fleet whose
 address is not this machine are planned but not started here (it says so).
 
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 after a clean stop, 2 on bad
@@ -120,6 +122,12 @@ def up_cmd(
     warm_up: Annotated[
         bool, typer.Option(help="Load interactive and sticky roles that fit at start.")
     ] = True,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch", help="Reload when the roster, overlay or fleet file changes (SIGHUP too)."
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
@@ -153,5 +161,6 @@ def up_cmd(
         max_body_bytes=max_body,
         auto_backend_ports=auto_backend_ports,
         warm_up=warm_up,
+        watch=watch,
     )
     run_up(options, out=make_console(), err=make_console(stderr=True))

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from rosterd.errors import RosterdError
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.auth import ApiKeyGate
@@ -26,9 +27,9 @@ from rosterd.router.openai_errors import RouterError, error_response, scheduler_
 from rosterd.router.proxy import Proxy, ProxyContext, upstream_clients
 from rosterd.router.routing import (
     PROXIED_PATHS,
-    ModelNames,
     RoleRoute,
     RouterConfig,
+    RouteTable,
     shown_name,
 )
 from rosterd.scheduler import Scheduler
@@ -50,6 +51,7 @@ def create_app(
     status_extra: Callable[[], Mapping[str, object]] | None = None,
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     unserved: Mapping[str, str] | None = None,
+    reload: Callable[[], Awaitable[Mapping[str, object]]] | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -59,12 +61,18 @@ def create_app(
     the upstream client is closed); ``unserved``: names (role ids, model
     names) known but not served by this process -> why (unplaced, or planned
     on another node), given in their 404. The scheduler's tasks are started
-    with the app's lifespan.
+    with the app's lifespan. A :class:`RouteTable` given as ``routes`` is used as
+    it is: its owner swaps it on a reload (``unserved`` is then its own).
+    ``reload()`` serves ``POST /rosterd/reload``: it returns what changed, or
+    raises a ``RosterdError`` (answered 422 ``invalid_config``) when the new
+    configuration is refused and the running one stays.
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
     client, fresh_client = upstream_clients(config)
-    names = ModelNames(routes, unserved)
+    if not isinstance(routes, RouteTable):
+        routes = RouteTable(routes, unserved)
+    names = routes.names
     extra = status_extra or dict
     started_at = time.time()
     ctx = ProxyContext(
@@ -163,6 +171,14 @@ def create_app(
             return error_response(err)
         return JSONResponse({"role": role, "resident": False})
 
+    async def reload_config(_: Request) -> Response:
+        assert reload is not None
+        try:
+            changed = await reload()
+        except RosterdError as exc:
+            return error_response(RouterError("invalid_config", str(exc)))
+        return JSONResponse(dict(changed))
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(
             RouterError("not_found", f"no route {request.method} {request.url.path}")
@@ -202,6 +218,8 @@ def create_app(
         Route("/rosterd/load/{role}", load, methods=["POST"]),
         Route("/rosterd/unload/{role}", unload, methods=["POST"]),
     ]
+    if reload is not None:
+        route_list.append(Route("/rosterd/reload", reload_config, methods=["POST"]))
     route_list += [Route(path, Proxy(ctx, path), methods=["POST"]) for path in PROXIED_PATHS]
     app = Starlette(
         routes=route_list,
