@@ -343,7 +343,11 @@ def _summary(change: Mapping[str, object]) -> str:
     parts: list[str] = []
     nodes = change.get("nodes")
     for name, node in (nodes if isinstance(nodes, dict) else {}).items():
-        said = [f"{k} {', '.join(v)}" for k, v in node.items() if isinstance(v, list) and v]
+        said = [
+            f"{k} {', '.join(node[k])}"
+            for k in ("added", "retired", "restarted", "updated")
+            if node.get(k)
+        ]
         capacity = node.get("capacity_bytes")
         if isinstance(capacity, list):
             said.append(f"capacity {capacity[0] / 2**30:.2f} -> {capacity[1] / 2**30:.2f} GiB")
