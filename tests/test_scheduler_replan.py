@@ -390,3 +390,24 @@ async def test_apply_plan_adds_and_drains_nodes_and_reports_moves() -> None:
     assert right_backends.stops == ["a"]
     assert "n1" not in scheduler.snapshot()["nodes"]  # type: ignore[operator]
     assert change.as_json()["moved"] == {"a": ["n1", "n2"]}
+
+
+def test_the_replan_rules_import_no_clock_no_asyncio_and_no_logging() -> None:
+    import ast
+    from pathlib import Path
+
+    import rosterd.scheduler.replan as replan_module
+
+    assert replan_module.__file__ is not None
+    tree = ast.parse(Path(replan_module.__file__).read_text(encoding="utf-8"))
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        (node.module or "").split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert imported.isdisjoint({"asyncio", "time", "logging"}), imported

@@ -5,11 +5,14 @@ routable, a role removed while it streams finishes its stream and then stops, a 
 whose launch changed (its fleet ``ctx_size``) restarts with it, an untouched role keeps
 its process, a broken file changes nothing and is reported with its file, line and
 column, and a smaller fleet memory evicts to fit. Reloads come from ``rosterd reload``,
-``--watch`` and SIGHUP.
+``--watch`` and SIGHUP. Last, in-process without a backend: a roster that cannot be
+read is refused and reported, and a reload with nothing changed says so.
 """
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import signal
 import subprocess
@@ -20,7 +23,10 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 
+from backend_helpers import pick_free_port
+from rosterd.cli.up_runtime import UpOptions, UpRun
 from test_up_support import (
     GEMMA,
     MODELS,
@@ -34,8 +40,6 @@ from test_up_support import (
     write_box_fleet,
     write_roster,
 )
-
-pytestmark = pytest.mark.slow
 
 
 def roles(up: Up) -> dict[str, dict[str, Any]]:
@@ -69,6 +73,7 @@ def n_ctx(base_url: str) -> int:
     return int(props["default_generation_settings"]["n_ctx"])
 
 
+@pytest.mark.slow
 def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
     tmp_path: Path, llama_server_binary: Path, free_port: int
 ) -> None:
@@ -87,7 +92,9 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
     added = llama_entry("added", "tiny-voice", 0.1, 18704)
     write_roster(roster_path, [stay, streamer, changed])
     write_box_fleet(fleet_path, models, flavors=["llamacpp"])
-    up = start_up([str(roster_path), "--fleet", str(fleet_path), "--watch"], tmp_path, free_port)
+    # --drain 120: the removed role's stream must be able to finish even on a busy machine.
+    args = [str(roster_path), "--fleet", str(fleet_path), "--watch", "--drain", "120"]
+    up = start_up(args, tmp_path, free_port)
     lines: list[str] = []
     first_chunk = threading.Event()
 
@@ -100,7 +107,7 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
             "ignore_eos": True,
         }
         with httpx.stream(
-            "POST", up.url + "/v1/chat/completions", json=body, timeout=120, trust_env=False
+            "POST", up.url + "/v1/chat/completions", json=body, timeout=150, trust_env=False
         ) as reply:
             for line in reply.iter_lines():
                 if line.startswith("data: "):
@@ -139,7 +146,7 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
         assert models_now == {"stay", "changed", "added"}
         assert complete(up, "added").status_code == 200
 
-        streaming.join(120)
+        streaming.join(150)
         assert lines[-1] == "data: [DONE]", lines[-3:]  # the removed role's stream completed
         assert all_gone({before["streamer"]["pid"]}) == set()
         wait_for("the retired role forgotten", lambda: "streamer" not in roles(up), up)
@@ -184,6 +191,7 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
     assert code == 0, up.output()
 
 
+@pytest.mark.slow
 def test_a_smaller_fleet_memory_evicts_to_fit(
     tmp_path: Path, llama_server_binary: Path, free_port: int
 ) -> None:
@@ -224,3 +232,45 @@ def test_a_smaller_fleet_memory_evicts_to_fit(
     finally:
         code = up.stop()
     assert code == 0, up.output()
+
+
+async def test_a_missing_roster_is_refused_and_reported_and_nothing_changes(
+    tmp_path: Path,
+) -> None:
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18721)])
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml", {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
+    )
+    up = UpRun(
+        UpOptions(
+            roster_path=roster,
+            fleet_path=fleet,
+            port=pick_free_port(),
+            state_dir=tmp_path / "state",
+            warm_up=False,
+        ),
+        out=Console(file=io.StringIO()),
+        err=Console(file=io.StringIO()),
+    )
+    run = asyncio.create_task(up.run())
+    try:
+        url = await asyncio.wait_for(up.serving(), 60)
+        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
+            config = (await client.get("/status")).json()["config"]
+            assert config["files"] == {"roster": str(roster), "overlay": None, "fleet": str(fleet)}
+            assert (config["last_reload_at"], config["last_error"]) == (None, None)
+            roster.rename(tmp_path / "moved.yaml")
+            refused = await client.post("/rosterd/reload")
+            assert refused.status_code == 422
+            assert str(roster) in refused.json()["error"]["message"]
+            error = (await client.get("/status")).json()["config"]["last_error"]
+            assert error["file"] == str(roster)
+            assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]] == ["tiny"]
+            (tmp_path / "moved.yaml").rename(roster)
+            same = await client.post("/rosterd/reload")
+            assert same.status_code == 200, same.text
+            assert same.json()["changed"] is False
+            assert (await client.get("/status")).json()["config"]["last_error"] is None
+    finally:
+        up.stop()
+        await asyncio.wait_for(run, 60)
