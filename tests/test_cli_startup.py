@@ -1,6 +1,6 @@
-"""``rosterd --help``, ``--version``, ``ps``, ``load``, ``unload``, ``logs``, ``schema`` and
-``roster import`` start at once: they import nothing they do not use (no solver, no numpy,
-no HTTP server, no scheduler).
+"""``rosterd --help``, ``--version``, ``ps``, ``load``, ``unload``, ``reload``, ``logs``,
+``schema`` and ``roster import`` start at once: they import nothing they do not use (no
+solver, no numpy, no HTTP server, no scheduler).
 ``roster import`` still loads pydantic: Typer checks its path arguments with it.
 
 Each command runs in a fresh interpreter, as a user runs it; the modules it loaded are read
@@ -79,6 +79,7 @@ def _loaded(args: list[str]) -> tuple[int, list[str]]:
         (["ps", "--url", "DEAD"], 3),
         (["load", "chat-small", "--url", "DEAD"], 3),
         (["unload", "chat-small", "--url", "DEAD"], 3),
+        (["reload", "--url", "DEAD"], 3),
         (["logs", "chat-small", "-f", "-n", "5", "--url", "DEAD"], 3),
         (["ps", "--json", "--url", "DEAD"], 3),
         (["--version"], 0),
@@ -91,6 +92,7 @@ def _loaded(args: list[str]) -> tuple[int, list[str]]:
         "ps",
         "load",
         "unload",
+        "reload",
         "logs",
         "ps-json",
         "version",

@@ -56,6 +56,7 @@ _PURE_STATE_MACHINE = (
     "rosterd.scheduler.machine",
     "rosterd.scheduler.state",
     "rosterd.scheduler.events",
+    "rosterd.scheduler.replan",
 )
 
 

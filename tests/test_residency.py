@@ -18,6 +18,7 @@ from rosterd.residency import (
     Refuse,
     Wait,
     decide,
+    fit_to_capacity,
 )
 from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB
@@ -371,3 +372,33 @@ def test_decisions_are_deterministic_and_refusals_explain(
     assert decide(current, role) == first
     if isinstance(first, Refuse | Wait):
         assert role in first.reason
+
+
+# --------------------------------------------------------------------------- fit to capacity
+
+
+def test_fit_to_capacity_evicts_idle_roles_first_in_eviction_order() -> None:
+    voice = spec("voice", 2, interactive=True)
+    loose = spec("loose", 2, sticky=False)
+    old = spec("old", 2)
+    new = spec("new", 2)
+    fit = fit_to_capacity(
+        state(4, [voice, loose, old, new], ["voice", "loose", "old", "new"], recency=["old", "new"])
+    )
+    assert fit.evict == ("loose", "old")  # non-sticky batch, then least recently used
+    assert fit.blocking == ()
+    assert "over the capacity" in fit.reason
+
+
+def test_fit_to_capacity_names_busy_roles_only_when_idle_ones_are_not_enough() -> None:
+    a, b, c = spec("a", 2), spec("b", 2), spec("c", 2)
+    fit = fit_to_capacity(state(2, [a, b, c], ["a", "b", "c"], busy=["a", "b"]))
+    assert fit.evict == ("c",)
+    assert fit.blocking == ("a",)
+    assert fit_to_capacity(state(6, [a, b, c], ["a", "b", "c"])).evict == ()
+
+
+def test_fit_to_capacity_drops_evictions_a_bigger_one_made_unneeded() -> None:
+    small, big = spec("small", 1, sticky=False), spec("big", 4)
+    fit = fit_to_capacity(state(1.5, [small, big], ["small", "big"]))
+    assert fit.evict == ("big",)

@@ -44,6 +44,10 @@ Rules, in the order they are checked:
    would be → :class:`Wait` naming them. If even evicting every role R may ever
    evict is not enough → :class:`Refuse` with bytes and GiB.
 
+:func:`fit_to_capacity` answers the other question, asked when a re-plan shrinks a
+node's budget or grows a resident role: which resident roles must go for the rest to
+fit, idle ones first, in rule 4's eviction order.
+
 Memory per role is ``InferenceSpec.memory.resident_bytes``.
 """
 
@@ -157,6 +161,78 @@ def _why_blocking(blocking: Sequence[str], busy: Callable[[str], bool]) -> str:
     return "; ".join(parts)
 
 
+def _eviction_key(state: NodeState) -> Callable[[str], tuple[int, int, int, str]]:
+    """Sort key of eviction order, first evicted first: batch before interactive, then
+    non-sticky before sticky, then least recently used (``recency``), then role id."""
+    recency_pos = {name: i for i, name in enumerate(state.recency)}
+
+    def key(name: str) -> tuple[int, int, int, str]:
+        s = state.specs[name]
+        return (1 if s.interactive else 0, 1 if s.sticky else 0, recency_pos.get(name, -1), name)
+
+    return key
+
+
+def _drop_unneeded(
+    state: NodeState, chosen: list[str], free: int, freed: int, need: int
+) -> tuple[list[str], int]:
+    """``chosen`` without the evictions a later, bigger one made unnecessary (the
+    cheaper-to-lose kept first), and the bytes the rest frees."""
+    kept = list(chosen)
+    for candidate in reversed(chosen):
+        size = state.specs[candidate].memory.resident_bytes
+        if free + freed - size >= need:
+            kept.remove(candidate)
+            freed -= size
+    return kept, freed
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What must go for the resident roles to fit the node's capacity again.
+
+    ``evict``: idle roles to evict now, in this order; ``blocking``: busy roles that
+    must go too once their requests finished (the scheduler drains them, and cuts
+    them after its drain time); ``reason``: the numbers. Both empty: it fits.
+    """
+
+    evict: tuple[str, ...]
+    blocking: tuple[str, ...]
+    reason: str
+
+
+def fit_to_capacity(state: NodeState) -> Fit:
+    """The evictions that bring the resident bytes within ``state.capacity_bytes`` (the
+    node's budget shrank, or a resident role's memory grew, on a re-plan).
+
+    Idle roles go before busy ones (``in_flight``), each group in eviction order
+    (rule 4's order: batch before interactive, non-sticky before sticky, least
+    recently used, role id); every resident role may go, interactive ones too,
+    since the budget is a hard limit. Evictions a later, bigger one made
+    unnecessary are dropped. Pure and deterministic.
+    """
+    used = sum(state.specs[r].memory.resident_bytes for r in state.resident)
+    capacity = state.capacity_bytes
+    if used <= capacity:
+        return Fit((), (), f"{gib(used)} resident fits the capacity of {gib(capacity)}")
+    order = sorted(state.resident, key=_eviction_key(state))
+    idle = [r for r in order if state.in_flight.get(r, 0) <= 0]
+    busy = [r for r in order if state.in_flight.get(r, 0) > 0]
+    chosen: list[str] = []
+    freed = 0
+    for candidate in (*idle, *busy):
+        if used - freed <= capacity:
+            break
+        chosen.append(candidate)
+        freed += state.specs[candidate].memory.resident_bytes
+    chosen, freed = _drop_unneeded(state, chosen, capacity - used, freed, 0)
+    reason = (
+        f"{gib(used)} resident is over the capacity of {gib(capacity)}; "
+        f"evicting {', '.join(chosen)} frees {gib(freed)}"
+    )
+    return Fit(tuple(r for r in chosen if r in idle), tuple(r for r in chosen if r in busy), reason)
+
+
 def decide(state: NodeState, role: str) -> Decision:
     """Decide how to make ``role`` resident on the node described by ``state``.
 
@@ -229,20 +305,9 @@ def decide(state: NodeState, role: str) -> Decision:
             reason += f" after {exclusion_note}"
         return Load(role, tuple(conflict_evict), reason)
 
-    recency_pos = {name: i for i, name in enumerate(state.recency)}
-
-    def eviction_order(name: str) -> tuple[int, int, int, str]:
-        s = state.specs[name]
-        return (
-            1 if s.interactive else 0,
-            1 if s.sticky else 0,
-            recency_pos.get(name, -1),
-            name,
-        )
-
     allowed = [
         r
-        for r in sorted(remaining, key=eviction_order)
+        for r in sorted(remaining, key=_eviction_key(state))
         if spec.interactive or not state.specs[r].interactive
     ]
     idle = [
@@ -256,12 +321,7 @@ def decide(state: NodeState, role: str) -> Decision:
         chosen.append(candidate)
         freed += state.specs[candidate].memory.resident_bytes
     if free + freed >= need:
-        # Drop evictions a later one made unnecessary, keeping the cheaper-to-lose first.
-        for candidate in reversed(list(chosen)):
-            size = state.specs[candidate].memory.resident_bytes
-            if free + freed - size >= need:
-                chosen.remove(candidate)
-                freed -= size
+        chosen, freed = _drop_unneeded(state, chosen, free, freed, need)
         reason = (
             f"{role} needs {gib(need)}; {gib(free)} free, "
             f"so evicting {', '.join(chosen)} frees {gib(freed)}"

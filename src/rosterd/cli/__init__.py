@@ -8,8 +8,8 @@ exit status in one place, :mod:`rosterd.cli.edge`.
 A command starts at once: the command modules import at their top only Typer
 and the standard library, and everything a command uses (the roster import, the
 solver, the HTTP server, Rich tables) inside the command's body. ``rosterd
---help``, ``--version``, ``ps``, ``load``, ``unload``, ``logs``, ``schema`` and
-``roster import`` so never load OR-Tools, numpy or uvicorn
+--help``, ``--version``, ``ps``, ``load``, ``unload``, ``reload``, ``logs``, ``schema``
+and ``roster import`` so never load OR-Tools, numpy or uvicorn
 (``tests/test_cli_startup.py`` checks it).
 """
 

@@ -1,5 +1,5 @@
-"""``rosterd ps``, ``rosterd load ROLE`` and ``rosterd unload ROLE``: talk to a running
-``rosterd up`` over HTTP (layer 8).
+"""``rosterd ps``, ``rosterd load ROLE``, ``rosterd unload ROLE`` and ``rosterd reload``:
+talk to a running ``rosterd up`` over HTTP (layer 8).
 
 ``--url`` (default ``http://127.0.0.1:8400``) says where it listens; ``--api-key``
 or ``ROSTERD_API_KEY`` when it requires one. Nothing answering is exit 3
@@ -206,3 +206,24 @@ def _say(line: str) -> None:
     from rich.text import Text
 
     make_console().print(Text(line))
+
+
+@app.command("reload")
+def reload_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
+    """Re-read the roster, overlay and fleet of rosterd up; apply them if they are valid."""
+    data = call("POST", url, "/rosterd/reload", api_key, 120.0)
+    lines: list[str] = []
+    for name, node in data.get("nodes", {}).items():
+        for key in ("added", "retired", "restarted", "updated"):
+            if node.get(key):
+                lines.append(f"node {name}: {key} {', '.join(node[key])}")
+        capacity = node.get("capacity_bytes")
+        if capacity:
+            lines.append(f"node {name}: capacity {_gib(capacity[0])} -> {_gib(capacity[1])} GiB")
+    for key, what in (("added_nodes", "nodes added"), ("drained_nodes", "nodes drained")):
+        if data.get(key):
+            lines.append(f"{what}: {', '.join(data[key])}")
+    if not lines:
+        lines.append("reloaded: nothing changed")
+    for line in lines:
+        _say(line)

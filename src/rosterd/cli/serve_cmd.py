@@ -6,7 +6,9 @@ the roster, plans it on the fleet (printing the plan), starts the supervisor on
 this machine, loads the interactive and sticky roles that fit without evicting
 anything (showing each load as it happens), and serves the OpenAI-compatible
 router until Ctrl-C or SIGTERM; then it lets in-flight requests finish (up to
-``--drain``) and stops every backend it started. Nodes of the fleet whose
+``--drain``) and stops every backend it started. SIGHUP, ``rosterd reload`` and,
+with ``--watch``, a change of the roster, overlay or fleet file reload them
+without a restart (:mod:`rosterd.cli.up_reload`). Nodes of the fleet whose
 address is not this machine are planned but not started here (it says so).
 
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 after a clean stop, 2 on bad
@@ -158,6 +160,12 @@ def up_cmd(
             help="Let pages from ORIGIN call the API (CORS; repeatable; * for any). Default: none.",
         ),
     ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch", help="Reload when the roster, overlay or fleet file changes (SIGHUP too)."
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
@@ -193,5 +201,6 @@ def up_cmd(
         auto_backend_ports=auto_backend_ports,
         warm_up=warm_up,
         cors_origins=origins,
+        watch=watch,
     )
     run_up(options, out=make_console(), err=make_console(stderr=True))

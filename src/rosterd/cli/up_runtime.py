@@ -28,7 +28,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Collection, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,33 +36,36 @@ import uvicorn
 from rich.console import Console
 from rich.text import Text
 
-from rosterd.adapters import WeightsSource, adapter_for
 from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
 from rosterd.cli.up_plan import (
-    first_by_role,
     is_local_address,
     is_loopback_host,
     print_plan,
     unserved_reasons,
     warm_up_order,
 )
+from rosterd.cli.up_reload import (
+    ConfigReloader,
+    Served,
+    read_config,
+    role_routes,
+    served_config,
+)
 from rosterd.errors import RosterdError
-from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
+from rosterd.fleet import Fleet, Node
 from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
-from rosterd.roster import ImportedRoster, load_roster
-from rosterd.router import RoleRoute, RouterConfig, create_app
+from rosterd.roster import ImportedRoster
+from rosterd.router import RouterConfig, RouteTable, create_app
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler import (
+    NodeConfig,
     NodeScheduler,
     Scheduler,
     SchedulerError,
     SchedulerLimits,
-    SupervisorBackends,
 )
-from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, Supervisor, describe_exit, lock_state_dir
-from rosterd.weights import resolve_for_fleet
 
 
 def default_state_dir() -> Path:
@@ -80,7 +83,9 @@ class UpOptions:
     :func:`default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
     ``max_body_bytes``: the largest request body; ``auto_backend_ports``: let the
     OS choose backend ports; ``warm_up``: load interactive and sticky roles that
-    fit at start; ``cors_origins``: browser origins allowed to call the API.
+    fit at start (and the roles a reload adds); ``watch``: reload when the roster,
+    overlay or fleet file changes; ``cors_origins``: browser origins allowed to call
+    the API.
     """
 
     roster_path: Path
@@ -96,6 +101,7 @@ class UpOptions:
     auto_backend_ports: bool = False
     warm_up: bool = True
     cors_origins: tuple[str, ...] = ()
+    watch: bool = False
 
 
 def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
@@ -130,6 +136,9 @@ class UpRun:
         self._serving = asyncio.Event()
         self._ended = asyncio.Event()
         self._server: _Server | None = None
+        #: The reload of this run, once it serves.
+        self.reloader: ConfigReloader | None = None
+        self._reloads: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
         """Stop serving: in-flight requests get ``limits.drain_s``, then every backend stops.
@@ -170,8 +179,7 @@ class UpRun:
         options = self.options
         if not 1 <= options.port <= 65535:
             raise RosterdError(f"--port {options.port} is not a usable port (1..65535)")
-        roster = load_roster(options.roster_path, options.overlay_path)
-        fleet = load_fleet(options.fleet_path) if options.fleet_path is not None else local_fleet()
+        roster, fleet = read_config(options)
         for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows
             self.err.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
         state_dir = options.state_dir or default_state_dir()
@@ -225,10 +233,7 @@ class UpRun:
         if self.stop_on_signals:
             # Only now, after the plan: OR-Tools' solver takes SIGINT over while it
             # runs, and a handler set before it no longer gets Ctrl-C afterwards.
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                # A second Ctrl-C changes nothing: the drain and the stops are bounded
-                # (--drain, --grace), and every backend must still be stopped.
-                loop.add_signal_handler(sig, self.stop)
+            self._set_signal_handlers()
         scheduler: Scheduler | None = None
 
         def on_backend_event(event: BackendEvent) -> None:
@@ -237,25 +242,72 @@ class UpRun:
                 scheduler.backend_event(event)
 
         supervisor = Supervisor(state_dir, grace_s=options.grace_s, on_event=on_backend_event)
+        background: list[asyncio.Task[None]] = []
         try:
             reaped = await supervisor.reap_leftovers()
             if reaped:
                 self.out.print(f"stopped {len(reaped)} backend(s) left by an earlier run: {reaped}")
             metrics = RosterdMetrics()
-            nodes = self._node_schedulers(roster, fleet, result, local_nodes, supervisor, metrics)
-            scheduler = Scheduler(nodes)
+
+            def new_node(config: NodeConfig) -> NodeScheduler:
+                return NodeScheduler(
+                    config.name,
+                    config.capacity_bytes,
+                    config.specs,
+                    config.backends,
+                    limits=options.limits,
+                    metrics=metrics,
+                    unavailable=config.unavailable,
+                    backend_events=config.backend_events,
+                )
+
+            def serve_config(roster: ImportedRoster, fleet: Fleet, result: Plan) -> Served:
+                return served_config(
+                    roster,
+                    fleet,
+                    result,
+                    supervisor,
+                    auto_ports=options.auto_backend_ports,
+                    out=self.out,
+                )
+
+            served = serve_config(roster, fleet, result)
+            scheduler = Scheduler(
+                {name: new_node(c) for name, c in served.nodes.items()}, new_node=new_node
+            )
+            routes = RouteTable(
+                role_routes(scheduler.roles, roster, result),
+                unserved_reasons(result, roster, served.nodes),
+            )
+            running = scheduler
+
+            def warm_up_added(served: Served, change: Mapping[str, object]) -> None:
+                if options.warm_up:
+                    added = _added_roles(change)
+                    task = asyncio.create_task(self._warm_up(running, served.nodes, added))
+                    background.append(task)
+
+            reloader = self.reloader = ConfigReloader(
+                options,
+                served,
+                scheduler=scheduler,
+                routes=routes,
+                serve_config=serve_config,
+                after_plan=self._set_signal_handlers if self.stop_on_signals else lambda: None,
+                on_applied=warm_up_added,
+            )
             streams = LiveStreams()  # followed logs and the page's stream end as serving stops
             router = create_app(
                 scheduler,
-                _routes(scheduler.roles, roster, result),
+                routes,
                 config=RouterConfig(
                     api_keys=options.api_keys,
                     max_body_bytes=options.max_body_bytes,
                     cors_origins=options.cors_origins,
                 ),
                 metrics=metrics,
-                status_extra=_status_extra(result, fleet, nodes),
-                unserved=unserved_reasons(result, roster, nodes),
+                status_extra=lambda: _status_extra(reloader),
+                reload=reloader.reload,
                 log_path=supervisor.log_path,
                 streams=streams,
             )
@@ -278,103 +330,69 @@ class UpRun:
                 f" ({'API key required' if options.api_keys else 'no API key'}; Ctrl-C to stop)"
             )
             self._serving.set()
-            warm: asyncio.Task[None] | None = None
             if options.warm_up:
-                warm = asyncio.create_task(self._warm_up(scheduler, nodes), name="rosterd-warm-up")
+                background.append(
+                    asyncio.create_task(
+                        self._warm_up(scheduler, served.nodes, None), name="rosterd-warm-up"
+                    )
+                )
+            if options.watch:
+                background.append(asyncio.create_task(reloader.watch(), name="rosterd-watch"))
             await self._stop.wait()
             self.out.print("stopping: draining requests, then stopping every backend …")
             streams.close()
-            if warm is not None:
-                warm.cancel()
+            for task in background:
+                task.cancel()
+            for task in background:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await warm
+                    await task
             server.should_exit = True
             await serving
         finally:
+            for task in background:
+                task.cancel()
             if scheduler is not None:
                 await scheduler.shutdown()
             await supervisor.stop_all()
             sock.close()
             if self.stop_on_signals:
-                for sig in (signal.SIGINT, signal.SIGTERM):
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
             self.out.print("rosterd stopped; no backend left running")
 
-    def _node_schedulers(
+    def _set_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM stop, SIGHUP reloads (set again after each plan: the solver
+        takes SIGINT over while it runs)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            # A second Ctrl-C changes nothing: the drain and the stops are bounded
+            # (--drain, --grace), and every backend must still be stopped.
+            loop.add_signal_handler(sig, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_soon)
+
+    def _reload_soon(self) -> None:
+        """SIGHUP: reload in the background (a refusal is logged and kept for /status)."""
+        if self.reloader is not None:
+            task = asyncio.get_running_loop().create_task(self.reloader.try_reload())
+            self._reloads.add(task)
+            task.add_done_callback(self._reloads.discard)
+
+    async def _warm_up(
         self,
-        roster: ImportedRoster,
-        fleet: Fleet,
-        result: Plan,
-        local_nodes: list[Node],
-        supervisor: Supervisor,
-        metrics: RosterdMetrics,
-    ) -> dict[str, NodeScheduler]:
-        """One scheduler per local node, over the roles planned there; each role's weights
-        resolved now (a role without them is named and served as unavailable)."""
-        by_role = first_by_role(roster)
-        repos = {role: s.repo for role, s in by_role.items()}
-
-        def weights_for(spec: InferenceSpec) -> WeightsSource:
-            found = resolve_for_fleet(spec, fleet, repo=repos.get(spec.role) or None)
-            if found is None:
-                raise RosterdError(f"role {spec.role}: its flavor keeps its own weights")
-            return found
-
-        nodes: dict[str, NodeScheduler] = {}
-        for node in local_nodes:
-            specs = {
-                role: by_role[role].spec
-                for role, name in result.placements.items()
-                if name == node.name
-            }
-            unavailable = self._check_weights(specs.values(), weights_for)
-            backends = SupervisorBackends(
-                supervisor,
-                specs,
-                host=node.address if node.address != "localhost" else "127.0.0.1",
-                resolve_weights=weights_for,
-                auto_ports=self.options.auto_backend_ports,
-                node=node.name,
-            )
-            nodes[node.name] = NodeScheduler(
-                node.name,
-                node.capacity_bytes,
-                specs,
-                backends,
-                limits=self.options.limits,
-                metrics=metrics,
-                unavailable=unavailable,
-            )
-        return nodes
-
-    def _check_weights(
-        self, specs: Iterable[InferenceSpec], weights_for: Callable[[InferenceSpec], WeightsSource]
-    ) -> dict[str, str]:
-        """Resolve every role's weights now; role -> why it cannot be served, printed.
-
-        Flavors that keep their own weights (ollama) need none and always pass.
-        """
-        unavailable: dict[str, str] = {}
-        for spec in specs:
-            if adapter_for(spec.flavor).shared_server:
-                continue
-            try:
-                weights_for(spec)
-            except RosterdError as exc:
-                unavailable[spec.role] = str(exc)
-                self.out.print(
-                    Text(f"role {spec.role} is unavailable (requests get 503): {exc}", style="red")
-                )
-        return unavailable
-
-    async def _warm_up(self, scheduler: Scheduler, nodes: Mapping[str, NodeScheduler]) -> None:
-        """Load each node's interactive, then sticky roles, one by one, evicting nothing.
+        scheduler: Scheduler,
+        nodes: Mapping[str, NodeConfig],
+        only: Collection[str] | None,
+    ) -> None:
+        """Load each node's interactive, then sticky roles (those in ``only``, if given: the
+        roles a reload added), one by one, evicting nothing.
 
         Progress is the scheduler's log (``loading``, ``loaded in N s``); a role
         that does not fit (or fails) is named here and loads on demand later.
         """
         for node in nodes.values():
             for role in warm_up_order(node.specs):
+                if only is not None and role not in only:
+                    continue
                 if role in node.unavailable:
                     continue  # named at start; requests for it get 503 at once
                 try:
@@ -398,50 +416,30 @@ class UpRun:
             self.out.print(Text(f"restart of {event.name} failed: {event.detail}"))
 
 
-def _routes(roles: Iterable[str], roster: ImportedRoster, result: Plan) -> dict[str, RoleRoute]:
-    """Role -> its route: the names a request may give it (model name, aliases), the
-    flavor's request rewrite, and what ``/v1/models`` says of it."""
-    by_role = first_by_role(roster)
-    aliases: dict[str, list[str]] = {}
-    for alias, role in roster.aliases.items():
-        aliases.setdefault(role, []).append(alias)
-    routes: dict[str, RoleRoute] = {}
-    for role in roles:
-        s = by_role[role]
-        names = [n for n in (s.spec.model, s.name) if n and n != role]
-        names += aliases.get(role, [])
-        routes[role] = RoleRoute(
-            role=role,
-            names=tuple(dict.fromkeys(names)),
-            rewrite=adapter_for(s.spec.flavor).rewrite_request,
-            info={
-                "node": result.placements[role],
-                "latency_class": s.spec.latency_class.value,
-                "sticky": s.spec.sticky,
-                "resident_bytes": s.spec.memory.resident_bytes,
-            },
-        )
-    return routes
+def _added_roles(change: Mapping[str, object]) -> set[str]:
+    """The roles a reload's change (``PlanChange.as_json``) added on some node."""
+    nodes = change.get("nodes")
+    added: set[str] = set()
+    for node in (nodes if isinstance(nodes, dict) else {}).values():
+        added.update(node.get("added") or ())
+    return added
 
 
-def _status_extra(
-    result: Plan, fleet: Fleet, served: Mapping[str, object]
-) -> Callable[[], dict[str, object]]:
-    """What ``/status`` adds to the scheduler's view: unplaced roles, remote nodes, solver."""
-    remote = [
-        {"node": n.name, "address": n.address, "served_here": False}
-        for n in fleet.nodes
-        if n.name not in served
-    ]
-
-    def status_extra() -> dict[str, object]:
-        return {
-            "unplaced": [list(u) for u in result.unplaced],
-            "remote_nodes": remote,
-            "plan_solver": result.solver,
-        }
-
-    return status_extra
+def _status_extra(reloader: ConfigReloader) -> dict[str, object]:
+    """What ``/status`` adds to the scheduler's view: unplaced roles, remote nodes, the
+    solver, and the configuration (files, last reload, its error)."""
+    served = reloader.served
+    local = {n.name for n in served.local_nodes}
+    return {
+        "unplaced": [list(u) for u in served.result.unplaced],
+        "remote_nodes": [
+            {"node": n.name, "address": n.address, "served_here": False}
+            for n in served.fleet.nodes
+            if n.name not in local
+        ],
+        "plan_solver": served.result.solver,
+        "config": reloader.status(),
+    }
 
 
 def _os_message(exc: OSError) -> str:

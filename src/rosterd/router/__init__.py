@@ -48,7 +48,13 @@ from __future__ import annotations
 
 from rosterd.router.app import create_app
 from rosterd.router.openai_errors import ERROR_KINDS, ErrorKind, RouterError, error_body
-from rosterd.router.routing import PROXIED_PATHS, RewriteRequest, RoleRoute, RouterConfig
+from rosterd.router.routing import (
+    PROXIED_PATHS,
+    RewriteRequest,
+    RoleRoute,
+    RouterConfig,
+    RouteTable,
+)
 
 __all__ = [
     "ERROR_KINDS",
@@ -56,6 +62,7 @@ __all__ = [
     "ErrorKind",
     "RewriteRequest",
     "RoleRoute",
+    "RouteTable",
     "RouterConfig",
     "RouterError",
     "create_app",

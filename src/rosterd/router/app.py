@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
+from rosterd.errors import RosterdError
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.auth import ApiKeyGate
@@ -30,9 +31,9 @@ from rosterd.router.openai_errors import RouterError, error_response, scheduler_
 from rosterd.router.proxy import Proxy, ProxyContext, upstream_clients
 from rosterd.router.routing import (
     PROXIED_PATHS,
-    ModelNames,
     RoleRoute,
     RouterConfig,
+    RouteTable,
     shown_name,
 )
 from rosterd.router.streams import LiveStreams
@@ -58,6 +59,7 @@ def create_app(
     unserved: Mapping[str, str] | None = None,
     log_path: LogPath | None = None,
     streams: LiveStreams | None = None,
+    reload: Callable[[], Awaitable[Mapping[str, object]]] | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -71,11 +73,18 @@ def create_app(
     ``streams``: ends the endless responses (followed logs, the event stream)
     when its ``close()`` is called, as serving stops (default: at the end of
     the lifespan). The scheduler's tasks are started with the app's lifespan.
+    A :class:`RouteTable` given as ``routes`` is used as
+    it is: its owner swaps it on a reload (``unserved`` is then its own).
+    ``reload()`` serves ``POST /rosterd/reload``: it returns what changed, or
+    raises a ``RosterdError`` (answered 422 ``invalid_config``) when the new
+    configuration is refused and the running one stays.
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
     client, fresh_client = upstream_clients(config)
-    names = ModelNames(routes, unserved)
+    if not isinstance(routes, RouteTable):
+        routes = RouteTable(routes, unserved)
+    names = routes.names
     extra = status_extra or dict
     live = streams or LiveStreams()
     started_at = time.time()
@@ -185,6 +194,14 @@ def create_app(
         except RouterError as err:
             return error_response(err)
 
+    async def reload_config(_: Request) -> Response:
+        assert reload is not None
+        try:
+            changed = await reload()
+        except RosterdError as exc:
+            return error_response(RouterError("invalid_config", str(exc)))
+        return JSONResponse(dict(changed))
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(
             RouterError("not_found", f"no route {request.method} {request.url.path}")
@@ -227,6 +244,8 @@ def create_app(
         Route("/rosterd/logs/{role}", logs, methods=["GET"]),
     ]
     route_list += page_routes(scheduler, status_data, live)
+    if reload is not None:
+        route_list.append(Route("/rosterd/reload", reload_config, methods=["POST"]))
     route_list += [Route(path, Proxy(ctx, path), methods=["POST"]) for path in PROXIED_PATHS]
     app = Starlette(
         routes=route_list,

@@ -85,6 +85,8 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "not_found": ErrorKind(404, INVALID_REQUEST),
         "method_not_allowed": ErrorKind(405, INVALID_REQUEST),
         "body_too_large": ErrorKind(413, INVALID_REQUEST),
+        # A reload refused: the files are invalid (file, line, column in the message).
+        "invalid_config": ErrorKind(422, INVALID_REQUEST),
         "queue_full": ErrorKind(429, RATE_LIMIT),  # Retry-After: the scheduler's estimate
         "internal_error": ErrorKind(500, SERVER),
         "backend_error": ErrorKind(502, UPSTREAM),

@@ -1,10 +1,11 @@
 """What the router routes to (DESIGN.md layer 7): the roles it serves, the names that reach
-them, and its limits. Plain frozen values; the app and the proxy share them.
+them, and its limits. Plain frozen values, and the two tables the app and the proxy share
+(:class:`ModelNames`, :class:`RouteTable`), which a reload swaps whole in one step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from rosterd.adapters.base import rewrite_model_field
@@ -77,12 +78,21 @@ class ModelNames:
         self, routes: Mapping[str, RoleRoute], unserved: Mapping[str, str] | None = None
     ) -> None:
         self.by_name: dict[str, str] = {}
+        self.unserved: dict[str, str] = {}
+        self.replace(routes, unserved)
+
+    def replace(
+        self, routes: Mapping[str, RoleRoute], unserved: Mapping[str, str] | None = None
+    ) -> None:
+        """Resolve names by ``routes`` and ``unserved`` from now on (a reload); both
+        tables change in one step, so no request resolves against half of them."""
+        by_name: dict[str, str] = {}
         for role in sorted(routes):
-            self.by_name[role] = role
+            by_name[role] = role
         for role in sorted(routes):
             for name in routes[role].names:
-                self.by_name.setdefault(name, role)
-        self.unserved = dict(unserved or {})
+                by_name.setdefault(name, role)
+        self.by_name, self.unserved = by_name, dict(unserved or {})
 
     def resolve(self, model: str) -> str:
         """The role serving ``model``; raises :class:`RouterError` 404 ``model_not_found``
@@ -97,3 +107,45 @@ class ModelNames:
                 "model_not_found",
                 f"model {shown_name(model)} is not served here{detail}; known models: {known}",
             ) from None
+
+
+class RouteTable(Mapping[str, RoleRoute]):
+    """The router's routes: role -> :class:`RoleRoute` for the roles served, and their
+    :attr:`names`; :meth:`replace` swaps both at once (a reload).
+
+    A role a reload removed is no longer iterated nor resolved by name, but its
+    route is still found by ``table[role]``: a request granted before the reload
+    forwards to its backend with the rewrite it was routed with.
+    """
+
+    def __init__(
+        self, routes: Mapping[str, RoleRoute], unserved: Mapping[str, str] | None = None
+    ) -> None:
+        self._routes = dict(routes)
+        self._removed: dict[str, RoleRoute] = {}
+        self.names = ModelNames(self._routes, unserved)
+
+    def replace(
+        self, routes: Mapping[str, RoleRoute], unserved: Mapping[str, str] | None = None
+    ) -> None:
+        """Route by ``routes`` and ``unserved`` from now on, in one step."""
+        for role, route in self._routes.items():
+            if role not in routes:
+                self._removed[role] = route
+        for role in routes:
+            self._removed.pop(role, None)
+        self._routes = dict(routes)
+        self.names.replace(self._routes, unserved)
+
+    def __getitem__(self, role: str) -> RoleRoute:
+        route = self._routes.get(role)
+        return route if route is not None else self._removed[role]
+
+    def __contains__(self, role: object) -> bool:
+        return role in self._routes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._routes)
+
+    def __len__(self) -> int:
+        return len(self._routes)

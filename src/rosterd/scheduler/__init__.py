@@ -5,6 +5,7 @@
   its role) are in :mod:`rosterd.errors`, re-exported here.
 - :mod:`~rosterd.scheduler.events`: the machine's events in and effects out.
 - :mod:`~rosterd.scheduler.machine`: ``NodeMachine``, the rules (pure).
+- :mod:`~rosterd.scheduler.replan`: the machine's rules for a re-plan (pure).
 - :mod:`~rosterd.scheduler.node`: ``NodeScheduler``, the asyncio loop of one node.
 - :mod:`~rosterd.scheduler.fleet`: ``Scheduler``, the nodes of one process by role.
 
@@ -25,12 +26,13 @@ from rosterd.errors import (
     ShuttingDownError,
     UnknownRoleError,
 )
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.fleet import NodeConfig, PlanChange, Scheduler
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import (
     HOLDS_MEMORY,
     Lease,
+    NodeChange,
     Phase,
     Revocation,
     SchedulerEvent,
@@ -43,9 +45,12 @@ __all__ = [
     "Endpoint",
     "Lease",
     "LoadFailedError",
+    "NodeChange",
+    "NodeConfig",
     "NodeMachine",
     "NodeScheduler",
     "Phase",
+    "PlanChange",
     "QueueFullError",
     "QueueTimeoutError",
     "Revocation",

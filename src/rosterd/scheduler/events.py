@@ -17,6 +17,7 @@ from typing import Literal
 from rosterd.backends import Endpoint
 from rosterd.errors import SchedulerError
 from rosterd.scheduler.values import Revocation
+from rosterd.spec import InferenceSpec
 
 # --------------------------------------------------------------------------- events in
 
@@ -118,7 +119,70 @@ class Shutdown:
     now: float
 
 
-Event = Acquire | Cancel | Release | Unload | BackendChanged | LoadDone | StopDone | Tick | Shutdown
+# A re-plan (a reload, a lost node) reaches a node as these four events, posted together
+# in this order: SetCapacity, RetireRole..., ReplaceSpec..., AddRole...
+
+
+@dataclass(frozen=True, slots=True)
+class SetCapacity:
+    """The node's budget is ``capacity_bytes`` from now on; resident roles over it are
+    evicted to fit (idle ones first, busy ones drained, then cut after ``drain_s``)."""
+
+    now: float
+    capacity_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetireRole:
+    """``role`` is no longer placed on this node: new requests for it are refused
+    (``UnknownRoleError``), the requests it has are served, then it stops (cut after
+    ``drain_s``) and is forgotten (``ForgetRole``)."""
+
+    now: float
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceSpec:
+    """``role`` has a new ``spec``. ``restart``: its backend must start afresh (what it
+    launches changed): once its requests finished (cut after ``drain_s``) it stops,
+    takes the new spec and, if it was resident, loads again without evicting anything;
+    meanwhile new requests wait. Without ``restart`` (only scheduling facts changed:
+    memory, latency class, sticky, excludes) the spec applies at once."""
+
+    now: float
+    spec: InferenceSpec
+    restart: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AddRole:
+    """``spec.role`` is placed on this node from now on (stopped until requested).
+
+    A role still retiring here is taken back instead: its retirement ends and
+    ``spec`` replaces its spec as ``ReplaceSpec`` (with ``restart``) does.
+    """
+
+    now: float
+    spec: InferenceSpec
+    restart: bool = True
+
+
+Event = (
+    Acquire
+    | Cancel
+    | Release
+    | Unload
+    | BackendChanged
+    | LoadDone
+    | StopDone
+    | Tick
+    | Shutdown
+    | SetCapacity
+    | RetireRole
+    | ReplaceSpec
+    | AddRole
+)
 
 # --------------------------------------------------------------------------- effects out
 
@@ -222,6 +286,13 @@ class FinishUnload:
 
 
 @dataclass(frozen=True, slots=True)
+class ForgetRole:
+    """``role`` retired: it is stopped and no longer on this node; drop what is kept for it."""
+
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
 class FinishShutdown:
     """Shutdown is done: every backend this node started has exited."""
 
@@ -236,5 +307,6 @@ Effect = (
     | UpdateGauges
     | LogNote
     | FinishUnload
+    | ForgetRole
     | FinishShutdown
 )

@@ -1,18 +1,88 @@
 """The fleet-level scheduler (DESIGN.md layer 6): the node schedulers of one process, by role.
 
 It owns no state of its own beyond which node serves which role: every call
-goes to that role's :class:`~rosterd.scheduler.node.NodeScheduler`.
+goes to that role's :class:`~rosterd.scheduler.node.NodeScheduler`. A re-plan
+(a reload, a node lost) is one call, :meth:`Scheduler.apply_plan`: each node
+kept gets its new roles, budget and backends (``NodeScheduler.apply``), a new
+node gets a scheduler, a node left out drains and stops.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 
+from rosterd.backends import BackendEventSource, RoleBackends
 from rosterd.errors import UnknownRoleError
 from rosterd.scheduler.node import NodeScheduler
-from rosterd.scheduler.values import Lease, SchedulerEvent
+from rosterd.scheduler.values import Lease, NodeChange, SchedulerEvent
+from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What a plan gives one node: its ``name``, budget (``capacity_bytes``), the roles
+    placed on it (``specs``: role -> spec), the ``backends`` that start and stop them,
+    the roles it cannot serve (``unavailable``: role -> why) and, for a node whose
+    backends are not in this process, where their events come from (``backend_events``).
+    """
+
+    name: str
+    capacity_bytes: int
+    specs: Mapping[str, InferenceSpec]
+    backends: RoleBackends
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+    backend_events: BackendEventSource | None = None
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """What :meth:`Scheduler.apply_plan` changed.
+
+    ``nodes``: node -> its :class:`NodeChange` (nodes kept or added; a node added
+    lists its roles as ``added``); ``added_nodes`` / ``drained_nodes``: nodes that
+    appeared / were left out (these drain, then stop every backend); ``moved``:
+    role -> ``(from node, to node)``.
+    """
+
+    nodes: Mapping[str, NodeChange]
+    added_nodes: tuple[str, ...] = ()
+    drained_nodes: tuple[str, ...] = ()
+    moved: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything changed."""
+        return bool(
+            self.added_nodes
+            or self.drained_nodes
+            or any(change.changed for change in self.nodes.values())
+        )
+
+    def as_json(self) -> dict[str, object]:
+        """JSON-ready data: ``{"changed", "nodes": {name: NodeChange.as_json()},
+        "added_nodes", "drained_nodes", "moved": {role: [from, to]}}``."""
+        return {
+            "changed": self.changed,
+            "nodes": {name: change.as_json() for name, change in sorted(self.nodes.items())},
+            "added_nodes": list(self.added_nodes),
+            "drained_nodes": list(self.drained_nodes),
+            "moved": {role: list(pair) for role, pair in sorted(self.moved.items())},
+        }
+
+
+def default_node(config: NodeConfig) -> NodeScheduler:
+    """A :class:`NodeScheduler` for ``config`` with the default limits and no metrics."""
+    return NodeScheduler(
+        config.name,
+        config.capacity_bytes,
+        config.specs,
+        config.backends,
+        unavailable=config.unavailable,
+        backend_events=config.backend_events,
+    )
 
 
 class Scheduler:
@@ -20,15 +90,26 @@ class Scheduler:
 
     ``nodes``: node name -> :class:`NodeScheduler`; each role is placed on
     exactly one of them (the plan's placements restricted to the nodes this
-    process runs).
+    process runs). ``new_node`` builds the scheduler of a node a re-plan adds
+    (default :func:`default_node`; ``rosterd up`` gives its limits and metrics).
     """
 
-    def __init__(self, nodes: Mapping[str, NodeScheduler]) -> None:
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeScheduler],
+        *,
+        new_node: Callable[[NodeConfig], NodeScheduler] = default_node,
+    ) -> None:
         self.nodes = dict(nodes)
+        self._new_node = new_node
+        self._draining: dict[str, NodeScheduler] = {}  # left out by a re-plan, still stopping
+        self._drains: set[asyncio.Task[None]] = set()
+        self._started = False
         self._node_of: dict[str, NodeScheduler] = {}
-        for node in self.nodes.values():
-            for role in node.specs:
-                self._node_of[role] = node
+        self._index()
+
+    def _index(self) -> None:
+        self._node_of = {role: node for node in self.nodes.values() for role in node.specs}
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -44,8 +125,71 @@ class Scheduler:
 
     def start(self) -> None:
         """Start every node's task."""
+        self._started = True
         for node in self.nodes.values():
             node.start()
+
+    def apply_plan(
+        self, nodes: Mapping[str, NodeConfig], *, restart: Collection[str] = ()
+    ) -> PlanChange:
+        """Serve the plan ``nodes`` (node name -> :class:`NodeConfig`) from now on; what changed.
+
+        Synchronous, so it is atomic for every caller on the loop: when it returns,
+        requests resolve roles on the new plan (a role no longer placed anywhere
+        raises ``UnknownRoleError``), and each node's machine has the change queued
+        before any later event. Per node kept: :meth:`NodeScheduler.apply`
+        (``restart`` names roles whose launch changed outside their spec: weights,
+        launch options). A node new here gets a scheduler (``new_node``), started if
+        this scheduler is. A node left out drains: it takes no new request, lets
+        its requests finish (up to ``drain_s``) and stops every backend, in the
+        background (:meth:`shutdown` waits for it). A role that moved retires on
+        its old node and is added on the new one. Needs a running event loop when
+        a node is left out.
+        """
+        before = dict(self._node_of)
+        changes: dict[str, NodeChange] = {}
+        added_nodes: list[str] = []
+        for name, config in sorted(nodes.items()):
+            node = self.nodes.get(name)
+            if node is None:
+                node = self._new_node(config)
+                self.nodes[name] = node
+                added_nodes.append(name)
+                changes[name] = NodeChange(added=tuple(sorted(config.specs)))
+                if self._started:
+                    node.start()
+                continue
+            changes[name] = node.apply(
+                config.specs,
+                capacity_bytes=config.capacity_bytes,
+                backends=config.backends,
+                unavailable=config.unavailable,
+                restart=restart,
+            )
+        drained = sorted(set(self.nodes) - set(nodes))
+        for name in drained:
+            self._drain(name, self.nodes.pop(name))
+        self._index()
+        moved = {
+            role: (old.name, self._node_of[role].name)
+            for role, old in before.items()
+            if role in self._node_of and self._node_of[role] is not old
+        }
+        return PlanChange(changes, tuple(added_nodes), tuple(drained), moved)
+
+    def _drain(self, name: str, node: NodeScheduler) -> None:
+        self._draining[name] = node
+
+        async def drain() -> None:
+            try:
+                await node.shutdown()
+            finally:
+                if self._draining.get(name) is node:
+                    del self._draining[name]
+
+        task = asyncio.get_running_loop().create_task(drain(), name=f"rosterd-drain-{name}")
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
 
     async def acquire(self, role: str, *, timeout_s: float | None = None) -> Lease:
         """A lease on ``role`` (as ``NodeScheduler.acquire``); give it back with :meth:`release`.
@@ -55,8 +199,13 @@ class Scheduler:
         return await self.node_of(role).acquire(role, timeout_s=timeout_s)
 
     def release(self, lease: Lease) -> None:
-        """Give back a lease from :meth:`acquire`."""
-        self.nodes[lease.node].release(lease)
+        """Give back a lease from :meth:`acquire` (also after a re-plan moved or removed
+        its role, or left its node out)."""
+        node = self.nodes.get(lease.node)
+        if node is None or (lease.role not in node.specs and lease.node in self._draining):
+            node = self._draining.get(lease.node, node)
+        if node is not None:
+            node.release(lease)
 
     def backend_event(self, event: BackendEvent) -> None:
         """Pass a supervisor event to the node owning ``event.name`` (other names are ignored).
@@ -64,9 +213,8 @@ class Scheduler:
         Wire it to ``Supervisor(on_event=...)`` so crashes and restarts reach
         the scheduler; see :meth:`NodeScheduler.backend_event`.
         """
-        node = self._node_of.get(event.name)
-        if node is not None:
-            node.backend_event(event)
+        for node in (*self.nodes.values(), *self._draining.values()):
+            node.backend_event(event)  # each node takes the events of its roles only
 
     async def load(
         self, role: str, *, no_evict: bool = False, timeout_s: float | None = None
@@ -85,15 +233,23 @@ class Scheduler:
         await self.node_of(role).unload(role)
 
     async def shutdown(self) -> None:
-        """Drain and stop every node (concurrently); returns when every backend exited."""
-        await asyncio.gather(*(node.shutdown() for node in self.nodes.values()))
+        """Drain and stop every node (concurrently), those a re-plan left out too; returns
+        when every backend exited."""
+        nodes = [*self.nodes.values(), *self._draining.values()]
+        await asyncio.gather(*(node.shutdown() for node in nodes))
 
     def snapshot(self) -> dict[str, object]:
-        """``{"nodes": {name: NodeScheduler.snapshot()}}``."""
-        return {"nodes": {name: node.snapshot() for name, node in self.nodes.items()}}
+        """``{"nodes": {name: NodeScheduler.snapshot() + {"draining"}}}``; ``draining``:
+        a re-plan left the node out and it is stopping."""
+        nodes: dict[str, object] = {}
+        for draining, group in ((False, self.nodes), (True, self._draining)):
+            for name, node in group.items():
+                nodes.setdefault(name, {**node.snapshot(), "draining": draining})
+        return {"nodes": nodes}
 
     def events(self) -> list[SchedulerEvent]:
         """Every node's event log, oldest first."""
-        merged = [e for node in self.nodes.values() for e in node.events]
+        nodes = [*self.nodes.values(), *self._draining.values()]
+        merged = [e for node in nodes for e in node.events]
         merged.sort(key=lambda e: e.at)
         return merged

@@ -12,8 +12,10 @@ request, busy roles drain in arrival order (``hold_since``) and are revoked
 after ``drain_s``; an unload takes no new requests; minimum residency;
 exclusions yield when idle; idle TTL; crash restarts as ``restarting``;
 per-role concurrency, a bounded queue and queue timeouts; warm-up never
-evicts; shutdown is an event. ``docs/scheduler.md`` states each rule and
-draws the state table.
+evicts; shutdown is an event. A re-plan (a new capacity, a role added, retired
+or respecified) is kept by :class:`~rosterd.scheduler.replan.ReplanRules`, which
+this machine extends. ``docs/scheduler.md`` states each rule and draws the
+state table.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ from rosterd.scheduler.events import (
     Tick,
     Unload,
 )
-from rosterd.scheduler.state import MachineState, RoleState, Transition, Waiter
+from rosterd.scheduler.replan import ReplanEvent, ReplanRules
+from rosterd.scheduler.state import RoleState, Transition, Waiter
 from rosterd.scheduler.values import (
     Phase,
     client_reason,
@@ -74,7 +77,7 @@ SEE_LOG = "see `rosterd ps` / the backend log"
 _SHUTTING_DOWN = "rosterd is shutting down"
 
 
-class NodeMachine(MachineState):
+class NodeMachine(ReplanRules):
     """The pure scheduler of one node: ``handle(event) -> effects``.
 
     Built as ``NodeMachine(capacity_bytes, specs, limits)`` (see ``MachineState``).
@@ -106,6 +109,8 @@ class NodeMachine(MachineState):
             self._on_stop_done(event, now)
         elif isinstance(event, Shutdown):
             self._on_shutdown(now)
+        elif isinstance(event, ReplanEvent):
+            self._on_replan(event, now)
         else:
             assert isinstance(event, Tick)
         self._step(now)
@@ -116,7 +121,7 @@ class NodeMachine(MachineState):
 
     def _on_acquire(self, ev: Acquire, now: float) -> None:
         st = self._roles.get(ev.role)
-        if st is None:
+        if st is None or st.retiring_since is not None:
             self._fail(ev.ticket, UnknownRoleError, f"role {ev.role!r} is not placed on this node")
         elif self.shutting_down:
             self._fail(ev.ticket, ShuttingDownError, _SHUTTING_DOWN)
@@ -265,6 +270,7 @@ class NodeMachine(MachineState):
 
     def _step(self, now: float) -> None:
         self._expire(now)
+        self._settle_replan(now)
         tr = self._transition
         released = tr is not None and tr.step == "revoking" and self._roles[tr.role].in_flight == 0
         if tr is not None and tr.step == "revoking" and (released or now >= tr.revoke_until):
@@ -283,7 +289,10 @@ class NodeMachine(MachineState):
             return
         if self._schedule_unloads(now):
             return
-        if self._schedule_loads(now):
+        holds: dict[str, float] = {}
+        if self._schedule_replan(now, holds):
+            return
+        if self._schedule_loads(now, holds):
             return
         self._schedule_idle(now)
 
@@ -303,8 +312,8 @@ class NodeMachine(MachineState):
         """Hand leases to waiters, oldest first, while the role is ready and has free slots."""
         if st.phase is not Phase.READY or st.endpoint is None:
             return
-        if st.unload_tickets:
-            return  # an unload was asked: new requests wait and load the role again after it
+        if st.unload_tickets or st.next_spec is not None:
+            return  # an unload or a restart was asked: new requests wait and load it after
         while st.waiters:
             waiter = st.waiters[0]
             if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
@@ -357,8 +366,7 @@ class NodeMachine(MachineState):
                 return True
         return False
 
-    def _schedule_loads(self, now: float) -> bool:
-        holds: dict[str, float] = {}
+    def _schedule_loads(self, now: float, holds: dict[str, float]) -> bool:
         try:
             return self._decide_loads(now, holds)
         finally:

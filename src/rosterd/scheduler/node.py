@@ -10,7 +10,8 @@ futures, runs ``RoleBackends.start``/``stop`` as tasks whose results come back
 as ``LoadDone``/``StopDone`` events, sets revocation futures, updates the
 metrics (:mod:`rosterd.metrics`), logs (logger ``rosterd.scheduler``) and
 keeps the bounded event log (:attr:`NodeScheduler.events`). A tick every
-``tick_s`` lets the machine check its timers.
+``tick_s`` lets the machine check its timers. A re-plan (:meth:`NodeScheduler.apply`)
+is events too, queued in one step with the swap of what the node serves.
 
 Plain asyncio: scheduling is rosterd's own job.
 """
@@ -23,7 +24,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from rosterd.backends import BackendEventSource, RoleBackends
@@ -31,6 +32,7 @@ from rosterd.errors import RoleUnavailableError, ShuttingDownError, UnknownRoleE
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (
     Acquire,
+    AddRole,
     BackendChanged,
     Cancel,
     Effect,
@@ -38,12 +40,16 @@ from rosterd.scheduler.events import (
     FailWaiter,
     FinishShutdown,
     FinishUnload,
+    ForgetRole,
     GrantLease,
     LoadDone,
     LogNote,
     RecordEvent,
     Release,
+    ReplaceSpec,
+    RetireRole,
     RevokeLeases,
+    SetCapacity,
     Shutdown,
     StartBackend,
     StopBackend,
@@ -53,8 +59,10 @@ from rosterd.scheduler.events import (
     UpdateGauges,
 )
 from rosterd.scheduler.machine import NodeMachine
+from rosterd.scheduler.replan import launch_changed
 from rosterd.scheduler.values import (
     Lease,
+    NodeChange,
     Revocation,
     SchedulerEvent,
     SchedulerLimits,
@@ -103,6 +111,8 @@ class NodeScheduler:
         self.specs = dict(specs)
         self.limits = limits or SchedulerLimits()
         self._backends = backends
+        self._started_by: dict[str, RoleBackends] = {}  # a role's stop goes where its start went
+        self._retiring: dict[str, InferenceSpec] = {}  # removed by a re-plan, still draining
         self._backend_events = backend_events
         self._metrics = metrics
         self._clock = clock
@@ -188,7 +198,7 @@ class NodeScheduler:
         a final ``restart_failed``: it is no longer resident. Events for other
         names (a shared server) or phases (a load or stop under way) are ignored.
         """
-        if event.name not in self.specs:
+        if event.name not in self.specs and event.name not in self._retiring:
             return
         code = event.exit_code
         self._post(
@@ -221,6 +231,69 @@ class NodeScheduler:
         self._post(Unload(self._clock(), ticket, role))
         await asyncio.shield(future)
 
+    def apply(
+        self,
+        specs: Mapping[str, InferenceSpec],
+        *,
+        capacity_bytes: int,
+        backends: RoleBackends,
+        unavailable: Mapping[str, str] | None = None,
+        restart: Collection[str] = (),
+    ) -> NodeChange:
+        """Serve ``specs`` within ``capacity_bytes`` from now on (a re-plan); what changes.
+
+        Synchronous: the node's roles, budget, backends and unavailable roles are
+        swapped and the machine's events queued in one step, so every request
+        after this call sees the new set and the machine takes the change before
+        any later event. Roles no longer in ``specs`` retire (their requests are
+        served, then they stop; new requests for them raise
+        ``UnknownRoleError``); a role whose spec changed what it launches, or
+        named in ``restart`` (its weights or launch options changed outside the
+        spec), restarts once idle; a smaller budget evicts to fit. ``backends``
+        starts every role from now on; a role is stopped by the backends that
+        started it. See ``docs/scheduler.md`` (re-plan).
+        """
+        old = dict(self.specs)
+        now = self._clock()
+        events: list[Event] = []
+        before = self.capacity_bytes
+        if capacity_bytes != before:
+            events.append(SetCapacity(now, capacity_bytes))
+        retired = sorted(set(old) - set(specs))
+        added = sorted(set(specs) - set(old))
+        restarted: list[str] = []
+        updated: list[str] = []
+        for role in retired:
+            events.append(RetireRole(now, role))
+            self._retiring[role] = old[role]
+        for role in sorted(set(old) & set(specs)):
+            new = specs[role]
+            if role in restart or launch_changed(old[role], new):
+                restarted.append(role)
+                events.append(ReplaceSpec(now, new, restart=True))
+            elif new != old[role]:
+                updated.append(role)
+                events.append(ReplaceSpec(now, new, restart=False))
+        for role in added:
+            was = self._retiring.pop(role, None)
+            again = was is not None and (role in restart or launch_changed(was, specs[role]))
+            events.append(AddRole(now, specs[role], restart=again))
+        self.specs = dict(specs)
+        self.capacity_bytes = capacity_bytes
+        self._backends = backends
+        self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
+        if self._metrics is not None:
+            self._metrics.capacity_bytes.labels(node=self.name).set(capacity_bytes)
+        for event in events:
+            self._post(event)
+        return NodeChange(
+            added=tuple(added),
+            retired=tuple(retired),
+            restarted=tuple(restarted),
+            updated=tuple(updated),
+            capacity_bytes=(before, capacity_bytes) if capacity_bytes != before else None,
+        )
+
     async def shutdown(self) -> None:
         """Stop taking requests, let in-flight ones finish (up to ``drain_s``), stop every backend.
 
@@ -251,15 +324,21 @@ class NodeScheduler:
         "in_flight", "queued", "idle_s", "loaded_for_s", "waiting_reason",
         "base_url", "pid", "unavailable_reason"}}}`` (durations in seconds,
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
-        cannot be served, ``unavailable_reason`` then says why).
+        cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
+        re-plan removed the role and it drains before it stops).
         """
         now = self._clock()
         roles: dict[str, object] = {}
-        for role in sorted(self.specs):
-            view = self._machine.role_view(role, now)
+        for role in sorted({*self.specs, *self._retiring}):
+            if role in self._machine.specs:
+                view = self._machine.role_view(role, now)
+            else:  # added by apply() a moment ago; the loop has not taken the event yet
+                spec = self.specs[role]
+                view = NodeMachine(0, {role: spec}, self.limits).role_view(role, now)
             if role in self.unavailable:
                 view["phase"] = "unavailable"
             view["unavailable_reason"] = self.unavailable.get(role)
+            view["retiring"] = role in self._retiring
             roles[role] = view
         return {
             "capacity_bytes": self.capacity_bytes,
@@ -319,9 +398,11 @@ class NodeScheduler:
                 self._metrics.in_flight.labels(role=effect.role).set(effect.in_flight)
                 self._metrics.queued.labels(role=effect.role).set(effect.queued)
         elif isinstance(effect, StartBackend):
-            self._spawn(self._start_backend(effect.role))
+            self._started_by[effect.role] = self._backends
+            self._spawn(self._start_backend(effect.role, self._backends))
         elif isinstance(effect, StopBackend):
-            self._spawn(self._stop_backend(effect.role))
+            backends = self._started_by.get(effect.role, self._backends)
+            self._spawn(self._stop_backend(effect.role, backends))
         elif isinstance(effect, RevokeLeases):
             held = self._revocations.get(effect.role)
             if held is not None and held[0] == effect.generation and not held[1].done():
@@ -332,6 +413,10 @@ class NodeScheduler:
             done = self._unloading.pop(effect.ticket, None)
             if done is not None and not done.done():
                 done.set_result(None)
+        elif isinstance(effect, ForgetRole):
+            self._retiring.pop(effect.role, None)
+            self._started_by.pop(effect.role, None)
+            self._revocations.pop(effect.role, None)
         else:
             assert isinstance(effect, FinishShutdown)
             if self._shut_down is not None and not self._shut_down.done():
@@ -355,9 +440,9 @@ class NodeScheduler:
         if self._metrics is not None and effect.take_slot:
             self._metrics.queue_wait.labels(role=effect.role).observe(effect.waited_s)
 
-    async def _start_backend(self, role: str) -> None:
+    async def _start_backend(self, role: str, backends: RoleBackends) -> None:
         try:
-            endpoint = await self._backends.start(role)
+            endpoint = await backends.start(role)
         except Exception as exc:
             short = getattr(exc, "client_message", None)
             self._post(
@@ -371,10 +456,10 @@ class NodeScheduler:
             return
         self._post(LoadDone(self._clock(), role, endpoint=endpoint))
 
-    async def _stop_backend(self, role: str) -> None:
+    async def _stop_backend(self, role: str, backends: RoleBackends) -> None:
         error: str | None = None
         try:
-            await self._backends.stop(role)
+            await backends.stop(role)
         except Exception as exc:
             error = str(exc) or type(exc).__name__
         self._post(StopDone(self._clock(), role, error))

@@ -54,6 +54,12 @@ class RoleState:
     # that needs this role's room came first (None: no one waits for its room).
     hold_since: float | None = None
     gauges: tuple[int, int] = (0, 0)  # (in_flight, queued) as last reported
+    # A re-plan (replan.py): RetireRole since when; ReplaceSpec's spec still to apply
+    # (since when), and whether to load the role again afterwards.
+    retiring_since: float | None = None
+    next_spec: InferenceSpec | None = None
+    respec_since: float = 0.0
+    restart_after: bool = False
 
 
 @dataclass(eq=False)
@@ -202,6 +208,8 @@ class MachineState:
             )
         if label == "unload":
             why = "was unloaded (rosterd unload)"
+        elif label == "replan":
+            why = "was stopped by a re-plan (a reload of the roster, overlay or fleet)"
         elif label == "exclusion" and for_role is not None:
             why = f"was unloaded for {for_role} (they exclude each other)"
         elif for_role is not None:

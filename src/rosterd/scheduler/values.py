@@ -137,3 +137,38 @@ class SchedulerEvent:
             "resident_bytes": self.resident_bytes,
             "duration_s": self.duration_s,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    """What a re-plan changes on one node (``NodeScheduler.apply``); roles sorted by id.
+
+    ``added``: placed here from now on; ``retired``: no longer placed here (they
+    drain, stop and are forgotten); ``restarted``: what they launch changed (they
+    restart once idle); ``updated``: only scheduling facts changed (memory, latency
+    class, sticky, excludes: applied at once); ``capacity_bytes``: ``(before,
+    after)`` when the budget changed, else ``None``.
+    """
+
+    added: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()
+    restarted: tuple[str, ...] = ()
+    updated: tuple[str, ...] = ()
+    capacity_bytes: tuple[int, int] | None = None
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything changed."""
+        return bool(
+            self.added or self.retired or self.restarted or self.updated or self.capacity_bytes
+        )
+
+    def as_json(self) -> dict[str, object]:
+        """The change as JSON-ready data (``POST /rosterd/reload``)."""
+        return {
+            "added": list(self.added),
+            "retired": list(self.retired),
+            "restarted": list(self.restarted),
+            "updated": list(self.updated),
+            "capacity_bytes": list(self.capacity_bytes) if self.capacity_bytes else None,
+        }

@@ -1,0 +1,360 @@
+"""The configuration a ``rosterd up`` serves, and its reload without restart (layer 8): a
+running ``up`` re-reads its roster, overlay and fleet, and applies the change only if it
+is valid.
+
+:func:`served_config` turns an imported roster, a fleet and a plan into what this
+process serves (:class:`Served`: one ``NodeConfig`` per local node); ``up`` uses it
+at start, and :class:`ConfigReloader` on every reload.
+
+A reload (``POST /rosterd/reload``, SIGHUP, or ``--watch`` noticing a file
+changed) imports the roster and overlay, reads the fleet, plans with the plan
+in force as ``previous`` (sticky roles stay on their node), resolves the
+weights, and only then applies the result in one step:
+``Scheduler.apply_plan`` and ``RouteTable.replace``. New roles become
+routable, removed roles drain and stop, roles whose launch changed restart
+when idle, the others keep running. A file that does not import, read or plan
+leaves the running configuration as it is; the error, with its file, line and
+column, goes to the log, to ``/status`` (``config.last_error``) and to the
+reload's caller.
+
+``--watch`` polls the three files every :data:`WATCH_INTERVAL_S` seconds (their
+size, mtime and inode, then their bytes): three small files need no watcher
+library, and polling by path keeps working when an editor replaces a file by
+renaming a new one over it, which an inotify watch on the old file misses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.text import Text
+
+from rosterd.adapters import WeightsSource, adapter_for
+from rosterd.cli.up_plan import first_by_role, is_local_address, unserved_reasons
+from rosterd.errors import InputError, RosterdError
+from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
+from rosterd.placement import Plan, plan
+from rosterd.roster import ImportedRoster, load_roster
+from rosterd.router import RoleRoute, RouteTable
+from rosterd.scheduler import NodeConfig, Scheduler, SupervisorBackends
+from rosterd.spec import InferenceSpec
+from rosterd.supervisor import Supervisor
+from rosterd.weights import resolve_for_fleet
+
+if TYPE_CHECKING:
+    from rosterd.cli.up_runtime import UpOptions
+
+log = logging.getLogger("rosterd.reload")
+
+#: How often ``--watch`` looks at the roster, overlay and fleet files, seconds.
+WATCH_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """What one configuration gives this process: the ``roster``, the ``fleet``, the
+    ``plan`` (``result``), the fleet nodes that are this machine (``local_nodes``),
+    each one's :class:`NodeConfig` (``nodes``) and each role's weights (``weights``:
+    role -> where they are; ``None`` for a flavor that keeps its own, or missing)."""
+
+    roster: ImportedRoster
+    fleet: Fleet
+    result: Plan
+    local_nodes: tuple[Node, ...]
+    nodes: Mapping[str, NodeConfig]
+    weights: Mapping[str, WeightsSource | None]
+
+
+def read_config(options: UpOptions) -> tuple[ImportedRoster, Fleet]:
+    """Import the roster (with its overlay) and read the fleet of ``options``.
+
+    Raises:
+        RosterError, FleetError: a file is rejected (file, line and column named).
+    """
+    roster = load_roster(options.roster_path, options.overlay_path)
+    fleet = load_fleet(options.fleet_path) if options.fleet_path is not None else local_fleet()
+    return roster, fleet
+
+
+def served_config(
+    roster: ImportedRoster,
+    fleet: Fleet,
+    result: Plan,
+    supervisor: Supervisor,
+    *,
+    auto_ports: bool,
+    out: Console,
+) -> Served:
+    """What ``result`` gives this process: one :class:`NodeConfig` per local node, over
+    the roles planned there, with :class:`SupervisorBackends` on ``supervisor``
+    (``auto_ports``: the OS picks backend ports); each role's weights are resolved
+    now, and a role without them is printed on ``out`` and served as unavailable.
+
+    Raises:
+        RosterdError: no node of the fleet is this machine.
+    """
+    local_nodes = tuple(n for n in fleet.nodes if is_local_address(n.address))
+    if not local_nodes:
+        raise RosterdError("no node of the fleet is this machine; nothing to serve")
+    by_role = first_by_role(roster)
+    repos = {role: s.repo for role, s in by_role.items()}
+
+    def weights_for(spec: InferenceSpec) -> WeightsSource:
+        found = resolve_for_fleet(spec, fleet, repo=repos.get(spec.role) or None)
+        if found is None:
+            raise RosterdError(f"role {spec.role}: its flavor keeps its own weights")
+        return found
+
+    nodes: dict[str, NodeConfig] = {}
+    weights: dict[str, WeightsSource | None] = {}
+    for node in local_nodes:
+        specs = {
+            role: by_role[role].spec
+            for role, name in result.placements.items()
+            if name == node.name
+        }
+        unavailable: dict[str, str] = {}
+        for spec in specs.values():
+            weights[spec.role] = None
+            if adapter_for(spec.flavor).shared_server:
+                continue  # ollama keeps its own weights: nothing to resolve
+            try:
+                weights[spec.role] = weights_for(spec)
+            except RosterdError as exc:
+                unavailable[spec.role] = str(exc)
+                out.print(
+                    Text(f"role {spec.role} is unavailable (requests get 503): {exc}", style="red")
+                )
+        backends = SupervisorBackends(
+            supervisor,
+            specs,
+            host=node.address if node.address != "localhost" else "127.0.0.1",
+            resolve_weights=weights_for,
+            auto_ports=auto_ports,
+            node=node.name,
+        )
+        nodes[node.name] = NodeConfig(node.name, node.capacity_bytes, specs, backends, unavailable)
+    return Served(roster, fleet, result, local_nodes, nodes, weights)
+
+
+def role_routes(roles: Iterable[str], roster: ImportedRoster, result: Plan) -> dict[str, RoleRoute]:
+    """Role -> its route: the names a request may give it (model name, aliases), the
+    flavor's request rewrite, and what ``/v1/models`` says of it."""
+    by_role = first_by_role(roster)
+    aliases: dict[str, list[str]] = {}
+    for alias, role in roster.aliases.items():
+        aliases.setdefault(role, []).append(alias)
+    routes: dict[str, RoleRoute] = {}
+    for role in roles:
+        s = by_role[role]
+        names = [n for n in (s.spec.model, s.name) if n and n != role]
+        names += aliases.get(role, [])
+        routes[role] = RoleRoute(
+            role=role,
+            names=tuple(dict.fromkeys(names)),
+            rewrite=adapter_for(s.spec.flavor).rewrite_request,
+            info={
+                "node": result.placements[role],
+                "latency_class": s.spec.latency_class.value,
+                "sticky": s.spec.sticky,
+                "resident_bytes": s.spec.memory.resident_bytes,
+            },
+        )
+    return routes
+
+
+def error_json(exc: RosterdError, at: float) -> dict[str, object]:
+    """A refused reload as ``/status`` shows it: ``{"message", "file", "line", "column",
+    "at"}`` (``file``/``line``/``column`` ``None`` when the error names no place;
+    ``at``: seconds since the epoch)."""
+    where = exc if isinstance(exc, InputError) else None
+    return {
+        "message": str(exc),
+        "file": where.file if where else None,
+        "line": where.line if where else None,
+        "column": where.column if where else None,
+        "at": at,
+    }
+
+
+def _fingerprint(paths: Iterable[Path]) -> tuple[object, ...]:
+    """Size, mtime and inode of each of ``paths`` (``None`` for one that cannot be read)."""
+    marks: list[object] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            marks.append(None)
+            continue
+        marks.append((st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(marks)
+
+
+def _digest(paths: Iterable[Path]) -> str:
+    """A hash of the bytes of ``paths`` (a file that cannot be read counts as empty)."""
+    h = hashlib.sha256()
+    for path in paths:
+        try:
+            h.update(path.read_bytes())
+        except OSError:
+            h.update(b"\0unreadable")
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+class ConfigReloader:
+    """The reload of one ``rosterd up`` run (see the module).
+
+    ``served``: the configuration in force; ``serve_config(roster, fleet, plan)``
+    builds a :class:`Served` from a new one (resolving weights, making each
+    node's backends; raises ``RosterdError`` when nothing can be served);
+    ``after_plan()`` runs once the solver returned (``rosterd up`` puts its
+    signal handlers back there); ``on_applied(served, change)`` runs after a
+    change was applied (the warm-up of new roles).
+    """
+
+    def __init__(
+        self,
+        options: UpOptions,
+        served: Served,
+        *,
+        scheduler: Scheduler,
+        routes: RouteTable,
+        serve_config: Callable[[ImportedRoster, Fleet, Plan], Served],
+        after_plan: Callable[[], None] = lambda: None,
+        on_applied: Callable[[Served, Mapping[str, object]], None] = lambda s, c: None,
+    ) -> None:
+        self.options = options
+        self.served = served
+        self.scheduler = scheduler
+        self.routes = routes
+        self._serve_config = serve_config
+        self._after_plan = after_plan
+        self._on_applied = on_applied
+        self._lock = asyncio.Lock()
+        self.last_reload_at: float | None = None
+        self.last_change: Mapping[str, object] | None = None
+        self.last_error: dict[str, object] | None = None
+        self._seen = _digest(self.paths)
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """The files a reload reads: the roster, then the overlay and fleet when given."""
+        given = (self.options.roster_path, self.options.overlay_path, self.options.fleet_path)
+        return tuple(p for p in given if p is not None)
+
+    def status(self) -> dict[str, object]:
+        """``/status``'s ``config``: ``{"files": {"roster", "overlay", "fleet"} (paths or
+        None), "watch", "last_reload_at" (epoch seconds or None), "last_change",
+        "last_error" (see :func:`error_json`, None after a reload that worked)}``."""
+        o = self.options
+        return {
+            "files": {
+                "roster": str(o.roster_path),
+                "overlay": str(o.overlay_path) if o.overlay_path else None,
+                "fleet": str(o.fleet_path) if o.fleet_path else None,
+            },
+            "watch": o.watch,
+            "last_reload_at": self.last_reload_at,
+            "last_change": self.last_change,
+            "last_error": self.last_error,
+        }
+
+    async def reload(self) -> Mapping[str, object]:
+        """Re-read, plan and apply the configuration; what changed (``PlanChange.as_json``).
+
+        One reload at a time; a second caller waits for the first.
+
+        Raises:
+            RosterdError: the new configuration is refused (a file rejected, no
+                node of the fleet is this machine); nothing changed.
+        """
+        async with self._lock:
+            self._seen = _digest(self.paths)
+            try:
+                change = await self._reload()
+            except RosterdError as exc:
+                self.last_error = error_json(exc, time.time())
+                log.error("reload refused, the running configuration stays: %s", exc)
+                raise
+            self.last_reload_at = time.time()
+            self.last_change = change
+            self.last_error = None
+            return change
+
+    async def _reload(self) -> Mapping[str, object]:
+        roster, fleet = read_config(self.options)
+        previous = self.served.result
+        specs = [s.spec for s in roster.specs]
+        try:
+            # The solver runs up to its time limit: off the loop, which keeps serving.
+            result = await asyncio.to_thread(plan, specs, fleet, previous)
+        finally:
+            self._after_plan()
+        served = self._serve_config(roster, fleet, result)
+        old = self.served.weights
+        restart = [r for r, w in served.weights.items() if r in old and old[r] != w]
+        # One step, no await: the scheduler and the router change together.
+        change = self.scheduler.apply_plan(served.nodes, restart=restart).as_json()
+        self.routes.replace(
+            role_routes(self.scheduler.roles, roster, result),
+            unserved_reasons(result, roster, served.nodes),
+        )
+        self.served = served
+        for warning in roster.warnings:
+            log.warning("reload: %s", warning)
+        log.info("reloaded %s: %s", ", ".join(map(str, self.paths)), _summary(change))
+        self._on_applied(served, change)
+        return change
+
+    async def try_reload(self) -> None:
+        """:meth:`reload`, its refusal only logged and kept for ``/status`` (SIGHUP, watch)."""
+        with contextlib.suppress(RosterdError):  # logged and shown in /status by reload()
+            await self.reload()
+
+    async def watch(self, interval_s: float = WATCH_INTERVAL_S) -> None:
+        """Reload whenever the files' bytes change (looked at every ``interval_s``); runs
+        until cancelled. A refused change is not tried again until the files change."""
+        marks = _fingerprint(self.paths)
+        while True:
+            await asyncio.sleep(interval_s)
+            now = _fingerprint(self.paths)
+            if now == marks:
+                continue
+            marks = now
+            if _digest(self.paths) != self._seen:
+                await self.try_reload()
+
+
+def _summary(change: Mapping[str, object]) -> str:
+    """What a change did, in words for the log."""
+    if not change.get("changed"):
+        return "nothing changed"
+    parts: list[str] = []
+    nodes = change.get("nodes")
+    for name, node in (nodes if isinstance(nodes, dict) else {}).items():
+        said = [
+            f"{k} {', '.join(node[k])}"
+            for k in ("added", "retired", "restarted", "updated")
+            if node.get(k)
+        ]
+        capacity = node.get("capacity_bytes")
+        if isinstance(capacity, list):
+            said.append(f"capacity {capacity[0] / 2**30:.2f} -> {capacity[1] / 2**30:.2f} GiB")
+        if said:
+            parts.append(f"node {name}: {'; '.join(said)}")
+    for key in ("added_nodes", "drained_nodes"):
+        value = change.get(key)
+        if isinstance(value, list) and value:
+            parts.append(f"{key.replace('_', ' ')}: {', '.join(value)}")
+    return "; ".join(parts)

@@ -1,0 +1,235 @@
+"""A re-plan on one node (DESIGN.md layer 6, pure): the node machine's rules for
+``SetCapacity``, ``RetireRole``, ``ReplaceSpec`` and ``AddRole``.
+
+A reload of the roster, overlay or fleet, or a node of the fleet lost, changes
+what a node serves while it serves. The change reaches the node's machine as
+these events (``rosterd.scheduler.events``), and :class:`ReplanRules` keeps them
+under the machine's own rules: one transition per node, memory free only at
+``StopDone``, no eviction under a request before ``drain_s``.
+
+- **A new role** is stopped until a request wants it.
+- **A retired role** takes no new request (``UnknownRoleError``); the requests
+  it has are served; once it is idle (or ``drain_s`` after the retirement,
+  cutting what is left) it stops, and then it is forgotten (``ForgetRole``).
+- **A new spec with a restart** (what the role launches changed): the role
+  grants no new lease; once its requests finished (or after ``drain_s``) it
+  stops, takes the new spec and, if it was resident, loads again as a warm-up
+  does (evicting nothing). Without a restart the spec applies at once.
+- **A new capacity**: while the resident roles hold more than it, they are
+  evicted to fit (:func:`rosterd.residency.fit_to_capacity`: idle ones first,
+  in the policy's eviction order); busy ones drain (no new leases to newer
+  requests) and are cut after ``drain_s``.
+
+Evictions of a re-plan count under the metric label ``replan``. No clock, no
+I/O, no logging: every event carries ``now`` and the rules return effects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping
+
+from rosterd.errors import UnknownRoleError
+from rosterd.residency import fit_to_capacity, gib
+from rosterd.scheduler.events import (
+    AddRole,
+    FinishUnload,
+    ForgetRole,
+    LogNote,
+    ReplaceSpec,
+    RetireRole,
+    SetCapacity,
+    UpdateGauges,
+)
+from rosterd.scheduler.state import MachineState, RoleState, Waiter
+from rosterd.scheduler.values import HOLDS_MEMORY, Phase, SchedulerLimits
+from rosterd.spec import InferenceSpec, LatencyClass, MemorySpec
+
+ReplanEvent = SetCapacity | RetireRole | ReplaceSpec | AddRole
+
+
+def launch_changed(old: InferenceSpec, new: InferenceSpec) -> bool:
+    """Whether ``new`` launches another backend than ``old`` (flavor, model, port): a
+    change of scheduling facts only (memory figures, latency class, sticky, excludes)
+    needs no restart, so a sticky role keeps its warm KV cache."""
+
+    def launched(spec: InferenceSpec) -> InferenceSpec:
+        return dataclasses.replace(
+            spec, memory=MemorySpec(), sticky=True, latency_class=LatencyClass.BATCH, excludes=()
+        )
+
+    return launched(old) != launched(new)
+
+
+#: The metric label (and event label) of an eviction a re-plan caused.
+REPLAN_LABEL = "replan"
+
+
+class ReplanRules(MachineState):
+    """The re-plan half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module).
+
+    ``NodeMachine`` calls :meth:`_on_replan` for the four events,
+    :meth:`_settle_replan` early in every step and :meth:`_schedule_replan`
+    when no transition is under way; it provides ``_begin_transition``.
+    """
+
+    def __init__(
+        self, capacity_bytes: int, specs: Mapping[str, InferenceSpec], limits: SchedulerLimits
+    ) -> None:
+        super().__init__(capacity_bytes, specs, limits)
+        self._over_since: float | None = None  # since when the resident roles exceed capacity
+        # Restart loads are waiters nobody outside waits on: negative tickets, which no
+        # node loop hands out, so their grants and failures are answered to no one.
+        self._restart_tickets = itertools.count(-1, -1)
+
+    def _begin_transition(
+        self,
+        evict: Iterable[str],
+        load: str | None,
+        cause: str,
+        label: str,
+        for_role: str | None,
+        now: float,
+    ) -> None:
+        raise NotImplementedError  # NodeMachine's: stop ``evict``, then load ``load``
+
+    def retiring(self, role: str) -> bool:
+        """Whether ``role`` is retiring here (draining before it is forgotten)."""
+        st = self._roles.get(role)
+        return st is not None and st.retiring_since is not None
+
+    # ---- events ----------------------------------------------------------------------
+
+    def _on_replan(self, event: ReplanEvent, now: float) -> None:
+        if isinstance(event, SetCapacity):
+            self.capacity_bytes = event.capacity_bytes
+            if self.resident_bytes() > self.capacity_bytes and self._over_since is None:
+                self._over_since = now
+            self._out.append(LogNote("info", f"capacity is now {gib(event.capacity_bytes)}"))
+        elif isinstance(event, RetireRole):
+            self._on_retire(event.role, now)
+        elif isinstance(event, ReplaceSpec):
+            self._on_replace_spec(event.spec, event.restart, now)
+        else:
+            st = self._roles.get(event.spec.role)
+            if st is None:
+                self.specs[event.spec.role] = event.spec
+                self._roles[event.spec.role] = RoleState(event.spec)
+                self._roles = dict(sorted(self._roles.items()))  # ties break by id
+            else:
+                st.retiring_since = None  # taken back before it was forgotten
+                if event.spec != st.spec or st.next_spec is not None:
+                    self._on_replace_spec(event.spec, event.restart, now)
+
+    def _on_retire(self, role: str, now: float) -> None:
+        st = self._roles.get(role)
+        if st is None or st.retiring_since is not None:
+            return
+        st.retiring_since = now
+        if st.next_spec is not None:
+            st.spec = self.specs[role] = st.next_spec  # it stops anyway; no restart
+            st.next_spec, st.restart_after = None, False
+        self._cancel_load_of(role)
+
+    def _on_replace_spec(self, spec: InferenceSpec, restart: bool, now: float) -> None:
+        role = spec.role
+        st = self._roles.get(role)
+        if st is None:
+            return
+        if st.next_spec is not None:
+            st.next_spec = spec  # a restart is pending already: it takes this spec
+            return
+        if not restart or st.phase is Phase.STOPPED:
+            self._cancel_load_of(role)  # a load decided on the old memory figure
+            st.spec = self.specs[role] = spec
+            return
+        st.next_spec = spec
+        st.respec_since = now
+        st.restart_after = st.phase in HOLDS_MEMORY and st.phase is not Phase.STOPPING
+
+    def _cancel_load_of(self, role: str) -> None:
+        """Drop the pending load of ``role`` from the transition (and the evictions made
+        for it that have not begun); its waiters are decided on again."""
+        tr = self._transition
+        if tr is not None and tr.load == role:
+            tr.load = None
+            if tr.for_role == role:
+                tr.evict.clear()
+
+    # ---- the step ----------------------------------------------------------------------
+
+    def _settle_replan(self, now: float) -> None:
+        """Forget retired roles that stopped; give stopped roles their pending spec (and
+        queue their restart). Runs in every step, transition or not."""
+        tr = self._transition
+        held = set() if tr is None else {tr.role, *tr.evict, tr.load}
+        for role in list(self._roles):
+            st = self._roles[role]
+            if st.phase is not Phase.STOPPED or role in held:
+                continue
+            if st.retiring_since is not None:
+                self._forget(role, st)
+            elif st.next_spec is not None:
+                st.spec = self.specs[role] = st.next_spec
+                st.next_spec = None
+                if st.restart_after and not self.shutting_down:
+                    ticket = next(self._restart_tickets)
+                    timeout = self.limits.queue_timeout_s
+                    st.waiters.append(Waiter(ticket, now, timeout, False, True))
+                    self._gauges(role)
+                st.restart_after = False
+
+    def _forget(self, role: str, st: RoleState) -> None:
+        del self._roles[role]
+        del self.specs[role]
+        why = f"role {role!r} is no longer served here (a re-plan removed it)"
+        for w in st.waiters:
+            self._fail(w.ticket, UnknownRoleError, why)
+        self._out.extend(FinishUnload(t) for t in st.unload_tickets)
+        if st.gauges != (0, 0):
+            self._out.append(UpdateGauges(role, 0, 0))
+        self._out.append(LogNote("info", f"{role} retired: a re-plan removed it from this node"))
+        self._out.append(ForgetRole(role))
+
+    def _schedule_replan(self, now: float, holds: dict[str, float]) -> bool:
+        """Begin the stop a re-plan needs next, if any (``True``); busy roles that must
+        go for the capacity get their hold in ``holds``."""
+        drain_s = self.limits.drain_s
+        for role, st in self._roles.items():
+            if st.retiring_since is not None:
+                idle = st.in_flight == 0 and not st.waiters
+                drained = now - st.retiring_since >= drain_s
+                cause = "a re-plan removed it from this node"
+            elif st.next_spec is not None:
+                idle = st.in_flight == 0
+                drained = now - st.respec_since >= drain_s
+                cause = "a re-plan changed what it launches; restarting it"
+            else:
+                continue
+            if st.phase is Phase.RESTARTING or (st.phase is Phase.READY and (idle or drained)):
+                self._begin_transition((role,), None, cause, REPLAN_LABEL, None, now)
+                return True
+        return self._schedule_fit(now, holds)
+
+    def _schedule_fit(self, now: float, holds: dict[str, float]) -> bool:
+        if self.resident_bytes() <= self.capacity_bytes:
+            self._over_since = None
+            return False
+        if self._over_since is None:  # a resident role's memory grew
+            self._over_since = now
+        since = self._over_since
+        drained = now - since >= self.limits.drain_s
+        fit = fit_to_capacity(self._node_state(now, ignore_in_flight=drained))
+        evict = [
+            *fit.evict,
+            *(b for b in fit.blocking if drained or self._roles[b].phase is Phase.RESTARTING),
+        ]
+        if evict:
+            cause = f"the node's capacity is now {gib(self.capacity_bytes)}: {fit.reason}"
+            self._begin_transition(evict, None, cause, REPLAN_LABEL, None, now)
+            return True
+        for b in fit.blocking:  # they drain: newer requests wait for the capacity
+            if self._roles[b].phase is Phase.READY and self._roles[b].in_flight:
+                holds[b] = min(holds.get(b, since), since)
+        return False
