@@ -32,7 +32,6 @@ from rosterd.router.routing import (
     shown_name,
 )
 from rosterd.scheduler import Scheduler
-from rosterd.supervisor import tree_rss_bytes
 from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.router")
@@ -50,6 +49,7 @@ def create_app(
     status_extra: Callable[[], Mapping[str, object]] | None = None,
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     unserved: Mapping[str, str] | None = None,
+    node_views: Callable[[], Mapping[str, Mapping[str, object]]] | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -58,7 +58,11 @@ def create_app(
     nodes); ``on_shutdown`` coroutines run when the app's lifespan ends (after
     the upstream client is closed); ``unserved``: names (role ids, model
     names) known but not served by this process -> why (unplaced, or planned
-    on another node), given in their 404. The scheduler's tasks are started
+    on another node), given in their 404; ``node_views()``: per fleet node (in
+    fleet order), keys added to its entry of ``/status`` and ``/rosterd/ps``
+    (``connected``, ``address``, ...; a node the scheduler does not run gets an
+    entry of these keys alone). Measured RSS comes through the backends
+    boundary (``Scheduler.measured_bytes``). The scheduler's tasks are started
     with the app's lifespan.
     """
     config = config or RouterConfig()
@@ -105,29 +109,36 @@ def create_app(
             return error_response(err)
         return JSONResponse(model_entry(role))
 
-    def ps_data() -> dict[str, object]:
+    async def ps_data() -> dict[str, object]:
         snap = scheduler.snapshot()
         nodes = snap["nodes"]
         assert isinstance(nodes, dict)
-        for node in nodes.values():
-            for info in node["roles"].values():
-                pid = info.get("pid")
-                info["measured_rss_bytes"] = tree_rss_bytes(pid) if isinstance(pid, int) else None
+        measured = await scheduler.measured_bytes()
+        for name, node in nodes.items():
+            for role, info in node["roles"].items():
+                info["measured_rss_bytes"] = measured.get(name, {}).get(role)
+        if node_views is not None:
+            views = node_views()
+            ordered = {name: {**nodes.get(name, {}), **view} for name, view in views.items()}
+            snap["nodes"] = ordered | {n: v for n, v in nodes.items() if n not in ordered}
         return snap
 
     async def status(_: Request) -> Response:
-        data: dict[str, object] = dict(ps_data())
+        data: dict[str, object] = dict(await ps_data())
         data["uptime_s"] = round(time.time() - started_at, 3)
         data.update(extra())
         return JSONResponse(data)
 
     async def ps(_: Request) -> Response:
-        return JSONResponse(ps_data())
+        return JSONResponse(await ps_data())
 
     async def events(_: Request) -> Response:
         return JSONResponse({"events": [e.as_json() for e in scheduler.events()]})
 
     async def metrics_endpoint(_: Request) -> Response:
+        nodes = (await ps_data())["nodes"]
+        assert isinstance(nodes, dict)
+        metrics.observe_nodes(nodes)
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     def admin_role(request: Request) -> str:

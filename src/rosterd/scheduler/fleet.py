@@ -92,6 +92,13 @@ class Scheduler:
         """``{"nodes": {name: NodeScheduler.snapshot()}}``."""
         return {"nodes": {name: node.snapshot() for name, node in self.nodes.items()}}
 
+    async def measured_bytes(self) -> dict[str, dict[str, int]]:
+        """Node -> role -> measured RSS in bytes (``NodeScheduler.measured_bytes``, every
+        node at once); for display (``/status``, ``rosterd ps``, ``/metrics``)."""
+        names = list(self.nodes)
+        measured = await asyncio.gather(*(self.nodes[n].measured_bytes() for n in names))
+        return dict(zip(names, measured, strict=True))
+
     def events(self) -> list[SchedulerEvent]:
         """Every node's event log, oldest first."""
         merged = [e for node in self.nodes.values() for e in node.events]
