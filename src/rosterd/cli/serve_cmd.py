@@ -6,8 +6,12 @@ the roster, plans it on the fleet (printing the plan), starts the supervisor on
 this machine, loads the interactive and sticky roles that fit without evicting
 anything (showing each load as it happens), and serves the OpenAI-compatible
 router until Ctrl-C or SIGTERM; then it lets in-flight requests finish (up to
-``--drain``) and stops every backend it started. Nodes of the fleet whose
-address is not this machine are planned but not started here (it says so).
+``--drain``) and stops every backend it started. Without Ray, nodes of the
+fleet whose address is not this machine are planned but not started here (it
+says so). With ``--ray-address HOST:PORT`` (or ``RAY_ADDRESS``) it joins that
+Ray cluster and runs every fleet node a live Ray node matches by address through
+that node's agent (:mod:`rosterd.cli.up_fleet`); a node with none is reported
+not connected and its roles are planned on the others.
 
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 after a clean stop, 2 on bad
 input (roster, overlay, fleet, an empty API key, port in use, a locked state
@@ -120,6 +124,14 @@ def up_cmd(
     warm_up: Annotated[
         bool, typer.Option(help="Load interactive and sticky roles that fit at start.")
     ] = True,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="Run the fleet's nodes on the Ray cluster at HOST:PORT (default: $RAY_ADDRESS; "
+            "neither: this machine only). Needs pip install 'rosterd[ray]'.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
@@ -131,6 +143,7 @@ def up_cmd(
     keys = check_api_keys(api_key or [], os.environ)
     # The runtime (uvicorn, the scheduler, OR-Tools) only now: other commands never load it.
     from rosterd.cli.up_runtime import UpOptions, run_up
+    from rosterd.ray_cluster import ray_address as ray_address_of  # imports no Ray
     from rosterd.scheduler import SchedulerLimits
 
     options = UpOptions(
@@ -153,5 +166,6 @@ def up_cmd(
         max_body_bytes=max_body,
         auto_backend_ports=auto_backend_ports,
         warm_up=warm_up,
+        ray_address=ray_address_of(ray_address, os.environ),
     )
     run_up(options, out=make_console(), err=make_console(stderr=True))

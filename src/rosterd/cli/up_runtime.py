@@ -31,6 +31,7 @@ import socket
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 from rich.console import Console
@@ -43,6 +44,8 @@ from rosterd.cli.up_plan import (
     is_local_address,
     is_loopback_host,
     print_plan,
+    role_routes,
+    status_extra,
     unserved_reasons,
     warm_up_order,
 )
@@ -51,7 +54,7 @@ from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
 from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster, load_roster
-from rosterd.router import RoleRoute, RouterConfig, create_app
+from rosterd.router import RouterConfig, create_app
 from rosterd.scheduler import (
     NodeScheduler,
     Scheduler,
@@ -62,6 +65,9 @@ from rosterd.scheduler import (
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, Supervisor, describe_exit, lock_state_dir
 from rosterd.weights import resolve_for_fleet
+
+if TYPE_CHECKING:
+    from rosterd.cli.up_fleet import UpFleet
 
 
 def default_state_dir() -> Path:
@@ -79,7 +85,11 @@ class UpOptions:
     :func:`default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
     ``max_body_bytes``: the largest request body; ``auto_backend_ports``: let the
     OS choose backend ports; ``warm_up``: load interactive and sticky roles that
-    fit at start.
+    fit at start; ``ray_address``: the Ray cluster to run the fleet's nodes on
+    (``HOST:PORT``, what ``rosterd.ray_cluster.ray_address`` gives from
+    ``--ray-address`` or ``RAY_ADDRESS``; ``None``: no Ray, this machine's nodes
+    only). With an explicit ``state_dir``, every node agent keeps its state under
+    ``<state_dir>/nodes/<node>`` on its node; without one, under that machine's default.
     """
 
     roster_path: Path
@@ -94,6 +104,7 @@ class UpOptions:
     max_body_bytes: int = 8 * 2**20
     auto_backend_ports: bool = False
     warm_up: bool = True
+    ray_address: str | None = None
 
 
 def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
@@ -180,18 +191,32 @@ class UpRun:
             state_lock = lock_state_dir(state_dir)
         except OSError as exc:
             raise RosterdError(_os_message(exc)) from None
+        ray: UpFleet | None = None
         try:
-            result = plan([s.spec for s in roster.specs], fleet)
-            local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
-            print_plan(result, fleet, roster, (n.name for n in local_nodes), self.out)
-            for node in fleet.nodes:
-                if node not in local_nodes:
-                    self.out.print(
-                        f"[yellow]node {node.name} at {node.address} is not this machine: its "
-                        "roles are planned but not started here (remote nodes are not run "
-                        "yet)[/yellow]"
-                    )
-            if not local_nodes:
+            specs = [s.spec for s in roster.specs]
+            result = plan(specs, fleet)
+            if options.ray_address is None:
+                local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
+                print_plan(result, fleet, roster, (n.name for n in local_nodes), self.out)
+                for node in fleet.nodes:
+                    if node not in local_nodes:
+                        self.out.print(
+                            f"[yellow]node {node.name} at {node.address} is not this machine: "
+                            "its roles are planned but not started here (remote nodes are not "
+                            "run yet)[/yellow]"
+                        )
+            else:
+                # Joining blocks for a moment; it comes before any signal handler is set.
+                from rosterd.cli.up_fleet import UpFleet
+
+                ray = UpFleet.join(options.ray_address, fleet, self.out)
+                result = ray.plan(specs, result).plan
+                local_nodes = ray.local_nodes()
+                where = ray.served.where if ray.served else None
+                local = (n.name for n in local_nodes)
+                print_plan(result, fleet, roster, local, self.out, where=where)
+                ray.print_not_connected()
+            if not local_nodes and ray is None:
                 raise RosterdError("no node of the fleet is this machine; nothing to serve")
             if not options.api_keys and not is_loopback_host(options.host):
                 self.err.print(
@@ -203,11 +228,15 @@ class UpRun:
                     ),
                     soft_wrap=True,
                 )
-            await self._serve(roster, fleet, result, local_nodes, state_dir)
+            await self._serve(roster, fleet, result, local_nodes, state_dir, ray)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
             raise RosterdError(_os_message(exc)) from None
         finally:
-            state_lock.release()
+            try:
+                if ray is not None:
+                    await ray.close()  # after the schedulers stopped: ends the agents, leaves Ray
+            finally:
+                state_lock.release()
 
     async def _serve(
         self,
@@ -216,6 +245,7 @@ class UpRun:
         result: Plan,
         local_nodes: list[Node],
         state_dir: Path,
+        ray: UpFleet | None,
     ) -> None:
         options = self.options
         sock = _bind(options.host, options.port)
@@ -241,18 +271,36 @@ class UpRun:
                 self.out.print(f"stopped {len(reaped)} backend(s) left by an earlier run: {reaped}")
             metrics = RosterdMetrics()
             nodes = self._node_schedulers(roster, fleet, result, local_nodes, supervisor, metrics)
+            if ray is not None:
+                nodes |= await ray.node_schedulers(
+                    {role: s.spec for role, s in first_by_role(roster).items()},
+                    repos={role: s.repo or None for role, s in first_by_role(roster).items()},
+                    on_event=on_backend_event,
+                    options=options,
+                    metrics=metrics,
+                    state_root=str(state_dir) if options.state_dir is not None else None,
+                )
             scheduler = Scheduler(nodes)
             router = create_app(
                 scheduler,
-                _routes(scheduler.roles, roster, result),
+                role_routes(scheduler.roles, roster, result),
                 config=RouterConfig(
                     api_keys=options.api_keys, max_body_bytes=options.max_body_bytes
                 ),
                 metrics=metrics,
-                status_extra=_status_extra(result, fleet, nodes),
+                status_extra=status_extra(
+                    result,
+                    fleet,
+                    nodes,
+                    ray_address=ray.address if ray is not None else None,
+                    moved=ray.served.moved if ray is not None and ray.served else None,
+                ),
                 unserved=unserved_reasons(result, roster, nodes),
+                node_views=ray.node_views if ray is not None else None,
             )
             scheduler.start()
+            if ray is not None:
+                ray.watch(scheduler)
             config = uvicorn.Config(
                 router,
                 log_level="warning",
@@ -388,52 +436,6 @@ class UpRun:
             self.out.print(Text(f"restarting {event.name} in {event.delay_s or 0:.1f} s"))
         elif event.kind == "restart_failed":
             self.out.print(Text(f"restart of {event.name} failed: {event.detail}"))
-
-
-def _routes(roles: Iterable[str], roster: ImportedRoster, result: Plan) -> dict[str, RoleRoute]:
-    """Role -> its route: the names a request may give it (model name, aliases), the
-    flavor's request rewrite, and what ``/v1/models`` says of it."""
-    by_role = first_by_role(roster)
-    aliases: dict[str, list[str]] = {}
-    for alias, role in roster.aliases.items():
-        aliases.setdefault(role, []).append(alias)
-    routes: dict[str, RoleRoute] = {}
-    for role in roles:
-        s = by_role[role]
-        names = [n for n in (s.spec.model, s.name) if n and n != role]
-        names += aliases.get(role, [])
-        routes[role] = RoleRoute(
-            role=role,
-            names=tuple(dict.fromkeys(names)),
-            rewrite=adapter_for(s.spec.flavor).rewrite_request,
-            info={
-                "node": result.placements[role],
-                "latency_class": s.spec.latency_class.value,
-                "sticky": s.spec.sticky,
-                "resident_bytes": s.spec.memory.resident_bytes,
-            },
-        )
-    return routes
-
-
-def _status_extra(
-    result: Plan, fleet: Fleet, served: Mapping[str, object]
-) -> Callable[[], dict[str, object]]:
-    """What ``/status`` adds to the scheduler's view: unplaced roles, remote nodes, solver."""
-    remote = [
-        {"node": n.name, "address": n.address, "served_here": False}
-        for n in fleet.nodes
-        if n.name not in served
-    ]
-
-    def status_extra() -> dict[str, object]:
-        return {
-            "unplaced": [list(u) for u in result.unplaced],
-            "remote_nodes": remote,
-            "plan_solver": result.solver,
-        }
-
-    return status_extra
 
 
 def _os_message(exc: OSError) -> str:
