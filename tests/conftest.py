@@ -4,13 +4,14 @@ backend, the tiny random GGUF and the llama-server binary (skipped with a reason
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
 from backend_helpers import fake_launch, pick_free_port
+from ray_helpers import HAVE_RAY, HEAD_IP, WORKER_IP
 from rosterd.adapters.base import Launch
 from rosterd.supervisor import Supervisor
 
@@ -80,3 +81,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="also keep the browser test's screenshot of the page here (page.png)",
     )
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Any]:
+    """A Ray test cluster (``ray.cluster_utils``): a head at 127.0.0.2 and a second Ray node at
+    127.0.0.3, one CPU each; shut down by its own handle at the end, never ``ray stop``.
+
+    Session-wide: starting a cluster takes seconds on two cores. A test that adds
+    a node removes it; one that joins leaves the cluster (``disconnect``) or
+    leaves it to this fixture.
+    """
+    if not HAVE_RAY:
+        from rosterd.ray_cluster import RAY_MISSING
+
+        pytest.skip(f"{RAY_MISSING} (the Ray tests need it)")
+    from ray.cluster_utils import Cluster
+
+    from rosterd.ray_cluster import disconnect
+
+    ray_cluster: Any = Cluster(  # Ray's test cluster is untyped
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": HEAD_IP},
+    )
+    try:
+        ray_cluster.add_node(num_cpus=1, node_ip_address=WORKER_IP)
+        ray_cluster.wait_for_nodes()
+        yield ray_cluster
+    finally:
+        disconnect()
+        ray_cluster.shutdown()

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from backend_helpers import gone
+from ray_helpers import ABSENT_IP, HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 from rosterd.errors import (
     ClusterError,
     NodeLostError,
@@ -37,11 +38,9 @@ from rosterd.errors import (
 from rosterd.fleet import Fleet, ModelSource, Node, Platform
 from rosterd.node_agent import CarriedError
 from rosterd.ray_cluster import (
-    RAY_MISSING,
     NodeLost,
     RayNode,
     connect_fleet,
-    disconnect,
     import_ray,
     match_fleet,
     ray_address,
@@ -51,16 +50,6 @@ from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedError
 from rosterd.tokens import GB
 
-try:
-    import ray  # noqa: F401
-
-    HAVE_RAY = True
-except ImportError:
-    HAVE_RAY = False
-
-needs_ray = pytest.mark.skipif(not HAVE_RAY, reason=f"{RAY_MISSING} (the Ray tests need it)")
-
-HEAD_IP, WORKER_IP, SPARE_IP, ABSENT_IP = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.9"
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -243,26 +232,7 @@ def test_joining_never_starts_a_cluster_and_says_why_it_cannot_join() -> None:
 
 
 # --------------------------------------------------------------------------- on a Ray cluster
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    """A Ray head at 127.0.0.2 and a second Ray node at 127.0.0.3, one CPU each."""
-    if not HAVE_RAY:
-        pytest.skip(f"{RAY_MISSING} (the Ray tests need it)")
-    from ray.cluster_utils import Cluster
-
-    ray_cluster: Any = Cluster(  # Ray's test cluster is untyped
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": HEAD_IP},
-    )
-    try:
-        ray_cluster.add_node(num_cpus=1, node_ip_address=WORKER_IP)
-        ray_cluster.wait_for_nodes()
-        yield ray_cluster
-    finally:
-        disconnect()
-        ray_cluster.shutdown()
+# (the ``cluster`` fixture, a head at 127.0.0.2 and a node at 127.0.0.3, is in conftest.py)
 
 
 @pytest.mark.slow

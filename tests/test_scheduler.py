@@ -44,6 +44,7 @@ from rosterd.scheduler.events import (
     GrantLease,
     LoadDone,
     LogNote,
+    NodeLost,
     RecordEvent,
     Release,
     RevokeLeases,
@@ -631,6 +632,64 @@ def test_a_restart_given_up_fails_the_waiters_and_frees_the_role() -> None:
     assert bench.phase("a") == Phase.STOPPED.value
     bench.use("a")  # a later request loads it again, as any role that is not resident
     assert bench.starts() == ["a", "a"]
+
+
+def test_a_lost_node_marks_its_roles_lost_and_its_waiters_wait_until_their_timeout() -> None:
+    bench = Bench([spec("a", 100), spec("b", 100), spec("c", 100)], 1000)
+    held = bench.acquire("a")
+    bench.settle()
+    assert bench.lease(held) is not None
+    loading = bench.acquire("b", timeout_s=10.0)  # its start is under way when the node goes
+    assert bench.starts() == ["a", "b"]
+    bench.now = 1.0
+    reason = "node n is lost: its Ray node at 10.0.0.3 is no longer alive"
+    out = bench.send(NodeLost(bench.now, reason))
+    assert [(r.kind, r.role, r.cause) for r in bench.of(RecordEvent)][-3:] == [
+        ("lost", "a", reason),
+        ("lost", "b", reason),
+        ("lost", "c", reason),
+    ]
+    assert not any(isinstance(e, FailWaiter | StartBackend | StopBackend) for e in out)
+    assert {bench.phase(r) for r in "abc"} == {Phase.LOST.value}
+    assert bench.machine.resident() == ()  # nothing of a lost node holds memory
+    assert bench.machine.role_view("a", bench.now)["in_flight"] == 0
+
+    # The start that was under way fails with the node: ignored, nothing is asked again.
+    bench.load_done("b", error="node n is lost")
+    later = bench.acquire("c", timeout_s=10.0)  # a new request waits too (for the re-plan)
+    bench.release(held)  # an old lease given back changes nothing
+    bench.at(5.0)
+    assert not bench.answered(loading)
+    assert not bench.answered(later)
+    assert bench.starts() == ["a", "b"]
+    assert bench.pending == []  # no new work for the node
+    view = bench.machine.role_view("b", bench.now)
+    assert view["waiting_reason"] == f"{reason}; waiting for it to be served elsewhere"
+    # Backend events of the lost node (its agent reports them after the loss) change nothing.
+    bench.send(BackendChanged(bench.now, "a", "restart_failed", final=True))
+    assert not bench.answered(loading)
+
+    bench.at(10.0)
+    message = assert_failed(bench, loading, QueueTimeoutError, "was not ready within 10 s")
+    assert reason in message
+    assert not bench.answered(later)  # it came later: its own timeout
+    unload = bench.unload("a")
+    assert FinishUnload(unload) in bench.effects  # a lost role is not resident
+    bench.send(Shutdown(bench.now))
+    assert_failed(bench, later, ShuttingDownError)
+    assert bench.of(FinishShutdown)  # nothing to stop on a lost node
+
+
+def test_a_remote_backend_restarted_gives_no_pid_to_its_endpoint() -> None:
+    bench = Bench([spec("a", 100)], 1000)
+    bench.use("a")
+    bench.send(BackendChanged(bench.now, "a", "exited", pid=111, pid_is_local=False))
+    waiting = bench.acquire("a")
+    bench.send(BackendChanged(bench.now, "a", "ready", pid=222, pid_is_local=False))
+    lease = bench.lease(waiting)
+    assert lease is not None
+    assert lease.endpoint.pid is None  # 222 is a process of the node's machine, not ours
+    assert bench.machine.role_view("a", bench.now)["pid"] is None
 
 
 # --------------------------------------------------------------------------- shutdown

@@ -22,7 +22,7 @@ import asyncio
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import httpx
 
@@ -91,6 +91,21 @@ class BackendEventSource(Protocol):
         events of this node's roles (``BackendEvent.name`` is the role id); the
         kinds and fields as ``Supervisor(on_event=...)`` gives them.
         """
+        ...
+
+
+@runtime_checkable
+class MeasuredBackends(Protocol):
+    """Backends that can say how much memory their processes hold, measured where they run.
+
+    The one way rosterd learns a role's measured RSS: locally the supervisor
+    measures its process tree; a node agent measures on its node (a pid of
+    another machine means nothing here).
+    """
+
+    async def measured_bytes(self) -> Mapping[str, int]:
+        """Role -> resident memory (RSS, bytes) of its backend and its children, measured
+        now; roles without a running process are left out."""
         ...
 
 
@@ -179,6 +194,12 @@ class SupervisorBackends:
             await self._unload_shared(spec, shared)
             return
         await self.supervisor.stop(role)
+
+    async def measured_bytes(self) -> dict[str, int]:
+        """Role -> RSS in bytes of its backend's process tree on this machine, measured now
+        (roles without a process of their own, such as a shared server's, are left out)."""
+        measured = {role: self.supervisor.measured_bytes(role) for role in self.specs}
+        return {role: rss for role, rss in measured.items() if rss is not None}
 
     def notice(self, event: BackendEvent) -> bool:
         """Take a supervisor event (wire to ``Supervisor(on_event=...)``); whether it is

@@ -19,10 +19,21 @@ Metric names (all prefixed ``rosterd_``):
   ``--drain``), ``idle_ttl``, ``unload`` (``rosterd unload``) or ``shutdown``;
 - ``resident_bytes{node}``: spec bytes of the roles holding memory (loading, ready or
   stopping) on the node; ``capacity_bytes{node}``;
-- ``in_flight{role}``, ``queued{role}``: requests being served / waiting now.
+- ``in_flight{role}``, ``queued{role}``: requests being served / waiting now;
+- ``node_connected{node}``: 1 while the node is run (this machine, or a live Ray
+  node), 0 when it is not connected or lost;
+- ``role_phase{node, role, phase}``: 1 for the role's phase now, 0 for the others
+  (``ROLE_PHASES``);
+- ``measured_rss_bytes{node, role}``: its backend's RSS, measured on its node.
+
+The last three (and ``capacity_bytes``/``resident_bytes`` of nodes no scheduler
+runs) are set from the fleet's view at each scrape (:meth:`RosterdMetrics.observe_nodes`).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -50,6 +61,21 @@ DURATION_BUCKETS_S = (
     60.0,
     120.0,
     300.0,
+)
+
+#: Every phase ``rosterd_role_phase`` reports: the scheduler's, and ``unavailable``
+#: (cannot be served), ``moved`` (re-planned onto another node at start),
+#: ``not_connected`` (its node is not connected and it fits nowhere else).
+ROLE_PHASES = (
+    "stopped",
+    "loading",
+    "ready",
+    "restarting",
+    "stopping",
+    "lost",
+    "unavailable",
+    "moved",
+    "not_connected",
 )
 
 #: The ``Content-Type`` of :meth:`RosterdMetrics.render`.
@@ -136,6 +162,55 @@ class RosterdMetrics:
             ["role"],
             registry=r,
         )
+
+        self.node_connected = Gauge(
+            "rosterd_node_connected",
+            "1 while the node is run (this machine or a live Ray node), 0 if not connected or lost",
+            ["node"],
+            registry=r,
+        )
+        self.role_phase = Gauge(
+            "rosterd_role_phase",
+            "1 for the role's phase now, 0 for the other phases.",
+            ["node", "role", "phase"],
+            registry=r,
+        )
+        self.measured_rss = Gauge(
+            "rosterd_measured_rss_bytes",
+            "Resident memory of the role's backend and its children, measured on its node, bytes.",
+            ["node", "role"],
+            registry=r,
+        )
+
+    def observe_nodes(self, nodes: Mapping[str, Mapping[str, object]]) -> None:
+        """Set the per-node and per-role gauges from the fleet's view (``/rosterd/ps``'s
+        ``nodes``: name -> ``capacity_bytes``, ``resident_bytes``, ``connected``,
+        ``roles`` -> ``phase``, ``measured_rss_bytes``). A role no longer measured
+        loses its RSS sample."""
+        for name, node in nodes.items():
+            for key, gauge in (
+                ("capacity_bytes", self.capacity_bytes),
+                ("resident_bytes", self.resident_bytes),
+            ):
+                value = node.get(key)
+                if isinstance(value, int):
+                    gauge.labels(node=name).set(value)
+            self.node_connected.labels(node=name).set(0 if node.get("connected") is False else 1)
+            roles = node.get("roles")
+            for role, info in roles.items() if isinstance(roles, Mapping) else ():
+                if not isinstance(info, Mapping):
+                    continue
+                phase = info.get("phase")
+                for known in ROLE_PHASES:
+                    self.role_phase.labels(node=name, role=role, phase=known).set(
+                        1 if known == phase else 0
+                    )
+                rss = info.get("measured_rss_bytes")
+                if isinstance(rss, int):
+                    self.measured_rss.labels(node=name, role=role).set(rss)
+                else:
+                    with contextlib.suppress(KeyError):  # never measured
+                        self.measured_rss.remove(name, role)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (``Content-Type``: ``CONTENT_TYPE``)."""

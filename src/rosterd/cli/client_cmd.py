@@ -149,8 +149,11 @@ def ps_cmd(
 
     console = make_console()
     for name, node in data.get("nodes", {}).items():
+        # With a Ray fleet each node says whether it runs, and how (or why not).
+        connection = node.get("connection")
+        how = f" ({node.get('address')}, {connection})" if connection else ""
         table = Table(
-            title=f"node {name}: {_gib(node['resident_bytes'])} of "
+            title=f"node {name}{how}: {_gib(node['resident_bytes'])} of "
             f"{_gib(node['capacity_bytes'])} GiB resident",
             title_justify="left",
             caption="GiB: planned (roster); RSS: measured; idle: since the last request",
@@ -162,9 +165,10 @@ def ps_cmd(
             table.add_column(column, justify="right", no_wrap=True)
         for role, info in node.get("roles", {}).items():
             rss = info.get("measured_rss_bytes")
+            moved_to = info.get("moved_to")
             table.add_row(
                 Text(role),
-                info["phase"],
+                f"moved to {moved_to}" if moved_to else info["phase"],
                 info["latency_class"],
                 _gib(info["resident_bytes"]),
                 _gib(rss) if isinstance(rss, int) else "-",

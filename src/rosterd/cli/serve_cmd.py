@@ -8,8 +8,12 @@ anything (showing each load as it happens), and serves the OpenAI-compatible
 router until Ctrl-C or SIGTERM; then it lets in-flight requests finish (up to
 ``--drain``) and stops every backend it started. SIGHUP, ``rosterd reload`` and,
 with ``--watch``, a change of the roster, overlay or fleet file reload them
-without a restart (:mod:`rosterd.cli.up_reload`). Nodes of the fleet whose
-address is not this machine are planned but not started here (it says so).
+without a restart (:mod:`rosterd.cli.up_reload`). Without Ray, nodes of the
+fleet whose address is not this machine are planned but not started here (it
+says so). With ``--ray-address HOST:PORT`` (or ``RAY_ADDRESS``) it joins that
+Ray cluster and runs every fleet node a live Ray node matches by address through
+that node's agent (:mod:`rosterd.cli.up_fleet`); a node with none is reported
+not connected and its roles are planned on the others.
 
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 after a clean stop, 2 on bad
 input (roster, overlay, fleet, an empty API key, port in use, a locked state
@@ -166,6 +170,14 @@ def up_cmd(
             "--watch", help="Reload when the roster, overlay or fleet file changes (SIGHUP too)."
         ),
     ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="Run the fleet's nodes on the Ray cluster at HOST:PORT (default: $RAY_ADDRESS; "
+            "neither: this machine only). Needs pip install 'rosterd[ray]'.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
@@ -178,6 +190,7 @@ def up_cmd(
     origins = check_cors_origins(cors_origin or [])
     # The runtime (uvicorn, the scheduler, OR-Tools) only now: other commands never load it.
     from rosterd.cli.up_runtime import UpOptions, run_up
+    from rosterd.ray_cluster import ray_address as ray_address_of  # imports no Ray
     from rosterd.scheduler import SchedulerLimits
 
     options = UpOptions(
@@ -202,5 +215,6 @@ def up_cmd(
         warm_up=warm_up,
         cors_origins=origins,
         watch=watch,
+        ray_address=ray_address_of(ray_address, os.environ),
     )
     run_up(options, out=make_console(), err=make_console(stderr=True))

@@ -3,11 +3,14 @@ machine, the plan as it prints it, which roles it loads at start, and why it doe
 serve a name.
 
 Functions of values (a plan, a roster, a fleet) except :func:`is_local_address`,
-which asks the machine's interfaces (psutil).
+which asks the machine's interfaces (psutil): also the routes of the served roles
+(:func:`role_routes`) and what ``/status`` adds to the scheduler's view
+(:func:`status_extra`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
 from collections.abc import Iterable, Mapping
@@ -17,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rosterd.adapters import adapter_for
 from rosterd.fleet import Fleet
 from rosterd.roster import ImportedRoster, ImportedSpec
 from rosterd.spec import InferenceSpec
@@ -24,6 +28,7 @@ from rosterd.tokens import GB
 
 if TYPE_CHECKING:
     from rosterd.placement import Plan
+    from rosterd.router import RoleRoute
 
 
 def is_local_address(address: str) -> bool:
@@ -98,6 +103,45 @@ def unserved_reasons(
     return out
 
 
+def replanned_reasons(full: Plan, served: Plan, not_connected: Mapping[str, str]) -> dict[str, str]:
+    """Role -> why it is not where the whole fleet's plan (``full``) put it, when ``served``
+    (the plan of the nodes that run) puts it elsewhere or nowhere.
+
+    ``not_connected``: node -> why it does not run. A role of a node that does
+    not run is "planned on node Y: node X is not connected (why)" or, when it
+    fits nowhere that runs, "node X is not connected (why) and it does not fit
+    on the connected nodes: <the plan's reason>"; a role moved between running
+    nodes by the plan without the absent ones says so too. Roles that stayed
+    are left out.
+    """
+    unplaced = dict(served.unplaced)
+    absent = ", ".join(sorted(not_connected))
+    why: dict[str, str] = {}
+    for role, was in full.placements.items():
+        now = served.placements.get(role)
+        if now == was:
+            continue
+        if was in not_connected:
+            gone = f"node {was} is not connected ({not_connected[was]})"
+            if now is not None:
+                why[role] = f"planned on node {now}: {gone}"
+            else:
+                why[role] = f"{gone} and it does not fit on the connected nodes: " + unplaced.get(
+                    role, "no connected node runs it"
+                )
+        elif now is not None:
+            why[role] = f"planned on node {now}, not {was}: planned without {absent}"
+        else:
+            why[role] = f"planned without {absent}: {unplaced.get(role, 'unplaced')}"
+    return why
+
+
+def with_unplaced_reasons(served: Plan, reasons: Mapping[str, str]) -> Plan:
+    """``served`` with the reason of each unplaced role in ``reasons`` replaced by it."""
+    unplaced = tuple((role, reasons.get(role, why)) for role, why in served.unplaced)
+    return dataclasses.replace(served, unplaced=unplaced)
+
+
 def warm_up_order(specs: Mapping[str, InferenceSpec]) -> list[str]:
     """Roles to load at start: interactive first, then sticky batch roles, biggest first."""
     chosen = [s for s in specs.values() if s.interactive or s.sticky]
@@ -106,17 +150,30 @@ def warm_up_order(specs: Mapping[str, InferenceSpec]) -> list[str]:
 
 
 def print_plan(
-    result: Plan, fleet: Fleet, roster: ImportedRoster, local: Iterable[str], out: Console
+    result: Plan,
+    fleet: Fleet,
+    roster: ImportedRoster,
+    local: Iterable[str],
+    out: Console,
+    *,
+    where: Mapping[str, str] | None = None,
 ) -> None:
-    """The plan as people read it: per node its roles and memory, then unplaced roles."""
+    """The plan as people read it: per node its roles and memory, then unplaced roles.
+
+    ``local``: the nodes this machine runs; ``where``: node -> how it is run, in
+    words, instead of "this machine" / "remote: not started here".
+    """
     specs = {role: s.spec for role, s in first_by_role(roster).items()}
     local = set(local)
     for node in fleet.nodes:
         node_plan = result.nodes.get(node.name)
         roles = [r for r, n in result.placements.items() if n == node.name]
-        where = "this machine" if node.name in local else "remote: not started here"
+        if where is not None and node.name in where:
+            run_by = where[node.name]
+        else:
+            run_by = "this machine" if node.name in local else "remote: not started here"
         table = Table(
-            title=f"node {node.name} ({node.address}, {where}): capacity "
+            title=f"node {node.name} ({node.address}, {run_by}): capacity "
             f"{_gib(node.capacity_bytes)} GiB",
             title_justify="left",
         )
@@ -146,3 +203,31 @@ def print_plan(
             out.print(Text(f"  {role}: {reason}"))
     if roster.skipped:
         out.print(f"skipped roster entries: {len(roster.skipped)} (see `rosterd roster import`)")
+
+
+def role_routes(roles: Iterable[str], roster: ImportedRoster, result: Plan) -> dict[str, RoleRoute]:
+    """Role -> its route: the names a request may give it (model name, aliases), the
+    flavor's request rewrite, and what ``/v1/models`` says of it."""
+    by_role = first_by_role(roster)
+    aliases: dict[str, list[str]] = {}
+    for alias, role in roster.aliases.items():
+        aliases.setdefault(role, []).append(alias)
+    from rosterd.router import RoleRoute  # the router (Starlette) only when up serves
+
+    routes: dict[str, RoleRoute] = {}
+    for role in roles:
+        s = by_role[role]
+        names = [n for n in (s.spec.model, s.name) if n and n != role]
+        names += aliases.get(role, [])
+        routes[role] = RoleRoute(
+            role=role,
+            names=tuple(dict.fromkeys(names)),
+            rewrite=adapter_for(s.spec.flavor).rewrite_request,
+            info={
+                "node": result.placements[role],
+                "latency_class": s.spec.latency_class.value,
+                "sticky": s.spec.sticky,
+                "resident_bytes": s.spec.memory.resident_bytes,
+            },
+        )
+    return routes

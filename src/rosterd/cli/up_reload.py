@@ -31,7 +31,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,12 +40,12 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.adapters import WeightsSource, adapter_for
-from rosterd.cli.up_plan import first_by_role, is_local_address, unserved_reasons
+from rosterd.cli.up_plan import first_by_role, is_local_address, role_routes, unserved_reasons
 from rosterd.errors import InputError, RosterdError
 from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
 from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster, load_roster
-from rosterd.router import RoleRoute, RouteTable
+from rosterd.router import RouteTable
 from rosterd.scheduler import NodeConfig, Scheduler, SupervisorBackends
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import Supervisor
@@ -94,18 +94,23 @@ def served_config(
     *,
     auto_ports: bool,
     out: Console,
+    local_nodes: Sequence[Node] | None = None,
 ) -> Served:
     """What ``result`` gives this process: one :class:`NodeConfig` per local node, over
     the roles planned there, with :class:`SupervisorBackends` on ``supervisor``
     (``auto_ports``: the OS picks backend ports); each role's weights are resolved
     now, and a role without them is printed on ``out`` and served as unavailable.
+    ``local_nodes``: the nodes this machine's supervisor runs (with Ray: those that
+    have no Ray node; may be none); default: every node whose address is this machine.
 
     Raises:
-        RosterdError: no node of the fleet is this machine.
+        RosterdError: no ``local_nodes`` given and no node of the fleet is this machine.
     """
-    local_nodes = tuple(n for n in fleet.nodes if is_local_address(n.address))
-    if not local_nodes:
-        raise RosterdError("no node of the fleet is this machine; nothing to serve")
+    if local_nodes is None:
+        local_nodes = tuple(n for n in fleet.nodes if is_local_address(n.address))
+        if not local_nodes:
+            raise RosterdError("no node of the fleet is this machine; nothing to serve")
+    local_nodes = tuple(local_nodes)
     by_role = first_by_role(roster)
     repos = {role: s.repo for role, s in by_role.items()}
 
@@ -145,32 +150,6 @@ def served_config(
         )
         nodes[node.name] = NodeConfig(node.name, node.capacity_bytes, specs, backends, unavailable)
     return Served(roster, fleet, result, local_nodes, nodes, weights)
-
-
-def role_routes(roles: Iterable[str], roster: ImportedRoster, result: Plan) -> dict[str, RoleRoute]:
-    """Role -> its route: the names a request may give it (model name, aliases), the
-    flavor's request rewrite, and what ``/v1/models`` says of it."""
-    by_role = first_by_role(roster)
-    aliases: dict[str, list[str]] = {}
-    for alias, role in roster.aliases.items():
-        aliases.setdefault(role, []).append(alias)
-    routes: dict[str, RoleRoute] = {}
-    for role in roles:
-        s = by_role[role]
-        names = [n for n in (s.spec.model, s.name) if n and n != role]
-        names += aliases.get(role, [])
-        routes[role] = RoleRoute(
-            role=role,
-            names=tuple(dict.fromkeys(names)),
-            rewrite=adapter_for(s.spec.flavor).rewrite_request,
-            info={
-                "node": result.placements[role],
-                "latency_class": s.spec.latency_class.value,
-                "sticky": s.spec.sticky,
-                "resident_bytes": s.spec.memory.resident_bytes,
-            },
-        )
-    return routes
 
 
 def error_json(exc: RosterdError, at: float) -> dict[str, object]:

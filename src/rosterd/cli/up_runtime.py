@@ -31,6 +31,7 @@ import socket
 from collections.abc import Collection, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 from rich.console import Console
@@ -38,9 +39,11 @@ from rich.text import Text
 
 from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
 from rosterd.cli.up_plan import (
+    first_by_role,
     is_local_address,
     is_loopback_host,
     print_plan,
+    role_routes,
     unserved_reasons,
     warm_up_order,
 )
@@ -48,7 +51,6 @@ from rosterd.cli.up_reload import (
     ConfigReloader,
     Served,
     read_config,
-    role_routes,
     served_config,
 )
 from rosterd.errors import RosterdError
@@ -66,6 +68,9 @@ from rosterd.scheduler import (
     SchedulerLimits,
 )
 from rosterd.supervisor import BackendEvent, Supervisor, describe_exit, lock_state_dir
+
+if TYPE_CHECKING:
+    from rosterd.cli.up_fleet import UpFleet
 
 
 def default_state_dir() -> Path:
@@ -85,7 +90,11 @@ class UpOptions:
     OS choose backend ports; ``warm_up``: load interactive and sticky roles that
     fit at start (and the roles a reload adds); ``watch``: reload when the roster,
     overlay or fleet file changes; ``cors_origins``: browser origins allowed to call
-    the API.
+    the API; ``ray_address``: the Ray cluster to run the fleet's nodes on
+    (``HOST:PORT``, what ``rosterd.ray_cluster.ray_address`` gives from
+    ``--ray-address`` or ``RAY_ADDRESS``; ``None``: no Ray, this machine's nodes
+    only). With an explicit ``state_dir``, every node agent keeps its state under
+    ``<state_dir>/nodes/<node>`` on its node; without one, under that machine's default.
     """
 
     roster_path: Path
@@ -102,6 +111,7 @@ class UpOptions:
     warm_up: bool = True
     cors_origins: tuple[str, ...] = ()
     watch: bool = False
+    ray_address: str | None = None
 
 
 def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
@@ -190,18 +200,32 @@ class UpRun:
             state_lock = lock_state_dir(state_dir)
         except OSError as exc:
             raise RosterdError(_os_message(exc)) from None
+        ray: UpFleet | None = None
         try:
-            result = plan([s.spec for s in roster.specs], fleet)
-            local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
-            print_plan(result, fleet, roster, (n.name for n in local_nodes), self.out)
-            for node in fleet.nodes:
-                if node not in local_nodes:
-                    self.out.print(
-                        f"[yellow]node {node.name} at {node.address} is not this machine: its "
-                        "roles are planned but not started here (remote nodes are not run "
-                        "yet)[/yellow]"
-                    )
-            if not local_nodes:
+            specs = [s.spec for s in roster.specs]
+            result = plan(specs, fleet)
+            if options.ray_address is None:
+                local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
+                print_plan(result, fleet, roster, (n.name for n in local_nodes), self.out)
+                for node in fleet.nodes:
+                    if node not in local_nodes:
+                        self.out.print(
+                            f"[yellow]node {node.name} at {node.address} is not this machine: "
+                            "its roles are planned but not started here (remote nodes are not "
+                            "run yet)[/yellow]"
+                        )
+            else:
+                # Joining blocks for a moment; it comes before any signal handler is set.
+                from rosterd.cli.up_fleet import UpFleet
+
+                ray = UpFleet.join(options.ray_address, fleet, self.out)
+                result = ray.plan(specs, result).plan
+                local_nodes = ray.local_nodes()
+                where = ray.served.where if ray.served else None
+                local = (n.name for n in local_nodes)
+                print_plan(result, fleet, roster, local, self.out, where=where)
+                ray.print_not_connected()
+            if not local_nodes and ray is None:
                 raise RosterdError("no node of the fleet is this machine; nothing to serve")
             if not options.api_keys and not is_loopback_host(options.host):
                 self.err.print(
@@ -213,11 +237,15 @@ class UpRun:
                     ),
                     soft_wrap=True,
                 )
-            await self._serve(roster, fleet, result, local_nodes, state_dir)
+            await self._serve(roster, fleet, result, local_nodes, state_dir, ray)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
             raise RosterdError(_os_message(exc)) from None
         finally:
-            state_lock.release()
+            try:
+                if ray is not None:
+                    await ray.close()  # after the schedulers stopped: ends the agents, leaves Ray
+            finally:
+                state_lock.release()
 
     async def _serve(
         self,
@@ -226,6 +254,7 @@ class UpRun:
         result: Plan,
         local_nodes: list[Node],
         state_dir: Path,
+        ray: UpFleet | None,
     ) -> None:
         options = self.options
         sock = _bind(options.host, options.port)
@@ -262,6 +291,13 @@ class UpRun:
                 )
 
             def serve_config(roster: ImportedRoster, fleet: Fleet, result: Plan) -> Served:
+                if ray is not None:
+                    # A reload re-plans this machine's nodes only; with Ray it would
+                    # drain every agent node, so it is refused until it covers them.
+                    raise RosterdError(
+                        "reload is not supported with --ray-address yet; "
+                        "restart rosterd up to apply the change"
+                    )
                 return served_config(
                     roster,
                     fleet,
@@ -271,13 +307,29 @@ class UpRun:
                     out=self.out,
                 )
 
-            served = serve_config(roster, fleet, result)
-            scheduler = Scheduler(
-                {name: new_node(c) for name, c in served.nodes.items()}, new_node=new_node
+            served = served_config(
+                roster,
+                fleet,
+                result,
+                supervisor,
+                auto_ports=options.auto_backend_ports,
+                out=self.out,
+                local_nodes=local_nodes if ray is not None else None,
             )
+            nodes = {name: new_node(c) for name, c in served.nodes.items()}
+            if ray is not None:
+                nodes |= await ray.node_schedulers(
+                    {role: s.spec for role, s in first_by_role(roster).items()},
+                    repos={role: s.repo or None for role, s in first_by_role(roster).items()},
+                    on_event=on_backend_event,
+                    options=options,
+                    metrics=metrics,
+                    state_root=str(state_dir) if options.state_dir is not None else None,
+                )
+            scheduler = Scheduler(nodes, new_node=new_node)
             routes = RouteTable(
                 role_routes(scheduler.roles, roster, result),
-                unserved_reasons(result, roster, served.nodes),
+                unserved_reasons(result, roster, nodes),
             )
             running = scheduler
 
@@ -306,12 +358,15 @@ class UpRun:
                     cors_origins=options.cors_origins,
                 ),
                 metrics=metrics,
-                status_extra=lambda: _status_extra(reloader),
+                status_extra=lambda: _status_extra(reloader, ray),
                 reload=reloader.reload,
                 log_path=supervisor.log_path,
                 streams=streams,
+                node_views=ray.node_views if ray is not None else None,
             )
             scheduler.start()
+            if ray is not None:
+                ray.watch(scheduler)
             config = uvicorn.Config(
                 router,
                 log_level="warning",
@@ -425,12 +480,13 @@ def _added_roles(change: Mapping[str, object]) -> set[str]:
     return added
 
 
-def _status_extra(reloader: ConfigReloader) -> dict[str, object]:
+def _status_extra(reloader: ConfigReloader, ray: UpFleet | None) -> dict[str, object]:
     """What ``/status`` adds to the scheduler's view: unplaced roles, remote nodes, the
-    solver, and the configuration (files, last reload, its error)."""
+    solver, the configuration (files, last reload, its error), and with Ray its
+    address and the roles re-planned off nodes not connected."""
     served = reloader.served
-    local = {n.name for n in served.local_nodes}
-    return {
+    local = set(reloader.scheduler.nodes)  # the nodes this process runs, by Ray or not
+    extra: dict[str, object] = {
         "unplaced": [list(u) for u in served.result.unplaced],
         "remote_nodes": [
             {"node": n.name, "address": n.address, "served_here": False}
@@ -440,6 +496,10 @@ def _status_extra(reloader: ConfigReloader) -> dict[str, object]:
         "plan_solver": served.result.solver,
         "config": reloader.status(),
     }
+    if ray is not None:
+        extra["ray_address"] = ray.address
+        extra["moved"] = dict(ray.served.moved if ray.served else {})
+    return extra
 
 
 def _os_message(exc: OSError) -> str:

@@ -39,7 +39,6 @@ from rosterd.router.routing import (
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.scheduler import Scheduler
-from rosterd.supervisor import tree_rss_bytes
 from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.router")
@@ -60,6 +59,7 @@ def create_app(
     log_path: LogPath | None = None,
     streams: LiveStreams | None = None,
     reload: Callable[[], Awaitable[Mapping[str, object]]] | None = None,
+    node_views: Callable[[], Mapping[str, Mapping[str, object]]] | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -78,6 +78,10 @@ def create_app(
     ``reload()`` serves ``POST /rosterd/reload``: it returns what changed, or
     raises a ``RosterdError`` (answered 422 ``invalid_config``) when the new
     configuration is refused and the running one stays.
+    ``node_views()``: per fleet node (in fleet order), keys added to its entry of
+    ``/status`` and ``/rosterd/ps`` (``connected``, ``address``, ...; a node the
+    scheduler does not run gets an entry of these keys alone). Measured RSS comes
+    through the backends boundary (``Scheduler.measured_bytes``).
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
@@ -126,32 +130,39 @@ def create_app(
             return error_response(err)
         return JSONResponse(model_entry(role))
 
-    def ps_data() -> dict[str, object]:
+    async def ps_data() -> dict[str, object]:
         snap = scheduler.snapshot()
         nodes = snap["nodes"]
         assert isinstance(nodes, dict)
-        for node in nodes.values():
-            for info in node["roles"].values():
-                pid = info.get("pid")
-                info["measured_rss_bytes"] = tree_rss_bytes(pid) if isinstance(pid, int) else None
+        measured = await scheduler.measured_bytes()
+        for name, node in nodes.items():
+            for role, info in node["roles"].items():
+                info["measured_rss_bytes"] = measured.get(name, {}).get(role)
+        if node_views is not None:
+            views = node_views()
+            ordered = {name: {**nodes.get(name, {}), **view} for name, view in views.items()}
+            snap["nodes"] = ordered | {n: v for n, v in nodes.items() if n not in ordered}
         return snap
 
-    def status_data() -> dict[str, object]:
-        data: dict[str, object] = dict(ps_data())
+    async def status_data() -> dict[str, object]:
+        data: dict[str, object] = dict(await ps_data())
         data["uptime_s"] = round(time.time() - started_at, 3)
         data.update(extra())
         return data
 
     async def status(_: Request) -> Response:
-        return JSONResponse(status_data())
+        return JSONResponse(await status_data())
 
     async def ps(_: Request) -> Response:
-        return JSONResponse(ps_data())
+        return JSONResponse(await ps_data())
 
     async def events(_: Request) -> Response:
         return JSONResponse({"events": [e.as_json() for e in scheduler.events()]})
 
     async def metrics_endpoint(_: Request) -> Response:
+        nodes = (await ps_data())["nodes"]
+        assert isinstance(nodes, dict)
+        metrics.observe_nodes(nodes)
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     def admin_role(request: Request) -> str:

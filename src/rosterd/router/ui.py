@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Final
 
 from starlette.requests import Request
@@ -73,7 +73,7 @@ def _history(scheduler: Scheduler) -> dict[str, object]:
 
 async def event_stream(
     scheduler: Scheduler,
-    status: Callable[[], Mapping[str, object]],
+    status: Callable[[], Awaitable[Mapping[str, object]]],
     streams: LiveStreams,
     *,
     interval_s: float = SNAPSHOT_INTERVAL_S,
@@ -81,7 +81,7 @@ async def event_stream(
     """The page's stream: history and a snapshot at once, then scheduler events as they
     are recorded and snapshots (see the module docstring), until ``streams`` closes.
 
-    ``status()`` is ``GET /status``'s JSON. Every node's listeners hear the events
+    ``await status()`` is ``GET /status``'s JSON. Every node's listeners hear the events
     (nodes added later are joined at the next snapshot); a client that falls
     :data:`STREAM_QUEUE_EVENTS` behind gets a fresh history instead.
     """
@@ -107,7 +107,7 @@ async def event_stream(
     try:
         yield f"retry: {RECONNECT_MS}\n\n".encode()
         yield sse("history", _history(scheduler))
-        yield sse("snapshot", status())
+        yield sse("snapshot", await status())
         next_snapshot = time.monotonic() + interval_s
         while not streams.closed:
             event = await streams.next_item(queue, next_snapshot - time.monotonic())
@@ -125,7 +125,7 @@ async def event_stream(
                 next_snapshot = min(next_snapshot, time.monotonic() + EVENT_SNAPSHOT_DELAY_S)
             if not streams.closed and time.monotonic() >= next_snapshot:
                 join_nodes()
-                yield sse("snapshot", status())
+                yield sse("snapshot", await status())
                 next_snapshot = time.monotonic() + interval_s
     finally:
         for listeners in joined.values():
@@ -135,12 +135,12 @@ async def event_stream(
 
 def page_routes(
     scheduler: Scheduler,
-    status: Callable[[], Mapping[str, object]],
+    status: Callable[[], Awaitable[Mapping[str, object]]],
     streams: LiveStreams,
 ) -> list[BaseRoute]:
     """The page's routes: ``/``, ``/ui``, ``/ui/static/*`` and ``/rosterd/events/stream``.
 
-    ``status()`` gives ``GET /status``'s JSON (the snapshots); ``streams`` ends
+    ``await status()`` gives ``GET /status``'s JSON (the snapshots); ``streams`` ends
     the event streams when serving stops.
     """
 

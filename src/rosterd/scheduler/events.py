@@ -71,7 +71,9 @@ class BackendChanged:
 
     ``kind``: ``exited``, ``restarting``, ``ready``, ``restart_failed`` (others
     are ignored); ``exit_reason``: how it exited, in words; ``final``: the
-    supervisor gave up and no process is left.
+    supervisor gave up and no process is left; ``pid_is_local``: ``pid`` is a
+    process of this machine (a node agent's backends run on another one, and a
+    restarted endpoint then carries no pid).
     """
 
     now: float
@@ -81,6 +83,20 @@ class BackendChanged:
     exit_reason: str | None = None
     detail: str = ""
     final: bool = False
+    pid_is_local: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost:
+    """The node itself is lost (its Ray node or its node agent died): ``reason`` says why.
+
+    Every role goes ``lost``; no start or stop is asked of the node again.
+    Waiters are not failed: they wait, up to their ``timeout_s``, for the
+    run-time re-plan to serve their role on another node.
+    """
+
+    now: float
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +190,7 @@ Event = (
     | Release
     | Unload
     | BackendChanged
+    | NodeLost
     | LoadDone
     | StopDone
     | Tick

@@ -247,6 +247,13 @@ class Scheduler:
                 nodes.setdefault(name, {**node.snapshot(), "draining": draining})
         return {"nodes": nodes}
 
+    async def measured_bytes(self) -> dict[str, dict[str, int]]:
+        """Node -> role -> measured RSS in bytes (``NodeScheduler.measured_bytes``, every
+        node at once); for display (``/status``, ``rosterd ps``, ``/metrics``)."""
+        names = list(self.nodes)
+        measured = await asyncio.gather(*(self.nodes[n].measured_bytes() for n in names))
+        return dict(zip(names, measured, strict=True))
+
     def events(self) -> list[SchedulerEvent]:
         """Every node's event log, oldest first."""
         nodes = [*self.nodes.values(), *self._draining.values()]

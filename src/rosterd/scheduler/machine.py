@@ -52,6 +52,7 @@ from rosterd.scheduler.events import (
     GrantLease,
     LoadDone,
     LogNote,
+    NodeLost,
     Release,
     RevokeLeases,
     Shutdown,
@@ -103,6 +104,8 @@ class NodeMachine(ReplanRules):
             self._on_unload(event, now)
         elif isinstance(event, BackendChanged):
             self._on_backend_changed(event, now)
+        elif isinstance(event, NodeLost):
+            self._on_node_lost(event)
         elif isinstance(event, LoadDone):
             self._on_load_done(event, now)
         elif isinstance(event, StopDone):
@@ -174,7 +177,8 @@ class NodeMachine(ReplanRules):
             self._gauges(role)
         elif ev.kind == "ready" and st.phase is Phase.RESTARTING and st.endpoint is not None:
             st.phase = Phase.READY
-            st.endpoint = dataclasses.replace(st.endpoint, pid=ev.pid)
+            pid = ev.pid if ev.pid_is_local else None  # never take a remote pid for ours
+            st.endpoint = dataclasses.replace(st.endpoint, pid=pid)
             st.last_used = now
             st.waiting_reason = None
             self._record("restarted", role, f"backend restarted as pid {ev.pid}")
@@ -190,6 +194,24 @@ class NodeMachine(ReplanRules):
             self._out.append(LogNote("warning", f"{message}: {ev.detail}"))
             self._fail_waiters(role, LoadFailedError, f"{message}; {SEE_LOG}")
             self._record("restart_failed", role, "the supervisor gave up restarting it")
+            self._gauges(role)
+
+    def _on_node_lost(self, ev: NodeLost) -> None:
+        if self.lost_reason is not None:
+            return
+        self.lost_reason = ev.reason
+        # Nothing of the node answers any more: a start or stop under way ends with it
+        # (its LoadDone/StopDone are then ignored), and no new one is asked for.
+        self._transition = None
+        for role, st in self._roles.items():
+            st.phase = Phase.LOST
+            st.endpoint = None
+            st.generation += 1  # leases of its processes are void
+            st.in_flight = 0
+            st.loaded_at = None
+            st.hold_since = None
+            st.waiting_reason = f"{ev.reason}; waiting for it to be served elsewhere"
+            self._record("lost", role, ev.reason)
             self._gauges(role)
 
     def _on_load_done(self, ev: LoadDone, now: float) -> None:
@@ -353,7 +375,7 @@ class NodeMachine(ReplanRules):
         for role, st in self._roles.items():
             if not st.unload_tickets:
                 continue
-            if st.phase is Phase.STOPPED:
+            if st.phase in (Phase.STOPPED, Phase.LOST):
                 self._out.extend(FinishUnload(t) for t in st.unload_tickets)
                 st.unload_tickets.clear()
                 st.unload_since = None

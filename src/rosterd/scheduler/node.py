@@ -27,8 +27,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any
 
-from rosterd.backends import BackendEventSource, RoleBackends
-from rosterd.errors import RoleUnavailableError, ShuttingDownError, UnknownRoleError
+from rosterd.backends import BackendEventSource, MeasuredBackends, RoleBackends
+from rosterd.errors import RoleUnavailableError, RosterdError, ShuttingDownError, UnknownRoleError
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (
     Acquire,
@@ -44,6 +44,7 @@ from rosterd.scheduler.events import (
     GrantLease,
     LoadDone,
     LogNote,
+    NodeLost,
     RecordEvent,
     Release,
     ReplaceSpec,
@@ -87,8 +88,13 @@ class NodeScheduler:
     (monotonic seconds) and ``wall_clock`` (seconds since the epoch, for the
     event log) are injectable for tests. ``backend_events``: where backend
     events come from when no supervisor callback reaches :meth:`backend_event`
-    (a remote node agent); the loop asks it for them.
+    (a remote node agent); the loop asks it for them. ``pids_are_local``:
+    whether the backends' pids are processes of this machine (``False`` for a
+    node agent's: an endpoint then never carries one, even after a restart).
     """
+
+    #: How long :meth:`measured_bytes` waits for the backends to answer, seconds.
+    MEASURE_TIMEOUT_S = 5.0
 
     def __init__(
         self,
@@ -104,8 +110,10 @@ class NodeScheduler:
         event_log_size: int = 2000,
         unavailable: Mapping[str, str] | None = None,
         backend_events: BackendEventSource | None = None,
+        pids_are_local: bool = True,
     ) -> None:
         self.name = name
+        self.pids_are_local = pids_are_local
         self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
         self.capacity_bytes = capacity_bytes
         self.specs = dict(specs)
@@ -210,8 +218,37 @@ class NodeScheduler:
                 exit_reason=describe_exit(code) if code is not None else None,
                 detail=event.detail,
                 final=event.final,
+                pid_is_local=self.pids_are_local,
             )
         )
+
+    def node_lost(self, reason: str) -> None:
+        """Tell the node it is lost (``reason``: why; idempotent, any task).
+
+        Every role goes ``lost`` and holds nothing; requests waiting for them (and
+        new ones) keep waiting up to their queue timeout, for the run-time re-plan
+        to serve them elsewhere; no start or stop is asked of the node again.
+        """
+        self._post(NodeLost(self._clock(), reason))
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the node is lost, as last handled by the loop (``None`` while it is not)."""
+        return self._machine.lost_reason
+
+    async def measured_bytes(self) -> dict[str, int]:
+        """Role -> measured RSS in bytes of its backend, from the backends boundary
+        (``MeasuredBackends``); ``{}`` when the boundary cannot measure, fails, or does
+        not answer within ``MEASURE_TIMEOUT_S``. For display only."""
+        backends = self._backends
+        if not isinstance(backends, MeasuredBackends):
+            return {}
+        try:
+            async with asyncio.timeout(self.MEASURE_TIMEOUT_S):
+                measured = await backends.measured_bytes()
+        except (RosterdError, TimeoutError):
+            return {}
+        return {role: rss for role, rss in measured.items() if role in self.specs}
 
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
@@ -322,7 +359,7 @@ class NodeScheduler:
         ``{"capacity_bytes", "resident_bytes", "resident": [...], "transition",
         "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
         "in_flight", "queued", "idle_s", "loaded_for_s", "waiting_reason",
-        "base_url", "pid", "unavailable_reason"}}}`` (durations in seconds,
+        "base_url", "pid", "unavailable_reason"}}, "lost_reason"}`` (durations in seconds,
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
         cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
         re-plan removed the role and it drains before it stops).
@@ -345,6 +382,7 @@ class NodeScheduler:
             "resident_bytes": self._machine.resident_bytes(),
             "resident": list(self._machine.resident()),
             "transition": self._machine.transition_under_way,
+            "lost_reason": self._machine.lost_reason,
             "roles": roles,
         }
 

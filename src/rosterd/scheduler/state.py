@@ -98,6 +98,8 @@ class MachineState:
         self._transition: Transition | None = None
         self._shutdown_since: float | None = None
         self._shut_down = False
+        #: Why the node is lost (``NodeLost``), ``None`` while it is not.
+        self.lost_reason: str | None = None
         self._load_seconds: deque[float] = deque(maxlen=20)
         self._now = -math.inf
         self._out: list[Effect] = []

@@ -35,6 +35,9 @@ class Phase(enum.Enum):
     """Where a role's backend is: every phase but ``stopped`` holds memory.
 
     ``restarting``: the backend crashed and the supervisor is starting it again.
+    ``lost``: the node it was on is lost (its Ray node or its agent died): no
+    process of it is left, and it holds nothing; its requests wait (up to their
+    queue timeout) for the run-time re-plan to serve it elsewhere.
     """
 
     STOPPED = "stopped"
@@ -42,6 +45,7 @@ class Phase(enum.Enum):
     READY = "ready"
     RESTARTING = "restarting"
     STOPPING = "stopping"
+    LOST = "lost"
 
 
 #: The phases whose role counts against the node's budget.
@@ -108,7 +112,8 @@ class SchedulerEvent:
     """One step of a node's resident set, as logged.
 
     ``kind``: ``loading``, ``loaded``, ``load_failed``, ``stopping``,
-    ``stopped``, ``refused``, ``crashed``, ``restarted``, ``restart_failed``;
+    ``stopped``, ``refused``, ``crashed``, ``restarted``, ``restart_failed``,
+    ``lost`` (the role's node is lost);
     ``cause``: why (the policy's reason, ``idle``, ``unload``, ``shutdown``, …);
     ``resident``: roles holding memory after the step (sorted);
     ``resident_bytes``: their spec bytes; ``at``: wall-clock time (seconds

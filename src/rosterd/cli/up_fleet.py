@@ -1,0 +1,360 @@
+"""The fleet on Ray for one ``rosterd up --ray-address`` run (layer 8): which nodes run, the
+plan of those that do, one node agent per connected node, and what a lost node changes.
+
+:meth:`UpFleet.join` joins the cluster (``rosterd.ray_cluster.connect_fleet``)
+and matches the fleet's nodes to Ray nodes. A node runs when a live Ray node
+has its address (its node agent runs its backends there, the head's own node
+included), or, without one, when its address is this machine (the local
+supervisor runs it, exactly as without Ray). Any other node is *not
+connected*: the roles are planned on the nodes that run (:meth:`UpFleet.plan`),
+and each role that moved, or fits nowhere, gets its reason.
+
+At run time :meth:`UpFleet.watch` reports a lost node (its Ray node or its
+agent died) to :meth:`UpFleet.on_node_lost`, the one place a loss is answered:
+today it marks the node's roles ``lost`` (their requests keep waiting up to
+their queue timeout), logs it and prints it; the scheduler records it in
+``/rosterd/events``. The re-plan that serves those roles on the remaining
+nodes is called from there.
+
+:meth:`UpFleet.node_views` is what ``/status``, ``rosterd ps`` and ``/metrics``
+show of every node, connected or not. It prints (the CLI layer), on the
+console it is given; Ray itself is imported only through ``ray_cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.text import Text
+
+from rosterd.cli.up_plan import is_local_address, replanned_reasons, with_unplaced_reasons
+from rosterd.errors import RosterdError
+from rosterd.fleet import Fleet, Node
+from rosterd.metrics import RosterdMetrics
+from rosterd.node_agent import AgentBackends
+from rosterd.placement import Plan, plan
+from rosterd.ray_cluster import NodeLost, RayFleet, connect_fleet, disconnect
+from rosterd.scheduler import NodeScheduler, Scheduler
+from rosterd.spec import InferenceSpec
+from rosterd.supervisor import BackendEvent
+
+if TYPE_CHECKING:
+    from rosterd.cli.up_runtime import UpOptions
+
+log = logging.getLogger("rosterd.fleet")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedPlan:
+    """The plan one run serves: ``plan`` (of the nodes that run), ``full`` (of the whole
+    fleet), ``moved`` (role -> why it is not where ``full`` put it), ``where`` (node -> how
+    it is run, in words, for the printed plan), ``specs`` (role -> its spec)."""
+
+    plan: Plan
+    full: Plan
+    moved: Mapping[str, str]
+    where: Mapping[str, str]
+    specs: Mapping[str, InferenceSpec]
+
+
+class UpFleet:
+    """The Ray side of one run (see the module): build it with :meth:`join`.
+
+    ``ray_fleet``: the joined cluster's fleet; ``address``: the Ray address;
+    ``out``: the run's console.
+    """
+
+    def __init__(self, ray_fleet: RayFleet, address: str, out: Console) -> None:
+        self.ray_fleet = ray_fleet
+        self.fleet = ray_fleet.fleet
+        self.address = address
+        self.out = out
+        self.agents: dict[str, AgentBackends] = {}
+        self.scheduler: Scheduler | None = None
+        self.served: ServedPlan | None = None
+        self.lost: dict[str, str] = {}  # node -> why it is lost
+        self._local = {n.name for n in self.fleet.nodes if is_local_address(n.address)}
+        self._watch: asyncio.Task[None] | None = None
+
+    @classmethod
+    def join(cls, address: str, fleet: Fleet, out: Console) -> UpFleet:
+        """Join the Ray cluster at ``address`` (blocking: before any signal handler is set).
+
+        Raises:
+            RayNotInstalledError: the ``ray`` extra is missing.
+            ClusterConnectError: the cluster cannot be reached or refused us.
+        """
+        return cls(connect_fleet(address, fleet), address, out)
+
+    # ---- which nodes run, and the plan ------------------------------------------------
+
+    def agent_nodes(self) -> list[Node]:
+        """The nodes run by a node agent: those a live Ray node matched."""
+        return [n for n in self.fleet.nodes if self.ray_fleet.connection(n.name).connected]
+
+    def local_nodes(self) -> list[Node]:
+        """The nodes run by this machine's supervisor: on this machine, with no Ray node."""
+        agents = {n.name for n in self.agent_nodes()}
+        return [n for n in self.fleet.nodes if n.name in self._local and n.name not in agents]
+
+    def not_connected(self) -> dict[str, str]:
+        """Node -> why it does not run (no live Ray node there, and not this machine)."""
+        running = {n.name for n in (*self.agent_nodes(), *self.local_nodes())}
+        return {
+            n.name: self.ray_fleet.connection(n.name).reason
+            for n in self.fleet.nodes
+            if n.name not in running
+        }
+
+    def plan(self, specs: Sequence[InferenceSpec], full: Plan) -> ServedPlan:
+        """The plan of the nodes that run: ``full`` itself when every node runs, else a plan
+        of the fleet without the nodes not connected, whose moved and unplaced roles
+        carry their reasons (:func:`~rosterd.cli.up_plan.replanned_reasons`).
+
+        Raises:
+            RosterdError: no node of the fleet runs.
+        """
+        absent = self.not_connected()
+        running = [n for n in self.fleet.nodes if n.name not in absent]
+        if not running:
+            raise RosterdError(
+                f"no node of the fleet is connected to the Ray cluster at {self.address} "
+                "or is this machine; nothing to serve"
+            )
+        served = full
+        moved: dict[str, str] = {}
+        if absent:
+            served = plan(specs, dataclasses.replace(self.fleet, nodes=tuple(running)))
+            moved = replanned_reasons(full, served, absent)
+            served = with_unplaced_reasons(served, moved)
+        where: dict[str, str] = {}
+        for node in self.fleet.nodes:
+            conn = self.ray_fleet.connection(node.name)
+            if conn.connected:
+                where[node.name] = f"on Ray: {conn.reason}"
+            elif node.name in absent:
+                where[node.name] = f"not connected: {conn.reason}"
+            else:
+                where[node.name] = "this machine, no Ray node"
+        by_role: dict[str, InferenceSpec] = {}
+        for spec in specs:
+            by_role.setdefault(spec.role, spec)
+        self.served = ServedPlan(served, full, moved, where, by_role)
+        return self.served
+
+    def print_not_connected(self) -> None:
+        """Say which nodes are not connected and where their roles went."""
+        served = self.served
+        for node, why in self.not_connected().items():
+            self.out.print(
+                Text(f"node {node} is not connected to the Ray cluster: {why}", style="yellow"),
+                soft_wrap=True,
+            )
+            if served is None:
+                continue
+            for role, was in served.full.placements.items():
+                if was == node and role in served.moved:
+                    self.out.print(Text(f"  role {role}: {served.moved[role]}"), soft_wrap=True)
+
+    # ---- agents and loss ---------------------------------------------------------------
+
+    async def start_agents(
+        self,
+        specs_of: Mapping[str, Mapping[str, InferenceSpec]],
+        *,
+        repos: Mapping[str, str | None],
+        on_event: Callable[[BackendEvent], None],
+        state_root: str | None,
+        auto_ports: bool,
+        grace_s: float,
+    ) -> dict[str, AgentBackends]:
+        """Start every agent node's agent (concurrently); node -> its backends boundary.
+
+        ``specs_of``: node -> the roles planned on it; ``on_event`` hears the backend
+        events of every node but those of a lost one (its loss reaches
+        :meth:`on_node_lost` instead). Agents started before one failed are closed
+        by :meth:`close`.
+
+        Raises:
+            NodeLostError, NodeAgentError, StateDirLockedError: as ``RayFleet.start_agent``.
+        """
+
+        def forward(node: str) -> Callable[[BackendEvent], None]:
+            def heard(event: BackendEvent) -> None:
+                agent = self.agents.get(node)
+                if agent is not None and agent.lost_reason is not None:
+                    # Its backends died with the node: the loss, not a crash, says so.
+                    self.on_node_lost(node, agent.lost_reason)
+                    return
+                on_event(event)
+
+            return heard
+
+        async def start(node: str) -> None:
+            self.agents[node] = await self.ray_fleet.start_agent(
+                node,
+                specs_of.get(node, {}),
+                repos=repos,
+                on_event=forward(node),
+                state_root=state_root,
+                auto_ports=auto_ports,
+                grace_s=grace_s,
+            )
+
+        await asyncio.gather(*(start(n.name) for n in self.agent_nodes()))
+        return dict(self.agents)
+
+    async def node_schedulers(
+        self,
+        specs: Mapping[str, InferenceSpec],
+        *,
+        repos: Mapping[str, str | None],
+        on_event: Callable[[BackendEvent], None],
+        options: UpOptions,
+        metrics: RosterdMetrics,
+        state_root: str | None,
+    ) -> dict[str, NodeScheduler]:
+        """Start the agents (:meth:`start_agents`) and give each agent node its scheduler,
+        over that agent's backends boundary, for the roles the served plan puts there.
+
+        ``specs``: role -> spec; ``options``: the run's limits, ports and grace.
+        Weights are resolved on the node when a role starts (a missing file is that
+        load's error): this machine's files say nothing of another machine's.
+        """
+        assert self.served is not None, "plan() first"
+        specs_of: dict[str, dict[str, InferenceSpec]] = {}
+        for role, name in self.served.plan.placements.items():
+            specs_of.setdefault(name, {})[role] = specs[role]
+        agents = await self.start_agents(
+            specs_of,
+            repos=repos,
+            on_event=on_event,
+            state_root=state_root,
+            auto_ports=options.auto_backend_ports,
+            grace_s=options.grace_s,
+        )
+        return {
+            name: NodeScheduler(
+                name,
+                self.fleet.node(name).capacity_bytes,
+                specs_of.get(name, {}),
+                backends,
+                limits=options.limits,
+                metrics=metrics,
+                pids_are_local=False,
+            )
+            for name, backends in agents.items()
+        }
+
+    def watch(self, scheduler: Scheduler) -> None:
+        """Report lost nodes to :meth:`on_node_lost` from now on (``RayFleet.watch``)."""
+        self.scheduler = scheduler
+        if self._watch is None:
+            self._watch = asyncio.create_task(
+                self.ray_fleet.watch(self._on_lost), name="rosterd-ray-watch"
+            )
+
+    def _on_lost(self, lost: NodeLost) -> None:
+        self.on_node_lost(lost.node, lost.reason)
+
+    def on_node_lost(self, node: str, reason: str) -> None:
+        """What a run does when fleet node ``node`` is lost (``reason``: why); idempotent.
+
+        Today: the node's scheduler marks its roles ``lost`` (recorded in
+        ``/rosterd/events`` with the reason; requests waiting for them, and new
+        ones, keep waiting up to their queue timeout), and the loss is logged and
+        printed. This is the hook where the run-time re-plan serves the lost
+        node's roles on the remaining nodes: it needs ``self.served`` (the plan
+        served), ``self.lost`` (every node lost so far, with why) and
+        ``self.scheduler``.
+        """
+        if node in self.lost:
+            return
+        self.lost[node] = reason
+        roles = sorted(self.served.plan.placements) if self.served else []
+        mine = [r for r in roles if self.served and self.served.plan.placements[r] == node]
+        log.warning(
+            "%s; its roles are lost: %s (waiting requests wait up to their queue timeout)",
+            reason,
+            ", ".join(mine) or "none",
+        )
+        self.out.print(
+            Text(f"{reason}; its roles are lost: {', '.join(mine) or 'none'}", style="red"),
+            soft_wrap=True,
+        )
+        scheduler = self.scheduler
+        if scheduler is not None and node in scheduler.nodes:
+            scheduler.nodes[node].node_lost(reason)
+
+    # ---- views and the end -------------------------------------------------------------
+
+    def node_views(self) -> dict[str, dict[str, object]]:
+        """Per fleet node (fleet order): ``address``, ``connected``, ``connection`` (how it is
+        run, or why not); a node that does not run also gets ``capacity_bytes``,
+        ``resident_bytes`` (0), ``resident``, ``roles`` (the whole fleet's plan's roles
+        for it: ``moved`` with ``moved_to``, or ``not_connected``) and ``lost_reason``."""
+        views: dict[str, dict[str, object]] = {}
+        absent = self.not_connected()
+        served = self.served
+        for node in self.fleet.nodes:
+            conn = self.ray_fleet.connection(node.name)
+            view: dict[str, object] = {"address": node.address}
+            if node.name in self.lost:
+                view |= {"connected": False, "connection": self.lost[node.name]}
+            elif node.name in absent:
+                view |= {"connected": False, "connection": f"not connected: {conn.reason}"}
+                view |= self._absent_node(node, served)
+            elif conn.connected:
+                view |= {"connected": True, "connection": f"on Ray: {conn.reason}"}
+            else:
+                view |= {"connected": True, "connection": "this machine, no Ray node"}
+            views[node.name] = view
+        return views
+
+    @staticmethod
+    def _absent_node(node: Node, served: ServedPlan | None) -> dict[str, object]:
+        roles: dict[str, object] = {}
+        for role, was in served.full.placements.items() if served else ():
+            if was != node.name:
+                continue
+            assert served is not None
+            moved_to = served.plan.placements.get(role)
+            spec = served.specs[role]
+            roles[role] = {
+                "phase": "moved" if moved_to is not None else "not_connected",
+                "moved_to": moved_to,
+                "reason": served.moved.get(role),
+                "latency_class": spec.latency_class.value,
+                "sticky": spec.sticky,
+                "resident_bytes": spec.memory.resident_bytes,
+                "in_flight": 0,
+                "queued": 0,
+                "idle_s": None,
+                "measured_rss_bytes": None,
+                "pid": None,
+            }
+        return {
+            "capacity_bytes": node.capacity_bytes,
+            "resident_bytes": 0,
+            "resident": [],
+            "transition": False,
+            "lost_reason": None,
+            "roles": roles,
+        }
+
+    async def close(self) -> None:
+        """Stop watching, end every agent (their backends stop), leave the cluster."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        try:
+            await self.ray_fleet.close()
+        finally:
+            disconnect()

@@ -1,0 +1,256 @@
+"""``rosterd up --ray-address``: the whole fleet served from one endpoint, its nodes on Ray.
+
+``UpRun`` runs in this process (as ``rosterd up`` does) against the test
+cluster of ``conftest.py`` (Ray nodes on loopback addresses, each standing for
+a machine): a fleet node per Ray node, each role served by a real llama-server
+on the tiny GGUF that its own node's agent started, listening on that node's
+address; a fleet node with no Ray node is reported not connected and its role
+planned on another node; a node removed from the cluster has its roles marked
+lost, and a request for them waits up to its queue timeout instead of failing
+at once. Every Ray process a test starts is stopped by its own handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+import pytest
+from rich.console import Console
+
+from backend_helpers import gone, pick_free_port
+from ray_helpers import HEAD_IP, SPARE_IP, needs_ray
+from rosterd.cli.up_runtime import UpOptions, UpRun
+from rosterd.scheduler import SchedulerLimits
+from test_up_support import rosterd_argv
+
+#: TEST-NET-1, never this machine (its eth0 may sit in 192.0.2.0/24, not at .77).
+ABSENT_REMOTE_IP = "192.0.2.77"
+QUEUE_TIMEOUT_S = 12.0
+
+
+def write_lab(tmp: Path, gguf: Path, nodes: dict[str, str]) -> tuple[Path, Path, Path]:
+    """Roster, overlay and fleet of a lab with ``nodes`` (name -> address), each with a
+    1 GiB budget: ``chat`` and ``code`` (interactive, 0.6 GiB) need a node each; ``extra``
+    (batch, 0.3 GiB) fits beside either."""
+    entries = [
+        {"id": role, "role": "test", "name": role, "repo": f"local/{role}", "ram_gb": gb}
+        | {"backend": "llama.cpp", "status": "live"}
+        for role, gb in (("chat", 0.6), ("code", 0.6), ("extra", 0.3))
+    ]
+    roster = tmp / "roster.yaml"
+    roster.write_text(json.dumps({"roster": entries}))
+    overlay = tmp / "overlay.yaml"
+    interactive = {"chat": "interactive", "code": "interactive"}
+    overlay.write_text(json.dumps({"latency_class": interactive}))
+    source = {"path": str(gguf), "ctx_size": 256, "extra_args": ["-t", "1"]}
+    fleet = tmp / "fleet.yaml"
+    fleet.write_text(
+        json.dumps(
+            {
+                "nodes": [
+                    {"name": name, "memory_gb": 2, "reserved_gb": 1, "platform": "linux-x86_64"}
+                    | {"flavors": ["llamacpp"], "address": address}
+                    for name, address in nodes.items()
+                ],
+                "models": {role: source for role in ("chat", "code", "extra")},
+                "model_roots": [str(gguf.parent)],
+            }
+        )
+    )
+    return roster, overlay, fleet
+
+
+def console() -> Console:
+    return Console(file=io.StringIO(), width=200, highlight=False)
+
+
+def printed(c: Console) -> str:
+    stream = c.file
+    assert isinstance(stream, io.StringIO)
+    return " ".join(stream.getvalue().split())
+
+
+def listener_of(base_url: str) -> psutil.Process:
+    """The process listening at ``base_url``'s address and port."""
+    parts = urlsplit(base_url)
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.pid is None:
+            continue
+        if (conn.laddr.ip, conn.laddr.port) == (parts.hostname, parts.port):
+            return psutil.Process(conn.pid)
+    raise AssertionError(f"nothing listens at {base_url}")
+
+
+async def eventually(check: Any, timeout_s: float) -> Any:
+    """``await check()`` every 0.2 s until it is truthy (then returned) or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = await check()
+        if got or time.monotonic() > deadline:
+            return got
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_node(
+    cluster: Any, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
+) -> None:
+    spare = cluster.add_node(num_cpus=1, node_ip_address=SPARE_IP)
+    cluster.wait_for_nodes()
+    removed = False
+    roster, overlay, fleet = write_lab(
+        tmp_path, tiny_gguf, {"head": HEAD_IP, "spare": SPARE_IP, "absent": ABSENT_REMOTE_IP}
+    )
+    out = console()
+    up = UpRun(
+        UpOptions(
+            roster_path=roster,
+            overlay_path=overlay,
+            fleet_path=fleet,
+            port=pick_free_port(),
+            state_dir=tmp_path / "state",
+            limits=SchedulerLimits(queue_timeout_s=QUEUE_TIMEOUT_S),
+            auto_backend_ports=True,
+            warm_up=False,
+            grace_s=5.0,
+            ray_address=cluster.address,
+        ),
+        out=out,
+        err=console(),
+    )
+    run = asyncio.create_task(up.run())
+    servers: list[tuple[str, psutil.Process]] = []  # (node, its llama-server)
+    try:
+        url = await asyncio.wait_for(up.serving(), 120)
+        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
+            for role in ("chat", "code", "extra"):
+                answer = await client.post(
+                    "/v1/completions", json={"model": role, "prompt": "Hi", "max_tokens": 4}
+                )
+                assert answer.status_code == 200, answer.text
+            status = (await client.get("/status")).json()
+            nodes = status["nodes"]
+            assert list(nodes) == ["head", "spare", "absent"]  # every node, in fleet order
+            absent = nodes["absent"]
+            assert absent["connected"] is False
+            assert absent["connection"].startswith(
+                f"not connected: no live Ray node has address {ABSENT_REMOTE_IP}"
+            )
+            assert absent["capacity_bytes"] == 2**30
+            # The whole fleet's plan put one role there; it fits beside the others.
+            ((moved_role, moved),) = absent["roles"].items()
+            assert moved["phase"] == "moved"
+            assert moved["moved_to"] in ("head", "spare")
+            assert moved["reason"].startswith(
+                f"planned on node {moved['moved_to']}: node absent is not connected"
+            )
+            assert status["moved"][moved_role] == moved["reason"]  # others may move too, said so
+            served_on = {r: n for n in ("head", "spare") for r in nodes[n]["roles"]}
+            assert served_on["chat"] != served_on["code"]  # one interactive role per node
+            agents: dict[str, int] = {}
+            for name, address in (("head", HEAD_IP), ("spare", SPARE_IP)):
+                node = nodes[name]
+                assert node["connected"] is True
+                assert node["connection"].startswith("on Ray: Ray node ")
+                for info in node["roles"].values():
+                    assert info["phase"] == "ready"
+                    assert info["base_url"].startswith(f"http://{address}:")
+                    assert info["pid"] is None  # a process of the node, not of this machine
+                    server = listener_of(info["base_url"])
+                    assert Path(server.exe()).name == "llama-server"
+                    agent = server.parent()
+                    assert agent is not None
+                    assert "RayNodeAgent" in " ".join(agent.cmdline())
+                    agents.setdefault(name, server.ppid())
+                    assert server.ppid() == agents[name]  # its own node's agent started it
+                    assert info["measured_rss_bytes"] > 0  # measured by that agent
+                    servers.append((name, server))
+            assert agents["head"] != agents["spare"]
+            metrics = (await client.get("/metrics")).text
+            assert 'rosterd_node_connected{node="absent"} 0.0' in metrics
+            assert 'rosterd_node_connected{node="spare"} 1.0' in metrics
+            phase = f'rosterd_role_phase{{node="absent",phase="moved",role="{moved_role}"}} 1.0'
+            assert phase in metrics
+            chat_on = served_on["chat"]
+            ready = f'rosterd_role_phase{{node="{chat_on}",phase="ready",role="chat"}} 1.0'
+            assert ready in metrics
+            assert 'rosterd_measured_rss_bytes{node="spare"' in metrics
+
+            # The spare machine goes: its roles are lost, and a request for one waits.
+            lost_roles = sorted(r for r, n in served_on.items() if n == "spare")
+            cluster.remove_node(spare)
+            removed = True
+
+            async def lost() -> list[dict[str, Any]]:
+                events = (await client.get("/rosterd/events")).json()["events"]
+                return [e for e in events if e["kind"] == "lost"]
+
+            losses = await eventually(lost, 60.0)
+            assert sorted(e["role"] for e in losses) == lost_roles
+            assert all(e["node"] == "spare" and "node spare is lost" in e["cause"] for e in losses)
+            for name, server in servers:
+                if name == "spare":  # it died with its node's agent
+                    assert await eventually(lambda s=server: _gone(s.pid), 30.0)
+            asked = time.monotonic()
+            waiting = asyncio.create_task(
+                client.post(
+                    "/v1/completions",
+                    json={"model": lost_roles[0], "prompt": "Hi", "max_tokens": 4},
+                )
+            )
+            await asyncio.sleep(2.0)
+            assert not waiting.done()  # not failed at once: it waits for its role
+            status = (await client.get("/status")).json()
+            spare_view = status["nodes"]["spare"]
+            assert spare_view["connected"] is False
+            assert spare_view["connection"].startswith("node spare is lost")
+            assert spare_view["resident_bytes"] == 0
+            assert {i["phase"] for i in spare_view["roles"].values()} == {"lost"}
+            assert spare_view["roles"][lost_roles[0]]["queued"] == 1
+            ps = await asyncio.to_thread(
+                subprocess.run,
+                [*rosterd_argv(), "ps", "--url", url],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "COLUMNS": "200"},
+            )
+            assert ps.returncode == 0, ps.stderr
+            shown = " ".join(ps.stdout.split())
+            assert "node spare (127.0.0.4, node spare is lost" in shown
+            assert f"node absent ({ABSENT_REMOTE_IP}, not connected: no live Ray node" in shown
+            assert f"{moved_role} │ moved to {moved['moved_to']} │" in shown
+            answer = await waiting
+            assert answer.status_code == 503, answer.text
+            assert time.monotonic() - asked >= QUEUE_TIMEOUT_S - 1.0
+            assert "node spare is lost" in answer.json()["error"]["message"]
+    finally:
+        up.stop()
+        await asyncio.wait_for(run, 120)
+        if not removed:
+            cluster.remove_node(spare)
+    for _, server in servers:
+        assert await eventually(lambda s=server: _gone(s.pid), 30.0)
+    said = printed(out)
+    assert (
+        "node absent is not connected to the Ray cluster: "
+        f"no live Ray node has address {ABSENT_REMOTE_IP}"
+    ) in said
+    assert f"role {moved_role}: planned on node" in said
+    assert "node spare is lost" in said
+    assert said.endswith("rosterd stopped; no backend left running")
+
+
+async def _gone(pid: int) -> bool:
+    return gone(pid)
