@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from rosterd.backends import Endpoint, RoleBackends, SupervisorBackends, free_port
 from rosterd.scheduler.errors import (
+    LoadBackoffError,
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,
@@ -41,6 +42,7 @@ __all__ = [
     "HOLDS_MEMORY",
     "Endpoint",
     "Lease",
+    "LoadBackoffError",
     "LoadFailedError",
     "NodeMachine",
     "NodeScheduler",

@@ -12,8 +12,13 @@ request, busy roles drain in arrival order (``hold_since``) and are revoked
 after ``drain_s``; an unload takes no new requests; minimum residency;
 exclusions yield when idle; idle TTL; crash restarts as ``restarting``;
 per-role concurrency, a bounded queue and queue timeouts; warm-up never
-evicts; shutdown is an event. ``docs/scheduler.md`` states each rule and
-draws the state table.
+evicts; shutdown is an event. Issue 11 adds liveness (a generation probe while
+idle and when a request stalls; a failed probe makes the role ``unhealthy``,
+revokes its leases and restarts it), a backoff after failed loads, requests
+that wait for a restarted backend (``Acquire.newer_than``), the cancelling of
+loads nobody waits for, and a minimum residency that holds a role only against
+the role it displaced. ``docs/scheduler.md`` states each rule and draws the
+state table.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from rosterd.residency import (
     excludes_each_other,
 )
 from rosterd.scheduler.errors import (
+    LoadBackoffError,
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,
@@ -50,18 +56,24 @@ from rosterd.scheduler.events import (
     GrantLease,
     LoadDone,
     LogNote,
+    ProbeBackend,
+    ProbeDone,
     Release,
+    RestartBackend,
     RevokeLeases,
     Shutdown,
     StartBackend,
     StopBackend,
     StopDone,
+    Suspect,
     Tick,
     Unload,
 )
 from rosterd.scheduler.state import MachineState, RoleState, Transition, Waiter
 from rosterd.scheduler.values import (
     Phase,
+    Revocation,
+    backoff_s,
     client_reason,
 )
 
@@ -104,6 +116,10 @@ class NodeMachine(MachineState):
             self._on_load_done(event, now)
         elif isinstance(event, StopDone):
             self._on_stop_done(event, now)
+        elif isinstance(event, Suspect):
+            self._on_suspect(event)
+        elif isinstance(event, ProbeDone):
+            self._on_probe_done(event, now)
         elif isinstance(event, Shutdown):
             self._on_shutdown(now)
         else:
@@ -126,9 +142,26 @@ class NodeMachine(MachineState):
                 f"(limit {self.limits.max_queue}); retry later"
             )
             self._fail(ev.ticket, QueueFullError, message, self._retry_after())
+        elif st.phase is Phase.STOPPED and st.backoff_until is not None and now < st.backoff_until:
+            self._fail_backoff(ev.ticket, ev.role, now)
         else:
-            st.waiters.append(Waiter(ev.ticket, now, ev.timeout_s, ev.take_slot, ev.no_evict))
+            waiter = Waiter(ev.ticket, now, ev.timeout_s, ev.take_slot, ev.no_evict, ev.newer_than)
+            st.waiters.append(waiter)
             self._gauges(ev.role)
+            if ev.newer_than is not None and st.generation <= ev.newer_than:
+                # The request failed on this backend before it answered, but no crash was
+                # seen: find out whether it is alive (a restart gives a new generation).
+                self._probe(ev.role, "a request could not reach its backend")
+
+    def _fail_backoff(self, ticket: int, role: str, now: float) -> None:
+        st = self._roles[role]
+        assert st.backoff_until is not None
+        left = st.backoff_until - now
+        message = (
+            f"role {role!r} failed to load {st.load_failures} time(s) in a row "
+            f"(last: {st.last_error}); the next load is tried in {left:.1f} s; {SEE_LOG}"
+        )
+        self._fail(ticket, LoadBackoffError, message, left)
 
     def _on_cancel(self, ev: Cancel) -> None:
         st = self._roles.get(ev.role)
@@ -157,30 +190,35 @@ class NodeMachine(MachineState):
         st = self._roles.get(role)
         if st is None:
             return
+        restarting = (Phase.RESTARTING, Phase.UNHEALTHY)
         if ev.kind in ("exited", "restarting") and st.phase is Phase.READY:
             st.phase = Phase.RESTARTING
             st.generation += 1  # leases of the dead process are void
             st.in_flight = 0
+            st.probing = False
             if st.endpoint is not None:  # same address and name; no live pid until it is back
                 st.endpoint = dataclasses.replace(st.endpoint, pid=None)
             st.waiting_reason = "its backend crashed and is being restarted"
             why = ev.exit_reason or "exited"
+            self._note_error(role, f"backend {why}", now)
             self._record("crashed", role, f"backend pid {ev.pid} {why}; restarting")
             self._gauges(role)
-        elif ev.kind == "ready" and st.phase is Phase.RESTARTING and st.endpoint is not None:
+        elif ev.kind == "ready" and st.phase in restarting and st.endpoint is not None:
             st.phase = Phase.READY
             st.endpoint = dataclasses.replace(st.endpoint, pid=ev.pid)
-            st.last_used = now
+            st.last_used = st.last_probe = now
             st.waiting_reason = None
             self._record("restarted", role, f"backend restarted as pid {ev.pid}")
             self._grant(role, st, now)
-        elif ev.kind == "restart_failed" and st.phase is Phase.RESTARTING:
+        elif ev.kind == "restart_failed" and st.phase in restarting:
             if not ev.final:
-                st.waiting_reason = "its backend crashed; restarting it failed, trying again"
+                st.waiting_reason = "its backend was restarted; that failed, trying again"
+                self._note_error(role, f"restart failed: {ev.detail}", now)
                 return
             st.phase = Phase.STOPPED  # the supervisor gave up: no process is left
             st.endpoint = None
             st.loaded_at = None
+            self._note_error(role, f"restart given up: {ev.detail}", now)
             message = f"backend for role {role!r} crashed and could not be restarted"
             self._out.append(LogNote("warning", f"{message}: {ev.detail}"))
             self._fail_waiters(role, LoadFailedError, f"{message}; {SEE_LOG}")
@@ -193,11 +231,13 @@ class NodeMachine(MachineState):
             return  # not the start this machine asked for
         st = self._roles[ev.role]
         took = now - tr.started
+        displaced = frozenset(st.evicted_for)
+        st.evicted_for.clear()
         if tr.step == "aborting":
             tr.pending.discard("load")
-            if ev.error is not None:
+            if ev.error is not None and tr.abort_label == "shutdown":
                 self._record("load_failed", ev.role, ev.error, duration_s=took)
-            else:
+            elif ev.error is None:
                 tr.loaded = True  # the stop under way stops it
             self._finish_abort(tr, now)
             return
@@ -208,6 +248,12 @@ class NodeMachine(MachineState):
             short = ev.client_message or client_reason(error)
             message = f"backend for role {ev.role!r} failed to load: {short}; {SEE_LOG}"
             self._fail_waiters(ev.role, LoadFailedError, message)
+            # Back off as crash restarts do: a broken model is not reloaded by every request.
+            st.load_failures += 1
+            limits = self.limits
+            delay = backoff_s(st.load_failures, limits.load_backoff_s, limits.max_load_backoff_s)
+            st.backoff_until = now + delay
+            self._note_error(ev.role, f"load failed: {short}", now)
             self._record("load_failed", ev.role, error, duration_s=took)
             tr.step = "cleanup"  # a half-started process must not keep holding memory
             self._out.append(StopBackend(ev.role))
@@ -217,7 +263,10 @@ class NodeMachine(MachineState):
         st.endpoint = ev.endpoint
         st.generation += 1
         st.loaded_at = now
-        st.last_used = now
+        st.last_used = st.last_probe = now
+        st.displaced = displaced
+        st.load_failures = 0
+        st.backoff_until = None
         st.waiting_reason = None
         st.logged_waits.clear()
         if any(w.take_slot for w in st.waiters):
@@ -244,6 +293,55 @@ class NodeMachine(MachineState):
             self._finish_abort(tr, now)
         else:
             self._finish_stop(tr, now)
+
+    def _on_suspect(self, ev: Suspect) -> None:
+        st = self._roles.get(ev.role)
+        if st is not None and st.generation == ev.generation:
+            self._probe(ev.role, ev.reason)
+
+    def _on_probe_done(self, ev: ProbeDone, now: float) -> None:
+        st = self._roles.get(ev.role)
+        if st is None or ev.generation != st.generation:
+            return  # a probe of a process that is gone already
+        st.probing = False
+        if st.phase is not Phase.READY:
+            return
+        if ev.ok:
+            st.last_probe = now
+            for w in st.waiters:
+                w.newer_than = None  # alive after all: send those requests to it again
+            return
+        self._mark_unhealthy(ev.role, ev.detail or "the generation probe failed", now)
+
+    def _probe(self, role: str, reason: str) -> None:
+        """Run ``role``'s generation probe unless one is under way (ready roles only)."""
+        st = self._roles[role]
+        if st.phase is not Phase.READY or st.probing:
+            return
+        st.probing = True
+        self._out.append(LogNote("info", f"probing {role}: {reason}"))
+        self._out.append(ProbeBackend(role, st.generation, self.limits.probe_timeout_s))
+
+    def _mark_unhealthy(self, role: str, detail: str, now: float) -> None:
+        """``role``'s backend answers HTTP but does not generate: end its requests, restart it.
+
+        It keeps its memory (the same role comes back); waiters wait for the restart.
+        """
+        st = self._roles[role]
+        old = st.generation
+        st.phase = Phase.UNHEALTHY
+        st.generation += 1  # leases of the wedged process are void
+        st.in_flight = 0
+        if st.endpoint is not None:
+            st.endpoint = dataclasses.replace(st.endpoint, pid=None)
+        why = f"its generation probe failed ({detail})"
+        st.waiting_reason = f"its backend stopped generating ({detail}) and is being restarted"
+        self._note_error(role, f"unhealthy: {why}", now)
+        message = f"the backend of role {role} stopped generating ({detail}); it is being restarted"
+        self._out.append(RevokeLeases(role, old, Revocation("backend_unhealthy", message)))
+        self._record("unhealthy", role, f"{why}; restarting it")
+        self._out.append(RestartBackend(role))
+        self._gauges(role)
 
     def _on_shutdown(self, now: float) -> None:
         if self.shutting_down:
@@ -279,13 +377,49 @@ class NodeMachine(MachineState):
         if self.shutting_down:
             self._shutdown_step(now)
             return
+        self._schedule_probes(now)
         if self._transition is not None:
+            self._cancel_unwanted_load(now)
             return
         if self._schedule_unloads(now):
             return
         if self._schedule_loads(now):
             return
         self._schedule_idle(now)
+
+    def _schedule_probes(self, now: float) -> None:
+        """Probe each ready role idle for ``probe_interval_s`` (since its last request or probe)."""
+        interval = self.limits.probe_interval_s
+        if math.isinf(interval):
+            return
+        for role, st in self._roles.items():
+            if (
+                st.phase is Phase.READY
+                and not st.probing
+                and st.in_flight == 0
+                and not st.unload_tickets
+                and now - max(st.last_used, st.last_probe) >= interval
+            ):
+                self._probe(role, f"idle for {interval:g} s")
+
+    def _cancel_unwanted_load(self, now: float) -> None:
+        """Abort the load under way when nobody waits for it any more and a waiting request of
+        another role needs its room; otherwise the load finishes and the role stays."""
+        tr = self._transition
+        assert tr is not None
+        if tr.step != "loading" or self._roles[tr.role].waiters:
+            return
+        for role, st in self._roles.items():
+            if role == tr.role or st.phase is not Phase.STOPPED or not st.waiters:
+                continue
+            state = self._node_state(now, ignore_in_flight=False, for_role=role)
+            decision = decide(state, role)
+            if isinstance(decision, Wait) and tr.role in decision.blocking:
+                cause = f"nobody waits for it any more and {role} needs its room"
+                self._record("load_cancelled", tr.role, cause)
+                tr.step, tr.pending, tr.abort_label = "aborting", {"load", "stop"}, "make_room"
+                self._out.append(StopBackend(tr.role))
+                return
 
     def _expire(self, now: float) -> None:
         for role, st in self._roles.items():
@@ -300,18 +434,40 @@ class NodeMachine(MachineState):
             self._gauges(role)
 
     def _grant(self, role: str, st: RoleState, now: float) -> None:
-        """Hand leases to waiters, oldest first, while the role is ready and has free slots."""
+        """Hand leases to waiters, oldest first, while the role is ready and has free slots.
+
+        A waiter that needs a newer generation (its request failed on this backend)
+        keeps its place and lets the others pass.
+        """
         if st.phase is not Phase.READY or st.endpoint is None:
             return
         if st.unload_tickets:
+            st.waiting_reason = "it is being unloaded (rosterd unload); it loads again after"
             return  # an unload was asked: new requests wait and load the role again after it
+        st.waiting_reason = None
+        kept: deque[Waiter] = deque()
+        blocked = False  # a waiter that needs a slot or the room waits: so do those after it
         while st.waiters:
-            waiter = st.waiters[0]
+            waiter = st.waiters.popleft()
+            if blocked:
+                kept.append(waiter)
+                continue
+            if waiter.newer_than is not None and st.generation <= waiter.newer_than:
+                st.waiting_reason = "its backend failed a request; waiting for the restart"
+                kept.append(waiter)
+                continue
             if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
-                break
+                n = self.limits.max_concurrency
+                st.waiting_reason = f"all {n} slot(s) are busy, --max-concurrency {n}"
+                blocked = True
+                kept.append(waiter)
+                continue
             if waiter.take_slot and st.hold_since is not None and waiter.since >= st.hold_since:
-                break  # an older request waits for this role's room: let it drain
-            st.waiters.popleft()
+                # an older request waits for this role's room: let it drain
+                st.waiting_reason = "it drains for an older request of another role"
+                blocked = True
+                kept.append(waiter)
+                continue
             if waiter.take_slot:
                 st.in_flight += 1
                 st.last_used = now
@@ -320,6 +476,7 @@ class NodeMachine(MachineState):
                 waiter.ticket, role, st.endpoint, st.generation, waited, waiter.take_slot
             )
             self._out.append(lease)
+        st.waiters = kept
         self._gauges(role)
 
     def _shutdown_step(self, now: float) -> None:
@@ -329,7 +486,7 @@ class NodeMachine(MachineState):
         busy = any(st.in_flight for st in self._roles.values())
         if busy and now - self._shutdown_since < self.limits.drain_s:
             return  # let in-flight requests finish, up to drain_s
-        live = (Phase.READY, Phase.LOADING, Phase.RESTARTING)
+        live = (Phase.READY, Phase.LOADING, Phase.RESTARTING, Phase.UNHEALTHY)
         resident = [r for r, st in self._roles.items() if st.phase in live]
         if resident:
             self._begin_transition(resident, None, "shutdown", "shutdown", None, now)
@@ -366,7 +523,12 @@ class NodeMachine(MachineState):
                 st.hold_since = holds.get(role)
 
     def _hold(
-        self, blocking: Iterable[str], since: float, now: float, holds: dict[str, float]
+        self,
+        blocking: Iterable[str],
+        for_role: str,
+        since: float,
+        now: float,
+        holds: dict[str, float],
     ) -> None:
         """Make busy ``blocking`` roles drain for a request that arrived at ``since``.
 
@@ -375,7 +537,8 @@ class NodeMachine(MachineState):
         """
         for b in blocking:
             st = self._roles[b]
-            if st.phase is Phase.READY and st.in_flight > 0 and not self._recently_loaded(st, now):
+            recent = self._recently_loaded(st, now, for_role)
+            if st.phase is Phase.READY and st.in_flight > 0 and not recent:
                 holds[b] = min(holds.get(b, since), since)
 
     def _decide_loads(self, now: float, holds: dict[str, float]) -> bool:
@@ -386,10 +549,17 @@ class NodeMachine(MachineState):
         ]
         pending.sort(key=lambda p: (not p[1].spec.interactive, p[1].waiters[0].since, p[0]))
         for role, st in pending:
+            if st.backoff_until is not None and now < st.backoff_until:
+                for w in st.waiters:  # they came while the failed load was cleaned up
+                    self._fail_backoff(w.ticket, role, now)
+                st.waiters.clear()
+                self._gauges(role)
+                continue
             oldest = st.waiters[0].since
             drained = now - oldest >= self.limits.drain_s
             warm_up_only = all(w.no_evict for w in st.waiters)
-            decision = decide(self._node_state(now, ignore_in_flight=drained), role)
+            node = self._node_state(now, ignore_in_flight=drained, for_role=role)
+            decision = decide(node, role)
             if isinstance(decision, AlreadyResident):
                 continue
             if isinstance(decision, Refuse):
@@ -400,7 +570,7 @@ class NodeMachine(MachineState):
                     idle = [
                         b
                         for b in yielding
-                        if self._can_yield(b, now)
+                        if self._can_yield(b, now, role)
                         or (drained and self._roles[b].phase is Phase.READY)
                     ]
                     if len(idle) == len(yielding):
@@ -412,7 +582,7 @@ class NodeMachine(MachineState):
                         return True
                     st.waiting_reason = f"{decision.reason}; waiting until it is idle"
                     if not warm_up_only:
-                        self._hold(yielding, oldest, now, holds)
+                        self._hold(yielding, role, oldest, now, holds)
                     continue
                 st.waiting_reason = decision.reason
                 self._fail_waiters(role, RoleRefusedError, decision.reason)
@@ -424,7 +594,7 @@ class NodeMachine(MachineState):
                     self._out.append(LogNote("info", f"{role} waits: {decision.reason}"))
                 st.waiting_reason = decision.reason
                 if not warm_up_only:
-                    self._hold(decision.blocking, oldest, now, holds)
+                    self._hold(decision.blocking, role, oldest, now, holds)
                 continue
             assert isinstance(decision, Load)
             if decision.evict and warm_up_only:
@@ -516,6 +686,8 @@ class NodeMachine(MachineState):
     def _finish_stop(self, tr: Transition, now: float) -> None:
         role = tr.role
         self._mark_stopped(role)
+        if tr.for_role is not None and tr.for_role != role:
+            self._roles[tr.for_role].evicted_for.add(role)  # min residency holds it against role
         took = now - tr.started
         self._record("stopped", role, tr.stop_cause, duration_s=took, label=tr.stop_label)
         self._gauges(role)
@@ -525,8 +697,10 @@ class NodeMachine(MachineState):
         if tr.pending:
             return  # the start and the stop both report back
         self._mark_stopped(tr.role)
-        if tr.loaded:
+        if tr.loaded or tr.abort_label != "shutdown":
             took = now - tr.started
-            self._record("stopped", tr.role, "shutdown", duration_s=took, label="shutdown")
+            label = tr.abort_label
+            cause = "shutdown" if label == "shutdown" else "load cancelled"
+            self._record("stopped", tr.role, cause, duration_s=took, label=label)
         self._gauges(tr.role)
         self._transition = None

@@ -20,6 +20,9 @@ adds the lifecycle:
   reset once a backend has run ``healthy_reset_s`` seconds; after
   ``max_restart_failures`` restarts in a row fail to become ready it gives up
   (a final ``restart_failed`` event) and the backend is no longer supervised.
+- **restart on demand**: ``restart`` kills a backend that is alive but wedged
+  (its generation probe failed) and starts it again at once, through the same
+  path as a crash (``exited``, ``restarting``, ``ready`` events).
 
 Library choice: asyncio (the scheduler and router are asyncio).
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import time
 from collections.abc import Callable
@@ -47,6 +51,8 @@ from rosterd.supervisor.probes import ProbeResult, ready_timeout_for, run_probe,
 from rosterd.supervisor.process import kill_group, spawn_logged, terminate_group, tree_rss_bytes
 from rosterd.supervisor.run_records import drop_record, reap_leftovers, record_path, write_record
 from rosterd.tokens import valid_token
+
+log = logging.getLogger("rosterd.supervisor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +123,9 @@ class _Managed:
     restarts: int = 0
     failures: int = 0
     stopping: bool = False
+    restart_now: bool = False  # killed by ``restart``: start again at once, not a crash
     watcher: asyncio.Task[None] | None = None
+    grace_s: float | None = None  # this backend's SIGTERM-to-SIGKILL time (None: the default)
 
 
 class Supervisor:
@@ -259,6 +267,24 @@ class Supervisor:
         assert snapshot is not None
         return snapshot
 
+    async def restart(self, name: str) -> None:
+        """Kill backend ``name`` (SIGKILL to its group: it is wedged, so it would not honour
+        SIGTERM) and start it again at once; returns once the kill was sent. The new
+        process is reported as a crash restart is (``exited``, ``restarting``,
+        ``ready`` or ``restart_failed``), without counting as a failure in the backoff.
+
+        Raises:
+            BackendNotSupervisedError: ``name`` is not supervised with restarts.
+        """
+        m = self._managed.get(name)
+        if m is None or m.proc is None or not m.restart or m.stopping:
+            raise BackendNotSupervisedError(f"no backend named {name} is running")
+        if m.proc.returncode is not None:
+            return  # it exited already: the watcher restarts it
+        m.restart_now = True
+        log.warning("backend %s (pid %d): killing it to restart it", name, m.proc.pid)
+        kill_group(m.proc.pid, signal.SIGKILL)
+
     async def stop(self, name: str) -> None:
         """Stop backend ``name``: SIGTERM to its group, ``grace_s``, then SIGKILL.
 
@@ -347,8 +373,11 @@ class Supervisor:
                 m.failures = 0
             failed_tries = 0
             while True:
-                delay = backoff_delay(m.failures, self.initial_backoff_s, self.max_backoff_s)
-                m.failures += 1
+                if m.restart_now:  # asked for: no crash, no backoff
+                    m.restart_now, delay = False, 0.0
+                else:
+                    delay = backoff_delay(m.failures, self.initial_backoff_s, self.max_backoff_s)
+                    m.failures += 1
                 self._emit(BackendEvent(m.name, "restarting", pid=pid, delay_s=delay))
                 await asyncio.sleep(delay)
                 if m.stopping:
