@@ -193,7 +193,13 @@ class SupervisorBackends:
         if self.auto_ports or port is None:
             port = free_port(self.host)
         launch = adapter.launch(spec, source, host=self.host, port=port)
-        backend = await self.supervisor.start(role, launch, ready_timeout_s=self.ready_timeout_s)
+        grace = getattr(source, "grace_s", None)  # the fleet's models: entry, if it sets one
+        backend = await self.supervisor.start(
+            role,
+            launch,
+            ready_timeout_s=self.ready_timeout_s,
+            grace_s=grace if isinstance(grace, int | float) else None,
+        )
         return Endpoint(backend.base_url, launch.served_model, backend.pid)
 
     async def stop(self, role: str) -> None:

@@ -71,6 +71,7 @@ def resolve_weights(
                 parallel=source.parallel,
                 extra_args=tuple(source.extra_args),
                 size_bytes=_size_on_disk(path),
+                grace_s=getattr(source, "grace_s", None),
             )
 
     repo_id = repo or (spec.model if spec.model and "/" in spec.model else None)

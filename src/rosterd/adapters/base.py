@@ -95,7 +95,9 @@ class WeightsSource(Protocol):
 class ResolvedWeights:
     """A ``WeightsSource`` built by ``rosterd.weights`` (e.g. from the Hugging Face cache).
 
-    ``size_bytes`` is the weights' size on disk (0 if unknown).
+    ``size_bytes`` is the weights' size on disk (0 if unknown); ``grace_s``: the
+    backend's SIGTERM-to-SIGKILL time from the fleet's ``models:`` entry (``None``:
+    the supervisor's).
     """
 
     path: Path
@@ -103,6 +105,7 @@ class ResolvedWeights:
     parallel: int | None = None
     extra_args: tuple[str, ...] = ()
     size_bytes: int = 0
+    grace_s: float | None = None
 
 
 class SharedServer(Protocol):

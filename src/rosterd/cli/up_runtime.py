@@ -52,6 +52,7 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster, load_roster
 from rosterd.router import RoleRoute, RouterConfig, create_app
+from rosterd.router.header_timeout import header_timeout_protocol
 from rosterd.scheduler import (
     NodeScheduler,
     Scheduler,
@@ -79,7 +80,10 @@ class UpOptions:
     :func:`default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
     ``max_body_bytes``: the largest request body; ``auto_backend_ports``: let the
     OS choose backend ports; ``warm_up``: load interactive and sticky roles that
-    fit at start.
+    fit at start; ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's
+    deadlines for its first byte and between chunks (then 504 and a probe);
+    ``request_read_timeout_s``: for a client's request headers and body (then
+    the connection is closed, or 408). Liveness probes are in ``limits``.
     """
 
     roster_path: Path
@@ -94,6 +98,9 @@ class UpOptions:
     max_body_bytes: int = 8 * 2**20
     auto_backend_ports: bool = False
     warm_up: bool = True
+    first_byte_timeout_s: float = 300.0
+    chunk_timeout_s: float = 120.0
+    request_read_timeout_s: float = 30.0
 
 
 def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
@@ -246,7 +253,11 @@ class UpRun:
                 scheduler,
                 _routes(scheduler.roles, roster, result),
                 config=RouterConfig(
-                    api_keys=options.api_keys, max_body_bytes=options.max_body_bytes
+                    api_keys=options.api_keys,
+                    max_body_bytes=options.max_body_bytes,
+                    first_byte_timeout_s=options.first_byte_timeout_s,
+                    chunk_timeout_s=options.chunk_timeout_s,
+                    request_read_timeout_s=options.request_read_timeout_s,
                 ),
                 metrics=metrics,
                 status_extra=_status_extra(result, fleet, nodes),
@@ -259,6 +270,7 @@ class UpRun:
                 access_log=False,
                 lifespan="on",
                 timeout_graceful_shutdown=max(1, int(options.limits.drain_s)),
+                http=header_timeout_protocol(options.request_read_timeout_s),
             )
             server = self._server = _Server(config)
             if self._stop.is_set():
@@ -281,7 +293,12 @@ class UpRun:
                 with contextlib.suppress(asyncio.CancelledError):
                     await warm
             server.should_exit = True
+            # The scheduler's shutdown runs beside uvicorn's: waiting requests fail at
+            # once and a load under way is aborted, instead of holding the HTTP drain
+            # until a readiness poll reached its own deadline.
+            stopping = asyncio.create_task(scheduler.shutdown(), name="rosterd-shutdown")
             await serving
+            await stopping
         finally:
             if scheduler is not None:
                 await scheduler.shutdown()

@@ -48,6 +48,10 @@ class RouterConfig:
     below llama-server's keep-alive timeout (5 s, cpp-httplib's default): with
     httpx's default, also 5 s, the router reused connections the backend was
     closing at that very moment, and the request failed unanswered.
+    ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's deadlines for
+    its first body byte and between two chunks, seconds (then 504 and the role
+    is probed); ``request_read_timeout_s``: how long a client may take to send
+    its request headers and its body, seconds (then 408).
     """
 
     api_keys: tuple[str, ...] = ()
@@ -55,6 +59,9 @@ class RouterConfig:
     upstream_connect_s: float = 10.0
     upstream_read_s: float = 600.0
     upstream_keepalive_s: float = 2.0
+    first_byte_timeout_s: float = 300.0
+    chunk_timeout_s: float = 120.0
+    request_read_timeout_s: float = 30.0
 
 
 def shown_name(name: str) -> str:

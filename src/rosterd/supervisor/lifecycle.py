@@ -126,6 +126,7 @@ class _Managed:
     restart_now: bool = False  # killed by ``restart``: start again at once, not a crash
     watcher: asyncio.Task[None] | None = None
     grace_s: float | None = None  # this backend's SIGTERM-to-SIGKILL time (None: the default)
+    stop_requested: asyncio.Event | None = None  # set by stop: wakes a readiness poll at once
 
 
 class Supervisor:
@@ -220,12 +221,15 @@ class Supervisor:
         *,
         ready_timeout_s: float | None = None,
         restart: bool = True,
+        grace_s: float | None = None,
     ) -> Backend:
         """Start backend ``name`` from ``launch`` and return once it is ready.
 
         ``name`` must be a plain token (it names the log and record files).
         ``ready_timeout_s`` defaults to ``ready_timeout_for(launch.weights_bytes)``.
         With ``restart`` true, a later crash is restarted with backoff.
+        ``grace_s``: this backend's SIGTERM-to-SIGKILL time when stopped (default:
+        the supervisor's ``grace_s``).
 
         Raises:
             BackendNameError: ``name`` is not a plain token.
@@ -255,6 +259,7 @@ class Supervisor:
             restart=restart,
             log_path=self.log_path(name),
             record_path=record_path(self._run, name),
+            grace_s=grace_s,
         )
         self._managed[name] = m
         try:
@@ -286,10 +291,12 @@ class Supervisor:
         kill_group(m.proc.pid, signal.SIGKILL)
 
     async def stop(self, name: str) -> None:
-        """Stop backend ``name``: SIGTERM to its group, ``grace_s``, then SIGKILL.
+        """Stop backend ``name``: SIGTERM to its group, its grace (the ``grace_s`` it was
+        started with, else the supervisor's), then SIGKILL; each step is logged.
 
         Returns only after the process has exited (its memory is then free) and
         its record is removed. Stopping a name that is not supervised does nothing.
+        A backend still starting is woken at once (its readiness poll ends).
         """
         m = self._managed.get(name)
         if m is None:
@@ -300,8 +307,11 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await m.watcher
         pid = m.proc.pid if m.proc is not None else None
+        if m.stop_requested is not None:
+            m.stop_requested.set()
         if m.proc is not None:
-            await terminate_group(m.proc, grace_s=self.grace_s)
+            grace = self.grace_s if m.grace_s is None else m.grace_s
+            await terminate_group(m.proc, grace_s=grace, name=name)
         drop_record(m.record_path)
         self._managed.pop(name, None)
         self._emit(BackendEvent(name, "stopped", pid=pid))
@@ -335,6 +345,8 @@ class Supervisor:
         proc, offset = await spawn_logged(m.name, launch.argv, launch.env, m.log_path)
         m.proc = proc
         m.ready = False
+        if m.stop_requested is None:
+            m.stop_requested = asyncio.Event()
         write_record(m.record_path, name=m.name, pid=proc.pid, argv=launch.argv)
         try:
             await wait_ready(
@@ -345,6 +357,7 @@ class Supervisor:
                 log_path=m.log_path,
                 log_offset=offset,
                 stopping=lambda: m.stopping,
+                stop_requested=m.stop_requested,
             )
         except BaseException:
             await terminate_group(proc, grace_s=0.0)
