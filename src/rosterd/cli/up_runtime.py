@@ -39,6 +39,7 @@ from rich.text import Text
 from rosterd.adapters import WeightsSource, adapter_for
 from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
 from rosterd.cli.up_plan import (
+    check_ports,
     first_by_role,
     is_local_address,
     is_loopback_host,
@@ -189,6 +190,8 @@ class UpRun:
             raise RosterdError(_os_message(exc)) from None
         try:
             result = plan([s.spec for s in roster.specs], fleet)
+            if not options.auto_backend_ports:  # the roster's ports are used: may they be?
+                result = check_ports(result, roster, fleet, router_port=options.port)
             local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
             print_plan(result, fleet, roster, (n.name for n in local_nodes), self.out)
             for node in fleet.nodes:
