@@ -67,6 +67,8 @@ def test_a_failed_probe_marks_the_role_unhealthy_ends_its_requests_and_restarts_
     assert lease is not None
     bench.send(Suspect(1.0, "a", lease.generation, "no byte for 2 s"))
     [probe] = probes(bench)
+    held = bench.acquire("a")
+    assert not bench.answered(held)  # no new request goes to a suspected backend
     bench.send(ProbeDone(6.0, "a", probe.generation, ok=False, detail="no answer within 5 s"))
     assert bench.phase("a") == Phase.UNHEALTHY.value
     waiting = bench.acquire("a")
@@ -89,10 +91,25 @@ def test_a_failed_probe_marks_the_role_unhealthy_ends_its_requests_and_restarts_
     granted = bench.lease(waiting)
     assert granted is not None
     assert granted.endpoint.pid == 11
+    assert bench.lease(held) is not None
     assert granted.generation > lease.generation
     bench.release(first)  # the revoked lease's release is ignored: it was a dead generation
-    assert bench.machine.role_view("a", 6.5)["in_flight"] == 1
+    assert bench.machine.role_view("a", 6.5)["in_flight"] == 2
     assert bench.starts() == ["a"]  # restarted by the supervisor, not loaded again
+
+
+def test_a_suspected_role_whose_probe_passes_serves_the_requests_held_meanwhile() -> None:
+    bench = Bench([spec("a", 100)], 1000, PROBING)
+    first = bench.acquire("a")
+    bench.settle()
+    lease = bench.lease(first)
+    assert lease is not None
+    bench.send(Suspect(1.0, "a", lease.generation, "no byte for 2 s"))
+    held = bench.acquire("a")
+    [probe] = probes(bench)
+    bench.send(ProbeDone(1.5, "a", probe.generation, ok=True))
+    assert bench.lease(held) is not None
+    assert bench.phase("a") == Phase.READY.value
 
 
 def test_a_probe_answer_for_an_older_generation_is_ignored() -> None:

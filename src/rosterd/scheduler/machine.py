@@ -195,7 +195,7 @@ class NodeMachine(MachineState):
             st.phase = Phase.RESTARTING
             st.generation += 1  # leases of the dead process are void
             st.in_flight = 0
-            st.probing = False
+            st.probing = st.suspected = False
             if st.endpoint is not None:  # same address and name; no live pid until it is back
                 st.endpoint = dataclasses.replace(st.endpoint, pid=None)
             st.waiting_reason = "its backend crashed and is being restarted"
@@ -296,14 +296,15 @@ class NodeMachine(MachineState):
 
     def _on_suspect(self, ev: Suspect) -> None:
         st = self._roles.get(ev.role)
-        if st is not None and st.generation == ev.generation:
+        if st is not None and st.generation == ev.generation and st.phase is Phase.READY:
             self._probe(ev.role, ev.reason)
+            st.suspected = True  # no new request goes to it until the probe answered
 
     def _on_probe_done(self, ev: ProbeDone, now: float) -> None:
         st = self._roles.get(ev.role)
         if st is None or ev.generation != st.generation:
             return  # a probe of a process that is gone already
-        st.probing = False
+        st.probing = st.suspected = False
         if st.phase is not Phase.READY:
             return
         if ev.ok:
@@ -445,6 +446,9 @@ class NodeMachine(MachineState):
             st.waiting_reason = "it is being unloaded (rosterd unload); it loads again after"
             return  # an unload was asked: new requests wait and load the role again after it
         st.waiting_reason = None
+        if st.suspected:
+            st.waiting_reason = "a request got no byte in time: its backend is being probed"
+            return
         kept: deque[Waiter] = deque()
         blocked = False  # a waiter that needs a slot or the room waits: so do those after it
         while st.waiters:

@@ -69,6 +69,7 @@ class RoleState:
     load_failures: int = 0  # failed loads in a row
     backoff_until: float | None = None  # no new load before this
     probing: bool = False  # a generation probe is under way
+    suspected: bool = False  # ... because a request stalled: new leases wait for its answer
     last_probe: float = 0.0  # when the backend last proved alive (probe passed, or loaded)
 
 
@@ -250,7 +251,7 @@ class MachineState:
         st.in_flight = 0
         st.loaded_at = None
         st.displaced = frozenset()
-        st.probing = False
+        st.probing = st.suspected = False
 
     def _note_error(self, role: str, error: str, now: float) -> None:
         """Keep ``error`` (short, for ``ps``) as ``role``'s last error."""
