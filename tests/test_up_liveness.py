@@ -248,7 +248,9 @@ def test_a_corrupt_gguf_backs_off_and_ps_shows_why_and_slow_clients_are_cut(
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b'Content-Length: 100\r\n\r\n{"model":'
             )
-            reply = half_body.recv(4096)
+            reply = b""
+            while chunk := half_body.recv(4096):  # the server closes it after the answer
+                reply += chunk
             assert reply.startswith(b"HTTP/1.1 408"), reply
             assert b"request_timeout" in reply
     finally:
@@ -332,13 +334,15 @@ def test_the_first_swap_of_two_idle_roles_does_not_wait_for_min_residency(
         },
         memory_gb=1.6,
     )
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, pick_free_port())  # defaults
+    # A long minimum residency, so that a swap held by it could not pass for a slow load.
+    args = [str(roster), "--fleet", str(fleet), "--min-residency", "30"]
+    up = start_up(args, tmp_path, pick_free_port())
     try:
         assert post(up, {"model": "x", "prompt": "hi", "max_tokens": 1}).status_code == 200
         began = time.monotonic()
         assert post(up, {"model": "y", "prompt": "hi", "max_tokens": 1}).status_code == 200
         swap_s = time.monotonic() - began
-        print(f"swap of two idle roles with the default flags: {swap_s * 1000:.0f} ms")
-        assert swap_s < 3.0  # was --min-residency (10 s) and more
+        print(f"swap of two idle roles: {swap_s * 1000:.0f} ms")
+        assert swap_s < 15.0  # was --min-residency (30 s here) and the load
     finally:
         assert up.stop(signal.SIGINT) == 0

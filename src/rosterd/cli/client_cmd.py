@@ -129,8 +129,10 @@ def _age(seconds: object) -> str:
 
 @app.command("ps")
 def ps_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
-    """What is resident where: memory (planned and measured), requests, idle time; then why
-    queued requests wait, load backoffs and each role's last error."""
+    """What is resident where: memory, requests, idle time, why requests wait, last errors.
+
+    Memory is planned (roster) and measured (RSS); under each node's table, a note per
+    role on why its queued requests wait, its load backoff and its last error."""
     data = call("GET", url, "/rosterd/ps", api_key, 10.0)
     from rich.table import Table
     from rich.text import Text
