@@ -136,7 +136,7 @@ def start_rosterd(
     with (folder / "up.log").open("wb") as log:
         proc = subprocess.Popen([*argv, *flags], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_health(url, proc)
+    wait_health(url, proc, folder / "up.log")
     return proc, url
 
 
@@ -148,15 +148,18 @@ def start_llama_router(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     with (work / "llama-router.log").open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    wait_health(url, proc)
+    wait_health(url, proc, work / "llama-router.log")
     return proc, url
 
 
-def wait_health(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+def wait_health(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{proc.args!r} exited with {proc.returncode}")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"{proc.args!r} exited with {proc.returncode}:\n{tail}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url + "/health", timeout=1, trust_env=False).status_code == 200:
                 return
@@ -202,6 +205,11 @@ def swap_round_trip(args: argparse.Namespace, work: Path) -> dict[str, list[floa
                 for model in (*MODELS[1:], MODELS[0]):
                     times["rosterd"].append(complete(client, rosterd_url, model))
                     times["llama.cpp router"].append(complete(client, router_url, ids[model]))
+                    if args.verbose:
+                        print(
+                            f"  {model}: rosterd {times['rosterd'][-1] * 1000:.0f} ms, "
+                            f"llama.cpp {times['llama.cpp router'][-1] * 1000:.0f} ms"
+                        )
     finally:
         rosterd.send_signal(signal.SIGINT)
         router.terminate()
@@ -269,6 +277,7 @@ def main() -> int:
     parser.add_argument(
         "--llama-wedge-wait", type=float, default=20.0, help="seconds to wait on llama.cpp"
     )
+    parser.add_argument("--verbose", action="store_true", help="print every request's time")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rosterd-swap-bench-") as tmp:
         work = Path(tmp)
