@@ -242,6 +242,14 @@ def test_a_load_nobody_waits_for_is_cancelled_when_another_role_needs_the_room()
     assert [r.label for r in bench.of(RecordEvent) if r.kind == "stopped"] == ["make_room"]
 
 
+def test_a_warm_up_does_not_cancel_a_load_nobody_waits_for() -> None:
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000)
+    gone = bench.acquire("x")
+    bench.send(Cancel(bench.now, gone, "x"))
+    bench.acquire("y", no_evict=True)
+    assert bench.stops() == []
+
+
 def test_a_load_nobody_waits_for_finishes_and_stays_when_the_room_is_not_needed() -> None:
     bench = Bench([spec("x", 600), spec("y", 300)], 1000)
     gone = bench.acquire("x")

@@ -413,6 +413,8 @@ class NodeMachine(MachineState):
         for role, st in self._roles.items():
             if role == tr.role or st.phase is not Phase.STOPPED or not st.waiters:
                 continue
+            if all(w.no_evict for w in st.waiters):
+                continue  # a warm-up never evicts, nor cancels a load
             state = self._node_state(now, ignore_in_flight=False, for_role=role)
             decision = decide(state, role)
             if isinstance(decision, Wait) and tr.role in decision.blocking:
