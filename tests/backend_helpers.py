@@ -13,8 +13,20 @@ from pathlib import Path
 import psutil
 
 from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.supervisor import ProbeResult
 
 FAKE_BACKEND = Path(__file__).resolve().parent / "fake_backend.py"
+
+
+class NoLiveness:
+    """The liveness half of ``RoleBackends`` for stand-in backends that run no process:
+    every probe passes (there is nothing to wedge) and a restart is refused."""
+
+    async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
+        return ProbeResult(True, 200)
+
+    async def restart(self, role: str) -> None:
+        raise RuntimeError(f"stand-in backend {role} has no process to restart")
 
 
 def pick_free_port() -> int:
@@ -93,6 +105,7 @@ CHILD_ROSTERD = """
 import asyncio, json, sys
 from pathlib import Path
 from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.supervisor import ProbeResult
 from rosterd.supervisor import Supervisor
 
 async def main() -> None:

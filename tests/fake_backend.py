@@ -1,13 +1,21 @@
 """A small stand-in for a backend server, for supervisor tests (stdlib only, starts fast).
 
     python tests/fake_backend.py --port P [--mode MODE] [--load-s S] [--child-pid-file F]
+                                 [--marker F] [llama-server's other options, ignored]
 
 Modes:
   ok           /health answers 503 for --load-s seconds, then 200; /v1/models 200;
                POST /v1/completions answers one token.
   crash        writes a fatal error to stderr after --load-s seconds and exits 3.
   ignore-term  like ok, but ignores SIGTERM (only SIGKILL stops it).
-  wedged       HTTP answers (/health 200) but a completion never returns: a hung generator.
+  wedged       HTTP answers (/health 200) but a completion never returns: a hung generator
+               (a stream sends its headers and one chunk, then nothing).
+  wedge-once   wedged if the --marker file does not exist yet (it creates it), else ok:
+               the first process hangs, the one restarted after it serves.
+It stands in for llama-server where the real one cannot show a case (a generator that
+hangs while /health says 200, a load that takes seconds): llama-server's own options
+(-m, -c, -np, --alias) are accepted and ignored, so a wrapper script can be given to
+rosterd as ROSTERD_LLAMA_SERVER.
 With --child-pid-file it also starts a child process (`sleep`) in its own process group
 and writes the child's pid there, to show that stopping kills the whole group.
 """
@@ -29,11 +37,19 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--mode", default="ok", choices=["ok", "crash", "ignore-term", "wedged"])
+    parser.add_argument(
+        "--mode", default="ok", choices=["ok", "crash", "ignore-term", "wedged", "wedge-once"]
+    )
     parser.add_argument("--load-s", type=float, default=0.0)
     parser.add_argument("--child-pid-file", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--marker", type=Path)
+    args, _llama_server_options = parser.parse_known_args()
     started = time.monotonic()
+    wedged = args.mode == "wedged"
+    if args.mode == "wedge-once":
+        assert args.marker is not None, "wedge-once needs --marker"
+        wedged = not args.marker.exists()
+        args.marker.touch()
     if args.mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.child_pid_file is not None:
@@ -70,7 +86,10 @@ def main() -> int:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
-            if args.mode == "wedged":
+            if body.get("stream"):
+                self._stream(body)
+                return
+            if wedged:
                 hang.wait(600)  # HTTP accepted, generation never ends
                 return
             self._send(
@@ -81,6 +100,20 @@ def main() -> int:
                     "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
                 },
             )
+
+        def _stream(self, body: dict[str, object]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunk = {"object": "text_completion", "model": body.get("model")}
+            chunk["choices"] = [{"index": 0, "text": "x", "finish_reason": None}]
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            if wedged:
+                hang.wait(600)  # the first chunk came, the next never does
+                return
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
 
         def log_message(self, format: str, *fargs: object) -> None:
             print(format % fargs, file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from backend_helpers import pick_free_port
+from backend_helpers import NoLiveness, pick_free_port
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler
@@ -24,7 +24,7 @@ MIB = 2**20
 ROLES = ("chat", "quiet")
 
 
-class NoBackends:
+class NoBackends(NoLiveness):
     """Every start "succeeds" at once, towards a port nobody listens on."""
 
     async def start(self, role: str) -> Endpoint:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 import uvicorn
 
-from backend_helpers import pick_free_port
+from backend_helpers import NoLiveness, pick_free_port
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler, SchedulerLimits
@@ -26,7 +26,7 @@ from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 MIB = 2**20
 
 
-class StandInBackends:
+class StandInBackends(NoLiveness):
     """``slow`` loads take ``load_s``; ``broken`` fails to load; others point at a dead port."""
 
     def __init__(self, load_s: float = 0.0) -> None:
@@ -247,7 +247,7 @@ async def test_a_request_the_backend_drops_unanswered_is_sent_once_more() -> Non
     upstream = await asyncio.start_server(backend, "127.0.0.1", 0)
     upstream_port = upstream.sockets[0].getsockname()[1]
 
-    class Backends:
+    class Backends(NoLiveness):
         async def start(self, role: str) -> Endpoint:
             return Endpoint(f"http://127.0.0.1:{upstream_port}", role)
 

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from backend_helpers import pick_free_port
+from backend_helpers import NoLiveness, pick_free_port
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, create_app
 from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler, SchedulerLimits
@@ -58,7 +58,7 @@ async def _upstream_chat(request: Request) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-class _Backends:
+class _Backends(NoLiveness):
     """Every role is "loaded" at once and served by the in-process upstream."""
 
     def __init__(self, port: int) -> None:

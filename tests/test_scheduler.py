@@ -21,6 +21,7 @@ import pytest
 import spec_helpers
 from rosterd.scheduler import (
     Endpoint,
+    LoadBackoffError,
     LoadFailedError,
     Phase,
     QueueFullError,
@@ -393,13 +394,30 @@ def test_a_just_loaded_role_is_protected_from_batch_ping_pong() -> None:
     limits = dataclasses.replace(LIMITS, min_residency_s=0.5)
     bench = Bench([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000, limits)
     bench.use("x")
-    y = bench.acquire("y")
+    bench.use("y")  # x was evicted for y: y now holds against x for 0.5 s
+    x = bench.acquire("x")
     bench.at(0.49)
-    assert bench.stops() == []
-    bench.at(0.5)  # x's minimum residency is over
     assert bench.stops() == ["x"]
+    bench.at(0.5)  # y's minimum residency is over
+    assert bench.stops() == ["x", "y"]
+    bench.settle()
+    assert bench.lease(x) is not None
+
+
+def test_the_first_swap_of_an_idle_role_does_not_wait_for_min_residency() -> None:
+    limits = dataclasses.replace(LIMITS, min_residency_s=10.0)
+    specs = [spec("x", 600, sticky=False), spec("y", 600, sticky=False), spec("z", 600)]
+    bench = Bench(specs, 1000, limits)
+    bench.use("x")
+    y = bench.acquire("y")
+    assert bench.stops() == ["x"]  # at once: x displaced nobody, so nobody is held off
     bench.settle()
     assert bench.lease(y) is not None
+    bench.release(y)
+    z = bench.acquire("z")  # z was not evicted for y either: y goes at once too
+    assert bench.stops() == ["x", "y"]
+    bench.settle()
+    assert bench.lease(z) is not None
 
 
 def test_an_interactive_role_may_evict_a_just_loaded_batch_role() -> None:
@@ -499,9 +517,16 @@ def test_a_failed_load_fails_every_waiter_and_frees_the_role() -> None:
     assert failed.cause == error  # the full error stays in the log
     assert failed.resident == ()
     assert bench.stops() == ["bad"]  # a half-started process must not keep holding memory
-    bench.acquire("bad")
+    during_cleanup = bench.acquire("bad")
     assert bench.starts() == ["bad"]  # no new load before that stop returned
     bench.stop_done("bad")
+    assert bench.starts() == ["bad"]  # nor during the backoff (0.5 s after one failure)
+    backoff = bench.failure(during_cleanup)
+    assert backoff is not None
+    assert backoff.error is LoadBackoffError
+    assert backoff.retry_after_s == pytest.approx(0.5)
+    bench.at(0.5)
+    bench.acquire("bad")
     assert bench.starts() == ["bad", "bad"]
 
 
@@ -556,7 +581,7 @@ def test_a_full_queue_is_refused_at_once_and_waits_time_out() -> None:
             bench, t, QueueTimeoutError, r"^role 'a' was not ready within 0.3 s"
         )
         assert bench.failure(t).retry_after_s is not None  # type: ignore[union-attr]
-        assert message.endswith("(still loading or busy)")
+        assert message.endswith("(all 1 slot(s) are busy, --max-concurrency 1)")
     bench.release(held)
 
 
@@ -579,7 +604,8 @@ def test_a_wait_reason_is_logged_once_while_it_lasts() -> None:
     # "x has requests in flight" and "x loaded too recently" with every request.
     limits = dataclasses.replace(LIMITS, min_residency_s=1.0, drain_s=30.0, max_concurrency=1)
     bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
-    bench.use("x")
+    bench.use("y")
+    bench.use("x")  # y was evicted for x: x holds against y for 1 s
     y = bench.acquire("y")
     for step in range(1, 10):
         bench.now = step * 0.1

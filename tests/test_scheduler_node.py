@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import spec_helpers
+from backend_helpers import NoLiveness
 from rosterd.adapters import WeightsSource
 from rosterd.backends import SupervisorBackends
 from rosterd.metrics import RosterdMetrics
@@ -55,7 +56,7 @@ class Clock:
         asyncio.get_running_loop().call_soon(setattr, self, "now", now)
 
 
-class GatedBackends:
+class GatedBackends(NoLiveness):
     """Starts that finish when the test opens the role's gate (all open unless ``gated``)."""
 
     def __init__(self, gated: Sequence[str] = ()) -> None:

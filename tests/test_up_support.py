@@ -82,10 +82,18 @@ class Up:
         return self.proc.wait(timeout=timeout_s)
 
 
-def start_up(args: list[str], tmp: Path, port: int, *, ready_timeout_s: float = 60.0) -> Up:
-    """Start ``rosterd up ARGS --port PORT`` with its state in ``tmp``; wait for ``/health``."""
+def start_up(
+    args: list[str],
+    tmp: Path,
+    port: int,
+    *,
+    ready_timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Up:
+    """Start ``rosterd up ARGS --port PORT`` with its state in ``tmp``; wait for ``/health``.
+    ``env``: variables added to the environment (e.g. ``ROSTERD_LLAMA_SERVER``)."""
     log = tmp / "up.log"
-    env = dict(os.environ, NO_COLOR="1", COLUMNS="200")
+    env = dict(os.environ, NO_COLOR="1", COLUMNS="200", **(env or {}))
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [

@@ -2,9 +2,10 @@
 the backends of its roles.
 
 The node scheduler decides; whatever implements this boundary acts. It is the
-scheduler's syscall table: :class:`RoleBackends` (start a role, stop a role)
-and :class:`BackendEventSource` (what happened to a backend by itself: a
-crash, a restart, a restart given up). Everything that crosses it is a plain,
+scheduler's syscall table: :class:`RoleBackends` (start a role, stop a role,
+probe that it generates, restart it when it does not) and
+:class:`BackendEventSource` (what happened to a backend by itself: a crash, a
+restart, a restart given up). Everything that crosses it is a plain,
 picklable value (role ids, :class:`Endpoint`, ``BackendEvent``) and every call
 is async, so the same boundary can be served by a node agent on another
 machine; here it is :class:`SupervisorBackends`, over the local supervisor and
@@ -28,7 +29,13 @@ import httpx
 
 from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
 from rosterd.spec import InferenceSpec, InferFlavor
-from rosterd.supervisor import Backend, BackendEvent, Supervisor, ready_timeout_for
+from rosterd.supervisor import (
+    Backend,
+    BackendEvent,
+    ProbeResult,
+    Supervisor,
+    ready_timeout_for,
+)
 
 #: How long an unload waits for a shared server to answer, seconds.
 _SHARED_UNLOAD_S = 30.0
@@ -71,6 +78,25 @@ class RoleBackends(Protocol):
         Contract: a no-op for a role that is not running. Called while
         ``start(role)`` is still running (shutdown), it makes that start fail
         promptly and leaves no process.
+        """
+        ...
+
+    async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
+        """Run the flavor's generation probe (a one-token completion) against ``role``'s
+        running backend, bounded by ``timeout_s`` seconds.
+
+        Contract: never raises for a backend that does not answer or answers wrong;
+        that is a result with ``ok`` false and ``detail`` saying what happened.
+        """
+        ...
+
+    async def restart(self, role: str) -> None:
+        """Kill ``role``'s running (wedged) backend and start it again at once, as after a
+        crash; return once the kill was sent.
+
+        Contract: the outcome reaches the scheduler as backend events of ``role``
+        (``exited``, ``restarting``, then ``ready`` or ``restart_failed``); the
+        role's memory stays held meanwhile. Raises if ``role`` is not running.
         """
         ...
 
@@ -182,7 +208,13 @@ class SupervisorBackends:
         if self.auto_ports or port is None:
             port = free_port(self.host)
         launch = adapter.launch(spec, source, host=self.host, port=port)
-        backend = await self.supervisor.start(role, launch, ready_timeout_s=self.ready_timeout_s)
+        grace = getattr(source, "grace_s", None)  # the fleet's models: entry, if it sets one
+        backend = await self.supervisor.start(
+            role,
+            launch,
+            ready_timeout_s=self.ready_timeout_s,
+            grace_s=grace if isinstance(grace, int | float) else None,
+        )
         return Endpoint(backend.base_url, launch.served_model, backend.pid)
 
     async def stop(self, role: str) -> None:
@@ -200,6 +232,28 @@ class SupervisorBackends:
         (roles without a process of their own, such as a shared server's, are left out)."""
         measured = {role: self.supervisor.measured_bytes(role) for role in self.specs}
         return {role: rss for role, rss in measured.items() if rss is not None}
+
+    async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
+        """The adapter's generation probe against the role's process. Roles of a shared
+        server (ollama) are not probed (their server is one process for many roles, so
+        restarting it is not a per-role step): the result is ``ok``."""
+        spec = self.specs[role]
+        adapter = self.adapters(spec.flavor)
+        if adapter.shared_server is not None:
+            return ProbeResult(True, None, "a shared server's roles are not probed")
+        backend = self.supervisor.backend(role)
+        if backend is None:
+            return ProbeResult(False, None, "its backend is not running")
+        probe = adapter.generation_probe(backend.launch.served_model)
+        return await self.supervisor.probe(role, probe, timeout_s=timeout_s)
+
+    async def restart(self, role: str) -> None:
+        """Kill the role's process and let the supervisor start it again (``Supervisor.restart``).
+
+        Raises:
+            BackendNotSupervisedError: the role has no running process.
+        """
+        await self.supervisor.restart(role)
 
     def notice(self, event: BackendEvent) -> bool:
         """Take a supervisor event (wire to ``Supervisor(on_event=...)``); whether it is

@@ -27,6 +27,7 @@
     │   ├── QueueTimeoutError             the request waited queue_timeout_s (HTTP 503)
     │   ├── RoleRefusedError              the residency policy refused the load; its reason
     │   ├── LoadFailedError               the backend failed to start, or its restart was given up
+    │   ├── LoadBackoffError              its last loads failed: no new try until the backoff ends
     │   ├── RoleUnavailableError          the role cannot be served at all (weights missing)
     │   └── ShuttingDownError             rosterd is stopping
     ├── ClusterError                      running the fleet on a Ray cluster failed
@@ -287,6 +288,14 @@ class RoleRefusedError(SchedulerError):
 
 class LoadFailedError(SchedulerError):
     """The role's backend failed to start or become ready; the message says why."""
+
+
+class LoadBackoffError(SchedulerError):
+    """The role's last loads failed and the next try waits out a backoff (as crash restarts
+    do); the message gives the last failure's short reason, ``retry_after_s`` the time left."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s)
 
 
 class RoleUnavailableError(SchedulerError):

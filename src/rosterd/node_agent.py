@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
 
 from rosterd.adapters import WeightsSource
+from rosterd.backends import Endpoint, SupervisorBackends
 from rosterd.errors import NodeAgentError, NodeLostError, RosterdError
 from rosterd.fleet import Fleet
-from rosterd.scheduler import Endpoint, SupervisorBackends
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent, StateDirLock, Supervisor, lock_state_dir
+from rosterd.supervisor import BackendEvent, ProbeResult, StateDirLock, Supervisor, lock_state_dir
 from rosterd.weights import resolve_for_fleet
 
 #: How long one pull of the agent's backend events waits for one to happen (seconds).
@@ -203,6 +203,16 @@ class NodeAgent:
     async def stop(self, role: str) -> None:
         """Stop ``role``'s backend; returns after its process exited (a start under way fails)."""
         await self._opened().stop(role)
+
+    @_carry_errors
+    async def probe(self, role: str, timeout_s: float) -> ProbeResult:
+        """The adapter's generation probe against ``role``'s backend on this node."""
+        return await self._opened().probe(role, timeout_s=timeout_s)
+
+    @_carry_errors
+    async def restart(self, role: str) -> None:
+        """Kill ``role``'s backend on this node; its supervisor starts it again."""
+        await self._opened().restart(role)
 
     @_carry_errors
     async def close(self) -> None:
@@ -377,6 +387,28 @@ class AgentBackends:
             with contextlib.suppress(NodeLostError):
                 await self.call(self._actor.stop.remote(role))
         self._running.discard(role)
+
+    async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
+        """The generation probe of ``role``'s backend, run on its node (a failed result
+        when the node is lost).
+
+        Raises:
+            NodeAgentError: the agent failed otherwise.
+        """
+        if self._lost_reason is not None:
+            return ProbeResult(False, None, f"node {self.node} is lost: {self._lost_reason}")
+        result: ProbeResult = await self.call(self._actor.probe.remote(role, timeout_s))
+        return result
+
+    async def restart(self, role: str) -> None:
+        """Kill ``role``'s backend on its node; that node's supervisor starts it again.
+
+        Raises:
+            NodeLostError: the node (or its agent) is gone.
+            NodeAgentError: the agent failed otherwise.
+        """
+        self._check_not_lost()
+        await self.call(self._actor.restart.remote(role))
 
     async def measured_bytes(self) -> dict[str, int]:
         """Role -> RSS in bytes of its backend on the node, measured now (``{}`` when lost)."""

@@ -53,7 +53,9 @@ class WeightsSource(Protocol):
 class ResolvedWeights:
     """A ``WeightsSource`` built by ``rosterd.weights`` (e.g. from the Hugging Face cache).
 
-    ``size_bytes`` is the weights' size on disk (0 if unknown).
+    ``size_bytes`` is the weights' size on disk (0 if unknown); ``grace_s``: the
+    backend's SIGTERM-to-SIGKILL time from the fleet's ``models:`` entry (``None``:
+    the supervisor's).
     """
 
     path: Path
@@ -61,6 +63,7 @@ class ResolvedWeights:
     parallel: int | None = None
     extra_args: tuple[str, ...] = ()
     size_bytes: int = 0
+    grace_s: float | None = None
 
 
 def resolve_weights(
@@ -101,6 +104,7 @@ def resolve_weights(
                 parallel=source.parallel,
                 extra_args=tuple(source.extra_args),
                 size_bytes=_size_on_disk(path),
+                grace_s=getattr(source, "grace_s", None),
             )
 
     repo_id = repo or (spec.model if spec.model and "/" in spec.model else None)

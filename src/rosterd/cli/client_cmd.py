@@ -137,7 +137,10 @@ def ps_cmd(
         bool, typer.Option("--json", help="Print rosterd up's answer as JSON (GET /rosterd/ps).")
     ] = False,
 ) -> None:
-    """What is resident where: memory (planned and measured), requests, idle time."""
+    """What is resident where: memory, requests, idle time, why requests wait, last errors.
+
+    Memory is planned (roster) and measured (RSS); under each node's table, a note per
+    role on why its queued requests wait, its load backoff and its last error."""
     if as_json:
         errors_as_json(ctx)
     data = call("GET", url, "/rosterd/ps", api_key, 10.0)
@@ -177,6 +180,26 @@ def ps_cmd(
                 _age(info.get("idle_s")),
             )
         console.print(table)
+        for role, info in node.get("roles", {}).items():
+            for line in _role_notes(role, info):
+                console.print(Text(line), soft_wrap=True)
+
+
+def _role_notes(role: str, info: dict[str, Any]) -> list[str]:
+    """Lines under the table: why a role's queued requests wait (and for how long), its
+    load backoff and its last error (load failure, crash, failed probe)."""
+    notes: list[str] = []
+    if info.get("queued") and info.get("waiting_reason"):
+        waited = _age(info.get("waiting_s"))
+        notes.append(f"{role}: {info['queued']} queued (oldest {waited}): {info['waiting_reason']}")
+    backoff = info.get("load_backoff_s")
+    if isinstance(backoff, int | float):
+        notes.append(f"{role}: no load for {backoff:.0f} s more (backoff after failed loads)")
+    if info.get("last_error"):
+        notes.append(
+            f"{role}: last error ({_age(info.get('last_error_age_s'))} ago): {info['last_error']}"
+        )
+    return notes
 
 
 @app.command("load")

@@ -1,9 +1,12 @@
-"""``rosterd plan ROSTER [--overlay F] [--fleet F] [--json]``: show the placement before
-anything starts.
+"""``rosterd plan ROSTER [--overlay F] [--fleet F] [--json] [--port P]
+[--auto-backend-ports]``: show the placement before anything starts.
 
 Per node: a Rich table of its roles (resident always / swappable) and a memory bar of
 the node's peak use (interactive roles plus the largest batch role) against its
-capacity; then the roles left unplaced, each with its reason. ``--json`` prints
+capacity; then the roles left unplaced, each with its reason. A role whose roster port
+is taken on its node by an earlier role, or is the router's ``--port`` (when given) on
+this machine, is unplaced with a reason naming both, as ``rosterd up`` would leave it
+(not with ``--auto-backend-ports``, where the roster's ports are not used). ``--json`` prints
 ``{"placements": {role: node}, "unplaced": [[role, reason]], "nodes": {name:
 {"capacity_bytes": n, "always_resident": [...], "swappable": [...]}}}``.
 
@@ -152,6 +155,13 @@ def plan_cmd(
     time_limit: Annotated[
         float, typer.Option("--time-limit", help="Solver time limit, seconds.", min=0.01)
     ] = 1.5,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Also check roles against this router port of `rosterd up` (e.g. 8400)."),
+    ] = None,
+    auto_backend_ports: Annotated[
+        bool, typer.Option(help="Plan for `up --auto-backend-ports`: roster ports unused.")
+    ] = False,
 ) -> None:
     """Show which role lives on which node, what stays resident, what swaps, and why any
     role cannot be placed."""
@@ -168,6 +178,10 @@ def plan_cmd(
     for warning in imported.warnings:
         typer.echo(f"warning: {warning}", err=True)
     result = plan([s.spec for s in imported.specs], nodes, time_limit_s=time_limit)
+    if not auto_backend_ports:
+        from rosterd.cli.up_plan import check_ports
+
+        result = check_ports(result, imported, nodes, router_port=port)
     if as_json:
         typer.echo(json.dumps(plan_to_json(result), indent=2))
         return

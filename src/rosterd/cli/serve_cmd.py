@@ -132,7 +132,10 @@ def up_cmd(
         ),
     ] = 600.0,
     min_residency: Annotated[
-        float, typer.Option(min=0, help="Seconds a loaded role is safe from batch evictions.")
+        float,
+        typer.Option(
+            min=0, help="Seconds a loaded role is safe from the batch role it just evicted."
+        ),
     ] = 10.0,
     drain: Annotated[
         float, typer.Option(min=0, help="Seconds to let in-flight requests finish before evicting.")
@@ -145,8 +148,38 @@ def up_cmd(
     ] = 64,
     max_concurrency: Annotated[int, typer.Option(min=1, help="Requests per role at once.")] = 4,
     grace: Annotated[
-        float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL.")
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds between SIGTERM and SIGKILL (a fleet models: entry's grace_s wins).",
+        ),
     ] = 10.0,
+    probe_interval: Annotated[
+        float,
+        typer.Option(
+            min=0, help="Probe an idle role's generation after this many seconds (0: never)."
+        ),
+    ] = 30.0,
+    probe_timeout: Annotated[
+        float,
+        typer.Option(min=0.001, help="Seconds a generation probe may take (then: unhealthy)."),
+    ] = 20.0,
+    first_byte_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Seconds a request may wait for its first byte (then 504 and a probe)."
+        ),
+    ] = 300.0,
+    chunk_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Seconds a stream may wait between chunks (then an error and a probe)."
+        ),
+    ] = 120.0,
+    request_read_timeout: Annotated[
+        float,
+        typer.Option(min=0.001, help="Seconds a client may take to send headers and body."),
+    ] = 30.0,
     max_body: Annotated[
         int, typer.Option(min=1, help="Largest request body in bytes (then 413).")
     ] = 8 * 2**20,
@@ -208,8 +241,13 @@ def up_cmd(
             drain_s=drain,
             idle_ttl_s=idle_ttl if idle_ttl > 0 else float("inf"),
             min_residency_s=min_residency,
+            probe_interval_s=probe_interval if probe_interval > 0 else float("inf"),
+            probe_timeout_s=probe_timeout,
         ),
         grace_s=grace,
+        first_byte_timeout_s=first_byte_timeout,
+        chunk_timeout_s=chunk_timeout,
+        request_read_timeout_s=request_read_timeout,
         max_body_bytes=max_body,
         auto_backend_ports=auto_backend_ports,
         warm_up=warm_up,

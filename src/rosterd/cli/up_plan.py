@@ -64,6 +64,25 @@ def _gib(n_bytes: int) -> str:
     return f"{n_bytes / GB:.2f}"
 
 
+def check_ports(
+    result: Plan, roster: ImportedRoster, fleet: Fleet, *, router_port: int | None
+) -> Plan:
+    """``result`` with every role whose roster port collides (with an earlier role on its
+    node, or with the router's ``router_port`` on a node of this machine) unplaced, with
+    a reason naming both (``rosterd.placement.conflicts``)."""
+    from rosterd.adapters import adapter_for
+    from rosterd.placement.conflicts import without_port_conflicts
+    from rosterd.spec import InferFlavor
+
+    return without_port_conflicts(
+        result,
+        [s.spec for s in roster.specs],
+        router_port=router_port,
+        router_nodes=[n.name for n in fleet.nodes if is_local_address(n.address)],
+        shared_flavors=[f for f in InferFlavor if adapter_for(f).shared_server is not None],
+    )
+
+
 def first_by_role(roster: ImportedRoster) -> dict[str, ImportedSpec]:
     """Role id -> its first imported entry: the one planned when an id is given twice
     (placement reports the later ones as unplaced duplicates)."""

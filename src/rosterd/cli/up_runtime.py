@@ -39,6 +39,7 @@ from rich.text import Text
 
 from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
 from rosterd.cli.up_plan import (
+    check_ports,
     first_by_role,
     is_local_address,
     is_loopback_host,
@@ -59,6 +60,7 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster
 from rosterd.router import RouterConfig, RouteTable, create_app
+from rosterd.router.header_timeout import header_timeout_protocol
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler import (
     NodeConfig,
@@ -94,7 +96,11 @@ class UpOptions:
     (``HOST:PORT``, what ``rosterd.ray_cluster.ray_address`` gives from
     ``--ray-address`` or ``RAY_ADDRESS``; ``None``: no Ray, this machine's nodes
     only). With an explicit ``state_dir``, every node agent keeps its state under
-    ``<state_dir>/nodes/<node>`` on its node; without one, under that machine's default.
+    ``<state_dir>/nodes/<node>`` on its node; without one, under that machine's
+    default. ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's deadlines
+    for its first byte and between chunks (then 504 and a probe);
+    ``request_read_timeout_s``: for a client's request headers and body (then
+    the connection is closed, or 408). Liveness probes are in ``limits``.
     """
 
     roster_path: Path
@@ -112,6 +118,9 @@ class UpOptions:
     cors_origins: tuple[str, ...] = ()
     watch: bool = False
     ray_address: str | None = None
+    first_byte_timeout_s: float = 300.0
+    chunk_timeout_s: float = 120.0
+    request_read_timeout_s: float = 30.0
 
 
 def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
@@ -204,6 +213,8 @@ class UpRun:
         try:
             specs = [s.spec for s in roster.specs]
             result = plan(specs, fleet)
+            if not options.auto_backend_ports:  # the roster's ports are used: may they be?
+                result = check_ports(result, roster, fleet, router_port=options.port)
             if options.ray_address is None:
                 local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
                 print_plan(result, fleet, roster, (n.name for n in local_nodes), self.out)
@@ -356,6 +367,9 @@ class UpRun:
                     api_keys=options.api_keys,
                     max_body_bytes=options.max_body_bytes,
                     cors_origins=options.cors_origins,
+                    first_byte_timeout_s=options.first_byte_timeout_s,
+                    chunk_timeout_s=options.chunk_timeout_s,
+                    request_read_timeout_s=options.request_read_timeout_s,
                 ),
                 metrics=metrics,
                 status_extra=lambda: _status_extra(reloader, ray),
@@ -373,6 +387,7 @@ class UpRun:
                 access_log=False,
                 lifespan="on",
                 timeout_graceful_shutdown=max(1, int(options.limits.drain_s)),
+                http=header_timeout_protocol(options.request_read_timeout_s),
             )
             server = self._server = _Server(config)
             if self._stop.is_set():
@@ -402,7 +417,12 @@ class UpRun:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             server.should_exit = True
+            # The scheduler's shutdown runs beside uvicorn's: waiting requests fail at
+            # once and a load under way is aborted, instead of holding the HTTP drain
+            # until a readiness poll reached its own deadline.
+            stopping = asyncio.create_task(scheduler.shutdown(), name="rosterd-shutdown")
             await serving
+            await stopping
         finally:
             for task in background:
                 task.cancel()

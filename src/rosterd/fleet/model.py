@@ -65,13 +65,15 @@ class ModelSource:
 
     ``path`` is absolute (relative paths in the fleet file resolve against the file's
     folder); ``ctx_size`` and ``parallel`` are positive or ``None`` (adapter default);
-    ``extra_args`` are appended to the backend's argv as given.
+    ``extra_args`` are appended to the backend's argv as given; ``grace_s``: seconds
+    from SIGTERM to SIGKILL when its backend stops (``None``: ``rosterd up --grace``).
     """
 
     path: Path
     ctx_size: int | None = None
     parallel: int | None = None
     extra_args: tuple[str, ...] = ()
+    grace_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ A fleet file is YAML::
         labels: {room: lab}
     models:                     # optional: where each model's weights are
       gemma-3-270m: models/gemma.gguf           # key: roster model name or role id
-      big-coder: {path: /srv/coder.gguf, ctx_size: 8192, parallel: 2, extra_args: [--mlock]}
+      big-coder: {path: /srv/coder.gguf, ctx_size: 8192, parallel: 2, extra_args: [--mlock],
+                  grace_s: 30}  # seconds from SIGTERM to SIGKILL (default: up's --grace)
     model_roots: [models]       # optional: folders searched for weights
 
 The fleet's types are in :mod:`rosterd.fleet.model`; without a fleet file the
@@ -98,7 +99,7 @@ def parse_fleet(
 
 _TOP_KEYS: Final = ("nodes", "models", "model_roots")
 _NODE_KEYS: Final = ("name", "memory_gb", "reserved_gb", "platform", "flavors", "address", "labels")
-_MODEL_KEYS: Final = ("path", "ctx_size", "parallel", "extra_args")
+_MODEL_KEYS: Final = ("path", "ctx_size", "parallel", "extra_args", "grace_s")
 
 
 @dataclass(frozen=True)
@@ -388,7 +389,22 @@ class _FleetReader:
                         self.sequence(args_node, f"{path}.extra_args", "a list of text")
                     )
                 )
+            grace_s = None
+            if "grace_s" in fields:
+                grace_s = self.number(
+                    fields["grace_s"][1], f"{path}.grace_s", minimum_exclusive=None
+                )
+                if grace_s < 0:
+                    raise self.fail(
+                        fields["grace_s"][1],
+                        f"{path}.grace_s",
+                        f"expected 0 or more, found {grace_s:g}",
+                    )
             models[key] = ModelSource(
-                path=source_path, ctx_size=ctx_size, parallel=parallel, extra_args=extra
+                path=source_path,
+                ctx_size=ctx_size,
+                parallel=parallel,
+                extra_args=extra,
+                grace_s=grace_s,
             )
         return models

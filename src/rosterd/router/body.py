@@ -8,6 +8,7 @@ JSON is refused here with 400 rather than failing upstream.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -18,14 +19,28 @@ from rosterd.errors import ClientGoneError
 from rosterd.router.openai_errors import RouterError
 
 
-async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
+async def read_body(
+    scope: Scope, receive: Receive, limit_bytes: int, *, timeout_s: float | None = None
+) -> bytes:
     """The request body, refusing more than ``limit_bytes`` before reading it all.
 
     Raises :class:`RouterError` 413 ``body_too_large`` (from ``Content-Length``
     when it is declared, else as the chunks come), 400 ``bad_request`` for a
-    ``Content-Length`` that is not a number, and :class:`ClientGoneError` when
-    the client disconnects first.
+    ``Content-Length`` that is not a number, 408 ``request_timeout`` when the
+    whole body did not arrive within ``timeout_s`` seconds (``None``: no limit),
+    and :class:`ClientGoneError` when the client disconnects first.
     """
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(scope, receive, limit_bytes)
+    except TimeoutError:
+        raise RouterError(
+            "request_timeout",
+            f"the request body did not arrive within {timeout_s:g} s (--request-read-timeout)",
+        ) from None
+
+
+async def _read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     for name, value in scope.get("headers", []):
         if name == b"content-length":
             try:

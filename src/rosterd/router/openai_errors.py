@@ -12,7 +12,7 @@ boundary (as httpx maps httpcore's errors in ``map_httpcore_exceptions``)::
      └── RouterError            one error answer: code -> status, type, Retry-After
          (mapped here from)
          ├── SchedulerError     scheduler_errors(): queue_full, queue_timeout, ...
-         ├── Revocation         revoked_error(): evicted, shutting_down
+         ├── Revocation         revoked_error(): evicted, shutting_down, backend_unhealthy
          └── httpx.HTTPError    upstream_errors(role): backend_error
 
 The shapes follow OpenAI's API: ``{"error": {"message", "type", "code",
@@ -36,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from rosterd.errors import RosterdError
 from rosterd.scheduler import (
+    LoadBackoffError,
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,
@@ -84,6 +85,8 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "model_not_found": ErrorKind(404, INVALID_REQUEST),
         "not_found": ErrorKind(404, INVALID_REQUEST),
         "method_not_allowed": ErrorKind(405, INVALID_REQUEST),
+        # The client did not send its headers or body within --request-read-timeout.
+        "request_timeout": ErrorKind(408, INVALID_REQUEST, headers=(("Connection", "close"),)),
         "body_too_large": ErrorKind(413, INVALID_REQUEST),
         # A reload refused: the files are invalid (file, line, column in the message).
         "invalid_config": ErrorKind(422, INVALID_REQUEST),
@@ -91,6 +94,12 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "internal_error": ErrorKind(500, SERVER),
         "backend_error": ErrorKind(502, UPSTREAM),
         "backend_load_failed": ErrorKind(502, UPSTREAM, retry_after_s=5.0),
+        # No byte within --first-byte-timeout / --chunk-timeout; the role is probed.
+        "backend_timeout": ErrorKind(504, UPSTREAM, retry_after_s=5.0),
+        # Its generation probe failed: the requests on it were ended, it is restarting.
+        "backend_unhealthy": ErrorKind(503, SERVER, retry_after_s=5.0),
+        # Its last loads failed; Retry-After: the scheduler's time left in the backoff.
+        "load_backoff": ErrorKind(503, SERVER),
         "queue_timeout": ErrorKind(503, SERVER),  # Retry-After: the scheduler's estimate
         "shutting_down": ErrorKind(503, SERVER, retry_after_s=5.0),
         "evicted": ErrorKind(503, SERVER, retry_after_s=1.0),
@@ -184,6 +193,7 @@ SCHEDULER_CODES: Mapping[type[SchedulerError], str] = MappingProxyType(
         RoleRefusedError: "role_refused",
         RoleUnavailableError: "model_unavailable",
         LoadFailedError: "backend_load_failed",
+        LoadBackoffError: "load_backoff",
         UnknownRoleError: "model_not_found",
         SchedulerError: "unavailable",
     }
@@ -208,7 +218,7 @@ def scheduler_errors() -> Iterator[None]:
 
 def revoked_error(revocation: Revocation) -> RouterError:
     """The answer to a request the scheduler cut (its lease revoked): the revocation's code
-    (``evicted``, ``shutting_down``) and message, ``Retry-After`` 1 s."""
+    (``evicted``, ``shutting_down``, ``backend_unhealthy``) and message, ``Retry-After`` 1 s."""
     return RouterError(revocation.code, revocation.message, retry_after_s=1.0)
 
 

@@ -7,6 +7,9 @@ the handler at once, which closes the upstream connection (so llama-server
 stops generating and frees its slot) and gives the lease back. It also ends a
 request at once when the scheduler revokes its lease, and sends a request once
 more on a fresh connection when the backend closed the pooled one unanswered.
+A backend that stalls (no byte within a deadline) or cannot be reached is
+handled by :mod:`~rosterd.router.liveness`: the request ends with 504 and the
+role is probed, or the request waits for the restarted backend.
 
 Errors are :class:`RouterError` values from ``openai_errors``; the scheduler's
 and httpx's errors are mapped there, at the ``with`` blocks around their calls.
@@ -28,6 +31,14 @@ from starlette.types import Message, Receive, Scope, Send
 from rosterd.errors import ClientGoneError
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.body import parse_json_object, read_body, requested_model
+from rosterd.router.liveness import (
+    MAX_RESTART_WAITS,
+    Deadlines,
+    StalledError,
+    backend_unreachable,
+    end_stalled,
+    forward_within_deadlines,
+)
 from rosterd.router.openai_errors import (
     RouterError,
     revoked_error,
@@ -58,10 +69,13 @@ def upstream_clients(config: RouterConfig) -> tuple[httpx.AsyncClient, httpx.Asy
     (the one retry of :meth:`Proxy._send_upstream`). Neither reads proxy
     settings from the environment: backends are local or on the lab's nodes.
     """
+    # Our own deadlines (first byte, between chunks) come first; httpx's read timeout
+    # is only the backstop.
+    read_s = max(config.upstream_read_s, config.first_byte_timeout_s, config.chunk_timeout_s)
     pooled = httpx.AsyncClient(
         timeout=httpx.Timeout(
             connect=config.upstream_connect_s,
-            read=config.upstream_read_s,
+            read=read_s + 1.0,
             write=config.upstream_connect_s,
             pool=None,
         ),
@@ -128,7 +142,10 @@ class Proxy:
             await send(message)
 
         try:
-            body = await read_body(scope, receive, self.ctx.config.max_body_bytes)
+            config = self.ctx.config
+            body = await read_body(
+                scope, receive, config.max_body_bytes, timeout_s=config.request_read_timeout_s
+            )
             payload = parse_json_object(body)
             role = self.ctx.names.resolve(requested_model(payload))
             await self._race_disconnect(role, payload, receive, tracked_send)
@@ -185,10 +202,22 @@ class Proxy:
         scheduler = self.ctx.scheduler
         with scheduler_errors():
             lease = await scheduler.acquire(role)
-        try:
-            await self._forward_unless_revoked(lease, payload, send)
-        finally:
-            scheduler.release(lease)
+        waits = 0
+        while True:
+            try:
+                await self._forward_unless_revoked(lease, payload, send)
+                return
+            except RouterError as err:
+                if waits >= MAX_RESTART_WAITS or not backend_unreachable(err):
+                    raise
+                # Nothing was sent to the client and the backend never answered: wait for
+                # the supervisor's restart (a newer generation) rather than a dead port.
+                waits += 1
+                log.info("backend of %s unreachable (%s); waiting for its restart", role, err)
+            finally:
+                scheduler.release(lease)
+            with scheduler_errors():
+                lease = await scheduler.acquire(role, newer_than=lease.generation)
 
     async def _forward_unless_revoked(
         self, lease: Lease, payload: dict[str, Any], send: Send
@@ -209,7 +238,28 @@ class Proxy:
                 response["stream"] = _is_event_stream(message)
             await send(message)
 
-        forward = asyncio.ensure_future(self._forward(lease, payload, tracked))
+        deadlines = Deadlines(self.ctx.config.first_byte_timeout_s, self.ctx.config.chunk_timeout_s)
+        forward = asyncio.ensure_future(
+            forward_within_deadlines(
+                lambda out: self._forward(lease, payload, out), tracked, deadlines, lease.role
+            )
+        )
+        try:
+            await self._race_revocation(lease, forward, response, send)
+        except StalledError as stall:
+            log.warning("ended a %s request to %s: %s", self.label, lease.role, stall)
+            self.ctx.scheduler.suspect(lease, str(stall))
+            await end_stalled(
+                stall, started=response["started"], stream=response["stream"], send=send
+            )
+
+    async def _race_revocation(
+        self,
+        lease: Lease,
+        forward: asyncio.Future[None],
+        response: dict[str, bool],
+        send: Send,
+    ) -> None:
         if lease.revoked is None:
             await forward
             return

@@ -51,6 +51,10 @@ class RouterConfig:
     closing at that very moment, and the request failed unanswered.
     ``cors_origins``: the browser origins (``https://host:port``, or ``*``)
     allowed to call the API from their pages (empty: no CORS headers at all).
+    ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's deadlines for
+    its first body byte and between two chunks, seconds (then 504 and the role
+    is probed); ``request_read_timeout_s``: how long a client may take to send
+    its request headers and its body, seconds (then 408).
     """
 
     api_keys: tuple[str, ...] = ()
@@ -59,6 +63,9 @@ class RouterConfig:
     upstream_connect_s: float = 10.0
     upstream_read_s: float = 600.0
     upstream_keepalive_s: float = 2.0
+    first_byte_timeout_s: float = 300.0
+    chunk_timeout_s: float = 120.0
+    request_read_timeout_s: float = 30.0
 
 
 def shown_name(name: str) -> str:

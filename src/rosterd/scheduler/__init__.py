@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from rosterd.backends import Endpoint, RoleBackends, SupervisorBackends, free_port
 from rosterd.errors import (
+    LoadBackoffError,
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,
@@ -44,6 +45,7 @@ __all__ = [
     "HOLDS_MEMORY",
     "Endpoint",
     "Lease",
+    "LoadBackoffError",
     "LoadFailedError",
     "NodeChange",
     "NodeConfig",

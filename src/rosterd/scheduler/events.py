@@ -27,7 +27,11 @@ class Acquire:
     """A request (``take_slot``) or a load (``rosterd load``, warm-up) wants ``role``.
 
     ``no_evict``: give up rather than evict anything (warm-up); ``timeout_s``:
-    how long it may wait, seconds. Answered by ``GrantLease`` or ``FailWaiter``.
+    how long it may wait, seconds; ``newer_than``: a generation whose backend
+    failed this request before answering (it died, or refused the connection):
+    the lease must be of a later generation (the restarted backend), unless a
+    generation probe finds the backend alive after all. Answered by
+    ``GrantLease`` or ``FailWaiter``.
     """
 
     now: float
@@ -36,6 +40,7 @@ class Acquire:
     take_slot: bool = True
     no_evict: bool = False
     timeout_s: float = 300.0
+    newer_than: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,29 @@ class StopDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Suspect:
+    """A request to ``role``'s backend (lease ``generation``) got no byte within its
+    deadline, or could not reach it: run the generation probe. ``reason`` in words."""
+
+    now: float
+    role: str
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeDone:
+    """The ``ProbeBackend`` of ``role``'s ``generation`` returned: ``ok``, or why not
+    (``detail``, e.g. "no answer within 5 s")."""
+
+    now: float
+    role: str
+    generation: int
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: timers (queue timeouts, drain, revocation wait, idle TTL) are checked."""
 
@@ -193,6 +221,8 @@ Event = (
     | NodeLost
     | LoadDone
     | StopDone
+    | Suspect
+    | ProbeDone
     | Tick
     | Shutdown
     | SetCapacity
@@ -218,6 +248,24 @@ class StopBackend:
     During shutdown it may come while the role's start is under way: that start
     then fails promptly (the ``RoleBackends.stop`` contract).
     """
+
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeBackend:
+    """Run ``RoleBackends.probe(role)`` (the generation probe) in the background, bounded by
+    ``timeout_s`` seconds; report it with ``ProbeDone`` for ``generation``."""
+
+    role: str
+    generation: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RestartBackend:
+    """Run ``RoleBackends.restart(role)``: kill the wedged backend and start it again; the
+    outcome comes back as ``BackendChanged`` events (``ready`` or ``restart_failed``)."""
 
     role: str
 
@@ -317,6 +365,8 @@ class FinishShutdown:
 Effect = (
     StartBackend
     | StopBackend
+    | ProbeBackend
+    | RestartBackend
     | GrantLease
     | FailWaiter
     | RevokeLeases

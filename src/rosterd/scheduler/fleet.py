@@ -191,12 +191,26 @@ class Scheduler:
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
 
-    async def acquire(self, role: str, *, timeout_s: float | None = None) -> Lease:
+    async def acquire(
+        self, role: str, *, timeout_s: float | None = None, newer_than: int | None = None
+    ) -> Lease:
         """A lease on ``role`` (as ``NodeScheduler.acquire``); give it back with :meth:`release`.
 
+        ``newer_than``: the generation of a lease whose backend failed the request
+        before answering; the new lease is of the restarted backend.
         Raises the ``SchedulerError`` subclasses listed there.
         """
-        return await self.node_of(role).acquire(role, timeout_s=timeout_s)
+        return await self.node_of(role).acquire(role, timeout_s=timeout_s, newer_than=newer_than)
+
+    def suspect(self, lease: Lease, reason: str) -> None:
+        """A request on ``lease`` got no byte within its deadline: probe its backend
+        (see :meth:`NodeScheduler.suspect`)."""
+        self.nodes[lease.node].suspect(lease, reason)
+
+    @property
+    def queue_timeout_s(self) -> float:
+        """The longest any node lets a request wait for its role, seconds."""
+        return max((n.limits.queue_timeout_s for n in self.nodes.values()), default=300.0)
 
     def release(self, lease: Lease) -> None:
         """Give back a lease from :meth:`acquire` (also after a re-plan moved or removed

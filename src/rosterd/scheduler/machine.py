@@ -12,9 +12,14 @@ request, busy roles drain in arrival order (``hold_since``) and are revoked
 after ``drain_s``; an unload takes no new requests; minimum residency;
 exclusions yield when idle; idle TTL; crash restarts as ``restarting``;
 per-role concurrency, a bounded queue and queue timeouts; warm-up never
-evicts; shutdown is an event. A re-plan (a new capacity, a role added, retired
-or respecified) is kept by :class:`~rosterd.scheduler.replan.ReplanRules`, which
-this machine extends. ``docs/scheduler.md`` states each rule and draws the
+evicts; shutdown is an event. Liveness: a generation probe while idle and when a
+request stalls; a failed probe makes the role ``unhealthy``, revokes its leases
+and restarts it; failed loads back off; requests wait for a restarted backend
+(``Acquire.newer_than``); loads nobody waits for are cancelled; a minimum
+residency holds a role only against the role it displaced. A re-plan (a new
+capacity, a role added, retired or respecified) is kept by
+:class:`~rosterd.scheduler.replan.ReplanRules`, which this machine extends.
+``docs/scheduler.md`` states each rule and draws the
 state table.
 """
 
@@ -26,6 +31,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from rosterd.errors import (
+    LoadBackoffError,
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,
@@ -53,12 +59,16 @@ from rosterd.scheduler.events import (
     LoadDone,
     LogNote,
     NodeLost,
+    ProbeBackend,
+    ProbeDone,
     Release,
+    RestartBackend,
     RevokeLeases,
     Shutdown,
     StartBackend,
     StopBackend,
     StopDone,
+    Suspect,
     Tick,
     Unload,
 )
@@ -66,6 +76,8 @@ from rosterd.scheduler.replan import ReplanEvent, ReplanRules
 from rosterd.scheduler.state import RoleState, Transition, Waiter
 from rosterd.scheduler.values import (
     Phase,
+    Revocation,
+    backoff_s,
     client_reason,
 )
 
@@ -110,6 +122,10 @@ class NodeMachine(ReplanRules):
             self._on_load_done(event, now)
         elif isinstance(event, StopDone):
             self._on_stop_done(event, now)
+        elif isinstance(event, Suspect):
+            self._on_suspect(event)
+        elif isinstance(event, ProbeDone):
+            self._on_probe_done(event, now)
         elif isinstance(event, Shutdown):
             self._on_shutdown(now)
         elif isinstance(event, ReplanEvent):
@@ -134,9 +150,26 @@ class NodeMachine(ReplanRules):
                 f"(limit {self.limits.max_queue}); retry later"
             )
             self._fail(ev.ticket, QueueFullError, message, self._retry_after())
+        elif st.phase is Phase.STOPPED and st.backoff_until is not None and now < st.backoff_until:
+            self._fail_backoff(ev.ticket, ev.role, now)
         else:
-            st.waiters.append(Waiter(ev.ticket, now, ev.timeout_s, ev.take_slot, ev.no_evict))
+            waiter = Waiter(ev.ticket, now, ev.timeout_s, ev.take_slot, ev.no_evict, ev.newer_than)
+            st.waiters.append(waiter)
             self._gauges(ev.role)
+            if ev.newer_than is not None and st.generation <= ev.newer_than:
+                # The request failed on this backend before it answered, but no crash was
+                # seen: find out whether it is alive (a restart gives a new generation).
+                self._probe(ev.role, "a request could not reach its backend")
+
+    def _fail_backoff(self, ticket: int, role: str, now: float) -> None:
+        st = self._roles[role]
+        assert st.backoff_until is not None
+        left = st.backoff_until - now
+        message = (
+            f"role {role!r} failed to load {st.load_failures} time(s) in a row "
+            f"(last: {st.last_error}); the next load is tried in {left:.1f} s; {SEE_LOG}"
+        )
+        self._fail(ticket, LoadBackoffError, message, left)
 
     def _on_cancel(self, ev: Cancel) -> None:
         st = self._roles.get(ev.role)
@@ -165,31 +198,36 @@ class NodeMachine(ReplanRules):
         st = self._roles.get(role)
         if st is None:
             return
+        restarting = (Phase.RESTARTING, Phase.UNHEALTHY)
         if ev.kind in ("exited", "restarting") and st.phase is Phase.READY:
             st.phase = Phase.RESTARTING
             st.generation += 1  # leases of the dead process are void
             st.in_flight = 0
+            st.probing = st.suspected = False
             if st.endpoint is not None:  # same address and name; no live pid until it is back
                 st.endpoint = dataclasses.replace(st.endpoint, pid=None)
             st.waiting_reason = "its backend crashed and is being restarted"
             why = ev.exit_reason or "exited"
+            self._note_error(role, f"backend {why}", now)
             self._record("crashed", role, f"backend pid {ev.pid} {why}; restarting")
             self._gauges(role)
-        elif ev.kind == "ready" and st.phase is Phase.RESTARTING and st.endpoint is not None:
+        elif ev.kind == "ready" and st.phase in restarting and st.endpoint is not None:
             st.phase = Phase.READY
             pid = ev.pid if ev.pid_is_local else None  # never take a remote pid for ours
             st.endpoint = dataclasses.replace(st.endpoint, pid=pid)
-            st.last_used = now
+            st.last_used = st.last_probe = now
             st.waiting_reason = None
             self._record("restarted", role, f"backend restarted as pid {ev.pid}")
             self._grant(role, st, now)
-        elif ev.kind == "restart_failed" and st.phase is Phase.RESTARTING:
+        elif ev.kind == "restart_failed" and st.phase in restarting:
             if not ev.final:
-                st.waiting_reason = "its backend crashed; restarting it failed, trying again"
+                st.waiting_reason = "its backend was restarted; that failed, trying again"
+                self._note_error(role, f"restart failed: {ev.detail}", now)
                 return
             st.phase = Phase.STOPPED  # the supervisor gave up: no process is left
             st.endpoint = None
             st.loaded_at = None
+            self._note_error(role, f"restart given up: {ev.detail}", now)
             message = f"backend for role {role!r} crashed and could not be restarted"
             self._out.append(LogNote("warning", f"{message}: {ev.detail}"))
             self._fail_waiters(role, LoadFailedError, f"{message}; {SEE_LOG}")
@@ -220,11 +258,13 @@ class NodeMachine(ReplanRules):
             return  # not the start this machine asked for
         st = self._roles[ev.role]
         took = now - tr.started
+        displaced = frozenset(st.evicted_for)
+        st.evicted_for.clear()
         if tr.step == "aborting":
             tr.pending.discard("load")
-            if ev.error is not None:
+            if ev.error is not None and tr.abort_label == "shutdown":
                 self._record("load_failed", ev.role, ev.error, duration_s=took)
-            else:
+            elif ev.error is None:
                 tr.loaded = True  # the stop under way stops it
             self._finish_abort(tr, now)
             return
@@ -235,6 +275,12 @@ class NodeMachine(ReplanRules):
             short = ev.client_message or client_reason(error)
             message = f"backend for role {ev.role!r} failed to load: {short}; {SEE_LOG}"
             self._fail_waiters(ev.role, LoadFailedError, message)
+            # Back off as crash restarts do: a broken model is not reloaded by every request.
+            st.load_failures += 1
+            limits = self.limits
+            delay = backoff_s(st.load_failures, limits.load_backoff_s, limits.max_load_backoff_s)
+            st.backoff_until = now + delay
+            self._note_error(ev.role, f"load failed: {short}", now)
             self._record("load_failed", ev.role, error, duration_s=took)
             tr.step = "cleanup"  # a half-started process must not keep holding memory
             self._out.append(StopBackend(ev.role))
@@ -244,7 +290,10 @@ class NodeMachine(ReplanRules):
         st.endpoint = ev.endpoint
         st.generation += 1
         st.loaded_at = now
-        st.last_used = now
+        st.last_used = st.last_probe = now
+        st.displaced = displaced
+        st.load_failures = 0
+        st.backoff_until = None
         st.waiting_reason = None
         st.logged_waits.clear()
         if any(w.take_slot for w in st.waiters):
@@ -271,6 +320,56 @@ class NodeMachine(ReplanRules):
             self._finish_abort(tr, now)
         else:
             self._finish_stop(tr, now)
+
+    def _on_suspect(self, ev: Suspect) -> None:
+        st = self._roles.get(ev.role)
+        if st is not None and st.generation == ev.generation and st.phase is Phase.READY:
+            self._probe(ev.role, ev.reason)
+            st.suspected = True  # no new request goes to it until the probe answered
+
+    def _on_probe_done(self, ev: ProbeDone, now: float) -> None:
+        st = self._roles.get(ev.role)
+        if st is None or ev.generation != st.generation:
+            return  # a probe of a process that is gone already
+        st.probing = st.suspected = False
+        if st.phase is not Phase.READY:
+            return
+        if ev.ok:
+            st.last_probe = now
+            for w in st.waiters:
+                w.newer_than = None  # alive after all: send those requests to it again
+            return
+        self._mark_unhealthy(ev.role, ev.detail or "the generation probe failed", now)
+
+    def _probe(self, role: str, reason: str) -> None:
+        """Run ``role``'s generation probe unless one is under way (ready roles only)."""
+        st = self._roles[role]
+        if st.phase is not Phase.READY or st.probing:
+            return
+        st.probing = True
+        self._out.append(LogNote("info", f"probing {role}: {reason}"))
+        self._out.append(ProbeBackend(role, st.generation, self.limits.probe_timeout_s))
+
+    def _mark_unhealthy(self, role: str, detail: str, now: float) -> None:
+        """``role``'s backend answers HTTP but does not generate: end its requests, restart it.
+
+        It keeps its memory (the same role comes back); waiters wait for the restart.
+        """
+        st = self._roles[role]
+        old = st.generation
+        st.phase = Phase.UNHEALTHY
+        st.generation += 1  # leases of the wedged process are void
+        st.in_flight = 0
+        if st.endpoint is not None:
+            st.endpoint = dataclasses.replace(st.endpoint, pid=None)
+        why = f"its generation probe failed ({detail})"
+        st.waiting_reason = f"its backend stopped generating ({detail}) and is being restarted"
+        self._note_error(role, f"unhealthy: {why}", now)
+        message = f"the backend of role {role} stopped generating ({detail}); it is being restarted"
+        self._out.append(RevokeLeases(role, old, Revocation("backend_unhealthy", message)))
+        self._record("unhealthy", role, f"{why}; restarting it")
+        self._out.append(RestartBackend(role))
+        self._gauges(role)
 
     def _on_shutdown(self, now: float) -> None:
         if self.shutting_down:
@@ -307,7 +406,9 @@ class NodeMachine(ReplanRules):
         if self.shutting_down:
             self._shutdown_step(now)
             return
+        self._schedule_probes(now)
         if self._transition is not None:
+            self._cancel_unwanted_load(now)
             return
         if self._schedule_unloads(now):
             return
@@ -317,6 +418,42 @@ class NodeMachine(ReplanRules):
         if self._schedule_loads(now, holds):
             return
         self._schedule_idle(now)
+
+    def _schedule_probes(self, now: float) -> None:
+        """Probe each ready role idle for ``probe_interval_s`` (since its last request or probe)."""
+        interval = self.limits.probe_interval_s
+        if math.isinf(interval):
+            return
+        for role, st in self._roles.items():
+            if (
+                st.phase is Phase.READY
+                and not st.probing
+                and st.in_flight == 0
+                and not st.unload_tickets
+                and now - max(st.last_used, st.last_probe) >= interval
+            ):
+                self._probe(role, f"idle for {interval:g} s")
+
+    def _cancel_unwanted_load(self, now: float) -> None:
+        """Abort the load under way when nobody waits for it any more and a waiting request of
+        another role needs its room; otherwise the load finishes and the role stays."""
+        tr = self._transition
+        assert tr is not None
+        if tr.step != "loading" or self._roles[tr.role].waiters:
+            return
+        for role, st in self._roles.items():
+            if role == tr.role or st.phase is not Phase.STOPPED or not st.waiters:
+                continue
+            if all(w.no_evict for w in st.waiters):
+                continue  # a warm-up never evicts, nor cancels a load
+            state = self._node_state(now, ignore_in_flight=False, for_role=role)
+            decision = decide(state, role)
+            if isinstance(decision, Wait) and tr.role in decision.blocking:
+                cause = f"nobody waits for it any more and {role} needs its room"
+                self._record("load_cancelled", tr.role, cause)
+                tr.step, tr.pending, tr.abort_label = "aborting", {"load", "stop"}, "make_room"
+                self._out.append(StopBackend(tr.role))
+                return
 
     def _expire(self, now: float) -> None:
         for role, st in self._roles.items():
@@ -331,18 +468,45 @@ class NodeMachine(ReplanRules):
             self._gauges(role)
 
     def _grant(self, role: str, st: RoleState, now: float) -> None:
-        """Hand leases to waiters, oldest first, while the role is ready and has free slots."""
+        """Hand leases to waiters, oldest first, while the role is ready and has free slots.
+
+        A waiter that needs a newer generation (its request failed on this backend)
+        keeps its place and lets the others pass.
+        """
         if st.phase is not Phase.READY or st.endpoint is None:
             return
         if st.unload_tickets or st.next_spec is not None:
-            return  # an unload or a restart was asked: new requests wait and load it after
+            st.waiting_reason = (
+                "it is being unloaded or restarted with a new configuration; it loads again after"
+            )
+            return  # an unload was asked: new requests wait and load the role again after it
+        st.waiting_reason = None
+        if st.suspected:
+            st.waiting_reason = "a request got no byte in time: its backend is being probed"
+            return
+        kept: deque[Waiter] = deque()
+        blocked = False  # a waiter that needs a slot or the room waits: so do those after it
         while st.waiters:
-            waiter = st.waiters[0]
+            waiter = st.waiters.popleft()
+            if blocked:
+                kept.append(waiter)
+                continue
+            if waiter.newer_than is not None and st.generation <= waiter.newer_than:
+                st.waiting_reason = "its backend failed a request; waiting for the restart"
+                kept.append(waiter)
+                continue
             if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
-                break
+                n = self.limits.max_concurrency
+                st.waiting_reason = f"all {n} slot(s) are busy, --max-concurrency {n}"
+                blocked = True
+                kept.append(waiter)
+                continue
             if waiter.take_slot and st.hold_since is not None and waiter.since >= st.hold_since:
-                break  # an older request waits for this role's room: let it drain
-            st.waiters.popleft()
+                # an older request waits for this role's room: let it drain
+                st.waiting_reason = "it drains for an older request of another role"
+                blocked = True
+                kept.append(waiter)
+                continue
             if waiter.take_slot:
                 st.in_flight += 1
                 st.last_used = now
@@ -351,6 +515,7 @@ class NodeMachine(ReplanRules):
                 waiter.ticket, role, st.endpoint, st.generation, waited, waiter.take_slot
             )
             self._out.append(lease)
+        st.waiters = kept
         self._gauges(role)
 
     def _shutdown_step(self, now: float) -> None:
@@ -360,7 +525,7 @@ class NodeMachine(ReplanRules):
         busy = any(st.in_flight for st in self._roles.values())
         if busy and now - self._shutdown_since < self.limits.drain_s:
             return  # let in-flight requests finish, up to drain_s
-        live = (Phase.READY, Phase.LOADING, Phase.RESTARTING)
+        live = (Phase.READY, Phase.LOADING, Phase.RESTARTING, Phase.UNHEALTHY)
         resident = [r for r, st in self._roles.items() if st.phase in live]
         if resident:
             self._begin_transition(resident, None, "shutdown", "shutdown", None, now)
@@ -396,7 +561,12 @@ class NodeMachine(ReplanRules):
                 st.hold_since = holds.get(role)
 
     def _hold(
-        self, blocking: Iterable[str], since: float, now: float, holds: dict[str, float]
+        self,
+        blocking: Iterable[str],
+        for_role: str,
+        since: float,
+        now: float,
+        holds: dict[str, float],
     ) -> None:
         """Make busy ``blocking`` roles drain for a request that arrived at ``since``.
 
@@ -405,7 +575,8 @@ class NodeMachine(ReplanRules):
         """
         for b in blocking:
             st = self._roles[b]
-            if st.phase is Phase.READY and st.in_flight > 0 and not self._recently_loaded(st, now):
+            recent = self._recently_loaded(st, now, for_role)
+            if st.phase is Phase.READY and st.in_flight > 0 and not recent:
                 holds[b] = min(holds.get(b, since), since)
 
     def _decide_loads(self, now: float, holds: dict[str, float]) -> bool:
@@ -416,10 +587,17 @@ class NodeMachine(ReplanRules):
         ]
         pending.sort(key=lambda p: (not p[1].spec.interactive, p[1].waiters[0].since, p[0]))
         for role, st in pending:
+            if st.backoff_until is not None and now < st.backoff_until:
+                for w in st.waiters:  # they came while the failed load was cleaned up
+                    self._fail_backoff(w.ticket, role, now)
+                st.waiters.clear()
+                self._gauges(role)
+                continue
             oldest = st.waiters[0].since
             drained = now - oldest >= self.limits.drain_s
             warm_up_only = all(w.no_evict for w in st.waiters)
-            decision = decide(self._node_state(now, ignore_in_flight=drained), role)
+            node = self._node_state(now, ignore_in_flight=drained, for_role=role)
+            decision = decide(node, role)
             if isinstance(decision, AlreadyResident):
                 continue
             if isinstance(decision, Refuse):
@@ -430,7 +608,7 @@ class NodeMachine(ReplanRules):
                     idle = [
                         b
                         for b in yielding
-                        if self._can_yield(b, now)
+                        if self._can_yield(b, now, role)
                         or (drained and self._roles[b].phase is Phase.READY)
                     ]
                     if len(idle) == len(yielding):
@@ -442,7 +620,7 @@ class NodeMachine(ReplanRules):
                         return True
                     st.waiting_reason = f"{decision.reason}; waiting until it is idle"
                     if not warm_up_only:
-                        self._hold(yielding, oldest, now, holds)
+                        self._hold(yielding, role, oldest, now, holds)
                     continue
                 st.waiting_reason = decision.reason
                 self._fail_waiters(role, RoleRefusedError, decision.reason)
@@ -454,7 +632,7 @@ class NodeMachine(ReplanRules):
                     self._out.append(LogNote("info", f"{role} waits: {decision.reason}"))
                 st.waiting_reason = decision.reason
                 if not warm_up_only:
-                    self._hold(decision.blocking, oldest, now, holds)
+                    self._hold(decision.blocking, role, oldest, now, holds)
                 continue
             assert isinstance(decision, Load)
             if decision.evict and warm_up_only:
@@ -546,6 +724,9 @@ class NodeMachine(ReplanRules):
     def _finish_stop(self, tr: Transition, now: float) -> None:
         role = tr.role
         self._mark_stopped(role)
+        for_state = self._roles.get(tr.for_role) if tr.for_role is not None else None
+        if for_state is not None and tr.for_role != role:  # None too once it was retired
+            for_state.evicted_for.add(role)  # min residency holds it against role
         took = now - tr.started
         self._record("stopped", role, tr.stop_cause, duration_s=took, label=tr.stop_label)
         self._gauges(role)
@@ -555,8 +736,10 @@ class NodeMachine(ReplanRules):
         if tr.pending:
             return  # the start and the stop both report back
         self._mark_stopped(tr.role)
-        if tr.loaded:
+        if tr.loaded or tr.abort_label != "shutdown":
             took = now - tr.started
-            self._record("stopped", tr.role, "shutdown", duration_s=took, label="shutdown")
+            label = tr.abort_label
+            cause = "shutdown" if label == "shutdown" else "load cancelled"
+            self._record("stopped", tr.role, cause, duration_s=took, label=label)
         self._gauges(tr.role)
         self._transition = None

@@ -45,9 +45,12 @@ from rosterd.scheduler.events import (
     LoadDone,
     LogNote,
     NodeLost,
+    ProbeBackend,
+    ProbeDone,
     RecordEvent,
     Release,
     ReplaceSpec,
+    RestartBackend,
     RetireRole,
     RevokeLeases,
     SetCapacity,
@@ -55,6 +58,7 @@ from rosterd.scheduler.events import (
     StartBackend,
     StopBackend,
     StopDone,
+    Suspect,
     Tick,
     Unload,
     UpdateGauges,
@@ -158,12 +162,16 @@ class NodeScheduler:
         timeout_s: float | None = None,
         take_slot: bool = True,
         no_evict: bool = False,
+        newer_than: int | None = None,
     ) -> Lease:
         """Wait until ``role`` is ready and (``take_slot``) a slot is free; return a lease.
 
         Every lease taken with ``take_slot`` must be given back with
         :meth:`release`. ``timeout_s`` defaults to ``limits.queue_timeout_s``.
         ``no_evict`` loads the role only if nothing must be evicted (warm-up).
+        ``newer_than``: a lease generation whose backend failed this request
+        before it answered; the lease returned is of a later one (the restarted
+        backend), unless a generation probe finds that backend alive after all.
         Cancelling the caller only removes its place in the queue.
 
         Raises:
@@ -182,7 +190,7 @@ class NodeScheduler:
         ticket = next(self._tickets)
         self._waiting[ticket] = future
         timeout = self.limits.queue_timeout_s if timeout_s is None else timeout_s
-        self._post(Acquire(self._clock(), ticket, role, take_slot, no_evict, timeout))
+        self._post(Acquire(self._clock(), ticket, role, take_slot, no_evict, timeout, newer_than))
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -197,6 +205,11 @@ class NodeScheduler:
     def release(self, lease: Lease) -> None:
         """Give back a lease taken with ``take_slot`` (safe to call from any task, once)."""
         self._post(Release(self._clock(), lease.role, lease.generation))
+
+    def suspect(self, lease: Lease, reason: str) -> None:
+        """A request on ``lease`` got no byte within its deadline (``reason``, in words): run
+        the role's generation probe unless one runs; a failed probe makes it ``unhealthy``."""
+        self._post(Suspect(self._clock(), lease.role, lease.generation, reason))
 
     def backend_event(self, event: BackendEvent) -> None:
         """Tell the node what the supervisor saw happen to a role's backend (any task).
@@ -359,6 +372,7 @@ class NodeScheduler:
         ``{"capacity_bytes", "resident_bytes", "resident": [...], "transition",
         "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
         "in_flight", "queued", "idle_s", "loaded_for_s", "waiting_reason",
+        "waiting_s", "last_error", "last_error_age_s", "load_backoff_s",
         "base_url", "pid", "unavailable_reason"}}, "lost_reason"}`` (durations in seconds,
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
         cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
@@ -441,6 +455,10 @@ class NodeScheduler:
         elif isinstance(effect, StopBackend):
             backends = self._started_by.get(effect.role, self._backends)
             self._spawn(self._stop_backend(effect.role, backends))
+        elif isinstance(effect, ProbeBackend):
+            self._spawn(self._probe_backend(effect))
+        elif isinstance(effect, RestartBackend):
+            self._spawn(self._restart_backend(effect.role))
         elif isinstance(effect, RevokeLeases):
             held = self._revocations.get(effect.role)
             if held is not None and held[0] == effect.generation and not held[1].done():
@@ -501,6 +519,32 @@ class NodeScheduler:
         except Exception as exc:
             error = str(exc) or type(exc).__name__
         self._post(StopDone(self._clock(), role, error))
+
+    async def _probe_backend(self, effect: ProbeBackend) -> None:
+        role, timeout = effect.role, effect.timeout_s
+        try:
+            # The probe bounds itself; this bounds a backends boundary that does not.
+            async with asyncio.timeout(timeout + 5.0):
+                result = await self._backends.probe(role, timeout_s=timeout)
+            ok, detail = result.ok, result.detail
+        except TimeoutError:
+            ok, detail = False, f"no answer within {timeout:g} s"
+        except Exception as exc:
+            ok, detail = False, str(exc) or type(exc).__name__
+        if not ok:
+            log.warning("node %s: generation probe of %s failed: %s", self.name, role, detail)
+        self._post(ProbeDone(self._clock(), role, effect.generation, ok, detail))
+
+    async def _restart_backend(self, role: str) -> None:
+        try:
+            await self._backends.restart(role)
+        except Exception as exc:
+            log.exception("node %s: restarting %s failed", self.name, role)
+            with contextlib.suppress(Exception):
+                await self._backends.stop(role)  # no wedged process may keep its memory
+            self.backend_event(
+                BackendEvent(role, "restart_failed", detail=f"restart failed: {exc}", final=True)
+            )
 
     async def _pump_backend_events(self) -> None:
         assert self._backend_events is not None

@@ -220,7 +220,7 @@ class ReplanRules(MachineState):
             self._over_since = now
         since = self._over_since
         drained = now - since >= self.limits.drain_s
-        fit = fit_to_capacity(self._node_state(now, ignore_in_flight=drained))
+        fit = fit_to_capacity(self._node_state(now, ignore_in_flight=drained, for_role=None))
         evict = [
             *fit.evict,
             *(b for b in fit.blocking if drained or self._roles[b].phase is Phase.RESTARTING),

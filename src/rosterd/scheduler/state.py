@@ -19,7 +19,13 @@ from rosterd.backends import Endpoint
 from rosterd.errors import SchedulerError
 from rosterd.residency import NodeState, excludes_each_other
 from rosterd.scheduler.events import Effect, FailWaiter, RecordEvent, UpdateGauges
-from rosterd.scheduler.values import HOLDS_MEMORY, Phase, Revocation, SchedulerLimits
+from rosterd.scheduler.values import (
+    HOLDS_MEMORY,
+    Phase,
+    Revocation,
+    SchedulerLimits,
+    client_reason,
+)
 from rosterd.spec import InferenceSpec
 
 #: What the transition under way waits for: revoked leases' releases, a stop, a
@@ -34,6 +40,7 @@ class Waiter:
     timeout_s: float
     take_slot: bool  # a request (counts in flight) or a load that only wants residency
     no_evict: bool  # warm-up: load only if nothing must be evicted
+    newer_than: int | None = None  # only a lease of a later generation (see Acquire)
 
 
 @dataclass(eq=False)
@@ -60,6 +67,16 @@ class RoleState:
     next_spec: InferenceSpec | None = None
     respec_since: float = 0.0
     restart_after: bool = False
+    # The roles stopped to make room for this load: min residency holds it against them only.
+    displaced: frozenset[str] = frozenset()
+    evicted_for: set[str] = field(default_factory=set)  # stopped for this role's next load
+    last_error: str | None = None  # the last load failure, crash or failed probe, short
+    last_error_at: float | None = None
+    load_failures: int = 0  # failed loads in a row
+    backoff_until: float | None = None  # no new load before this
+    probing: bool = False  # a generation probe is under way
+    suspected: bool = False  # ... because a request stalled: new leases wait for its answer
+    last_probe: float = 0.0  # when the backend last proved alive (probe passed, or loaded)
 
 
 @dataclass(eq=False)
@@ -79,6 +96,7 @@ class Transition:
     revoke_until: float = 0.0
     pending: set[str] = field(default_factory=set)  # aborting: "load", "stop" still to come
     loaded: bool = False  # aborting: the start returned a backend anyway
+    abort_label: str = "shutdown"  # aborting: why (the eviction label if the start had won)
 
 
 class MachineState:
@@ -131,6 +149,7 @@ class MachineState:
         st = self._roles[role]
         resident = st.phase in HOLDS_MEMORY
         idle = st.phase is Phase.READY and st.in_flight == 0
+        backoff = st.backoff_until - now if st.backoff_until is not None else 0.0
         return {
             "phase": st.phase.value,
             "latency_class": st.spec.latency_class.value,
@@ -143,6 +162,12 @@ class MachineState:
             if resident and st.loaded_at is not None
             else None,
             "waiting_reason": st.waiting_reason if st.waiters else None,
+            "waiting_s": round(now - st.waiters[0].since, 3) if st.waiters else None,
+            "last_error": st.last_error,
+            "last_error_age_s": round(now - st.last_error_at, 3)
+            if st.last_error_at is not None
+            else None,
+            "load_backoff_s": round(backoff, 3) if backoff > 0 else None,
             "base_url": st.endpoint.base_url if st.endpoint else None,
             "pid": st.endpoint.pid if st.endpoint else None,
         }
@@ -169,19 +194,28 @@ class MachineState:
             return None
         return blockers
 
-    def _can_yield(self, role: str, now: float) -> bool:
+    def _can_yield(self, role: str, now: float, for_role: str) -> bool:
         st = self._roles[role]
         return (
             st.phase is Phase.READY
             and st.in_flight == 0
             and not st.waiters
-            and not self._recently_loaded(st, now)
+            and not self._recently_loaded(st, now, for_role)
         )
 
-    def _recently_loaded(self, st: RoleState, now: float) -> bool:
-        return st.loaded_at is not None and now - st.loaded_at < self.limits.min_residency_s
+    def _recently_loaded(self, st: RoleState, now: float, for_role: str | None) -> bool:
+        """Whether min residency holds ``st``'s role against ``for_role``: it was loaded less
+        than ``min_residency_s`` ago, evicting ``for_role`` to make room (the ping-pong the
+        rule prevents). The first swap of an idle role is not held, and nothing is held
+        against no role (``None``: a re-plan fitting a smaller capacity)."""
+        return (
+            for_role is not None
+            and st.loaded_at is not None
+            and now - st.loaded_at < self.limits.min_residency_s
+            and for_role in st.displaced
+        )
 
-    def _node_state(self, now: float, *, ignore_in_flight: bool) -> NodeState:
+    def _node_state(self, now: float, *, ignore_in_flight: bool, for_role: str | None) -> NodeState:
         resident = self.resident()
         busy: dict[str, int] = {}
         for role in resident:
@@ -191,7 +225,9 @@ class MachineState:
             elif st.in_flight and not ignore_in_flight:
                 busy[role] = st.in_flight
         recency = tuple(sorted(resident, key=lambda r: (self._roles[r].last_used, r)))
-        recent = frozenset(r for r in resident if self._recently_loaded(self._roles[r], now))
+        recent = frozenset(
+            r for r in resident if self._recently_loaded(self._roles[r], now, for_role)
+        )
         return NodeState(
             capacity_bytes=self.capacity_bytes,
             specs=self.specs,
@@ -226,6 +262,14 @@ class MachineState:
         st.endpoint = None
         st.in_flight = 0
         st.loaded_at = None
+        st.displaced = frozenset()
+        st.probing = st.suspected = False
+
+    def _note_error(self, role: str, error: str, now: float) -> None:
+        """Keep ``error`` (short, for ``ps``) as ``role``'s last error."""
+        st = self._roles[role]
+        st.last_error = client_reason(error)
+        st.last_error_at = now
 
     def _retry_after(self) -> float:
         return max(1.0, self.typical_load_s())

@@ -34,7 +34,9 @@ def client_reason(text: str, *, limit: int = 300) -> str:
 class Phase(enum.Enum):
     """Where a role's backend is: every phase but ``stopped`` holds memory.
 
-    ``restarting``: the backend crashed and the supervisor is starting it again.
+    ``restarting``: the backend crashed and the supervisor is starting it again;
+    ``unhealthy``: its generation probe failed (HTTP up, generation wedged), so it
+    is being killed and started again;
     ``lost``: the node it was on is lost (its Ray node or its agent died): no
     process of it is left, and it holds nothing; its requests wait (up to their
     queue timeout) for the run-time re-plan to serve it elsewhere.
@@ -45,11 +47,23 @@ class Phase(enum.Enum):
     READY = "ready"
     RESTARTING = "restarting"
     STOPPING = "stopping"
+    UNHEALTHY = "unhealthy"
     LOST = "lost"
 
 
 #: The phases whose role counts against the node's budget.
-HOLDS_MEMORY = frozenset({Phase.LOADING, Phase.READY, Phase.RESTARTING, Phase.STOPPING})
+HOLDS_MEMORY = frozenset(
+    {Phase.LOADING, Phase.READY, Phase.RESTARTING, Phase.STOPPING, Phase.UNHEALTHY}
+)
+
+
+def backoff_s(failures: int, initial_s: float, max_s: float) -> float:
+    """Seconds to wait after ``failures`` failures in a row (at least 1) before trying again.
+
+    ``initial_s * 2**(failures - 1)``, at most ``max_s``: as the supervisor backs off
+    crash restarts (``rosterd.supervisor.backoff_delay``), 0.5, 1, 2, 4, ... capped.
+    """
+    return min(max_s, initial_s * (2.0 ** min(max(failures - 1, 0), 62)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +75,16 @@ class SchedulerLimits:
     ``drain_s``: how long a waiter lets busy roles finish before they may be
     evicted (and how long shutdown lets requests finish); ``idle_ttl_s``: idle
     time after which a non-sticky batch role is unloaded (``math.inf``: never);
-    ``min_residency_s``: how long a just-loaded role is protected from batch
-    evictions; ``tick_s``: how often timers (TTL, min residency, drain, queue
-    timeouts) are checked.
+    ``min_residency_s``: how long a just-loaded role is protected from a batch role
+    that was itself evicted to make room for it (the ping-pong it prevents; the
+    first swap of an idle role is not held); ``tick_s``: how often timers (TTL,
+    min residency, drain, queue timeouts, probes) are checked.
+    ``probe_interval_s``: how long a ready role may stay idle before its
+    generation probe runs (``math.inf``: never while idle); ``probe_timeout_s``:
+    how long a probe may take before the backend counts as wedged;
+    ``load_backoff_s`` / ``max_load_backoff_s``: after a failed load, requests
+    are refused (503, ``Retry-After``) for ``load_backoff_s`` doubling per
+    failure in a row, at most ``max_load_backoff_s``.
     """
 
     max_concurrency: int = 4
@@ -73,6 +94,10 @@ class SchedulerLimits:
     idle_ttl_s: float = 600.0
     min_residency_s: float = 10.0
     tick_s: float = 0.25
+    probe_interval_s: float = 30.0
+    probe_timeout_s: float = 20.0
+    load_backoff_s: float = 0.5
+    max_load_backoff_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +105,8 @@ class Revocation:
     """Why the leases of a role were revoked: the scheduler stops the role's backend while
     requests are still in flight (after ``drain_s``), so the router ends them itself.
 
-    ``code``: the OpenAI error code for the client (``evicted``, ``shutting_down``);
+    ``code``: the OpenAI error code for the client (``evicted``, ``shutting_down``,
+    ``backend_unhealthy``);
     ``message``: what the client is told (no paths, no pids).
     """
 
@@ -113,6 +139,8 @@ class SchedulerEvent:
 
     ``kind``: ``loading``, ``loaded``, ``load_failed``, ``stopping``,
     ``stopped``, ``refused``, ``crashed``, ``restarted``, ``restart_failed``,
+    ``unhealthy`` (its generation probe failed), ``load_cancelled`` (nobody
+    waited for it and another role needed the room);
     ``lost`` (the role's node is lost);
     ``cause``: why (the policy's reason, ``idle``, ``unload``, ``shutdown``, …);
     ``resident``: roles holding memory after the step (sorted);

@@ -44,6 +44,7 @@ from rosterd.supervisor.lifecycle import (
 from rosterd.supervisor.ports import check_port_free, free_port, port_holder
 from rosterd.supervisor.probes import (
     READY_BASE_S,
+    READY_FIRST_POLL_S,
     READY_MAX_S,
     READY_PER_GB_S,
     READY_POLL_S,
@@ -63,6 +64,7 @@ from rosterd.supervisor.run_records import StateDirLock, lock_state_dir, reap_le
 
 __all__ = [
     "READY_BASE_S",
+    "READY_FIRST_POLL_S",
     "READY_MAX_S",
     "READY_PER_GB_S",
     "READY_POLL_S",

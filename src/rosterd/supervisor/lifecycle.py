@@ -20,6 +20,9 @@ adds the lifecycle:
   reset once a backend has run ``healthy_reset_s`` seconds; after
   ``max_restart_failures`` restarts in a row fail to become ready it gives up
   (a final ``restart_failed`` event) and the backend is no longer supervised.
+- **restart on demand**: ``restart`` kills a backend that is alive but wedged
+  (its generation probe failed) and starts it again at once, through the same
+  path as a crash (``exited``, ``restarting``, ``ready`` events).
 
 Library choice: asyncio (the scheduler and router are asyncio).
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import time
 from collections.abc import Callable
@@ -47,6 +51,8 @@ from rosterd.supervisor.probes import ProbeResult, ready_timeout_for, run_probe,
 from rosterd.supervisor.process import kill_group, spawn_logged, terminate_group, tree_rss_bytes
 from rosterd.supervisor.run_records import drop_record, reap_leftovers, record_path, write_record
 from rosterd.tokens import valid_token
+
+log = logging.getLogger("rosterd.supervisor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +123,10 @@ class _Managed:
     restarts: int = 0
     failures: int = 0
     stopping: bool = False
+    restart_now: bool = False  # killed by ``restart``: start again at once, not a crash
     watcher: asyncio.Task[None] | None = None
+    grace_s: float | None = None  # this backend's SIGTERM-to-SIGKILL time (None: the default)
+    stop_requested: asyncio.Event | None = None  # set by stop: wakes a readiness poll at once
 
 
 class Supervisor:
@@ -212,12 +221,15 @@ class Supervisor:
         *,
         ready_timeout_s: float | None = None,
         restart: bool = True,
+        grace_s: float | None = None,
     ) -> Backend:
         """Start backend ``name`` from ``launch`` and return once it is ready.
 
         ``name`` must be a plain token (it names the log and record files).
         ``ready_timeout_s`` defaults to ``ready_timeout_for(launch.weights_bytes)``.
         With ``restart`` true, a later crash is restarted with backoff.
+        ``grace_s``: this backend's SIGTERM-to-SIGKILL time when stopped (default:
+        the supervisor's ``grace_s``).
 
         Raises:
             BackendNameError: ``name`` is not a plain token.
@@ -247,6 +259,7 @@ class Supervisor:
             restart=restart,
             log_path=self.log_path(name),
             record_path=record_path(self._run, name),
+            grace_s=grace_s,
         )
         self._managed[name] = m
         try:
@@ -259,11 +272,31 @@ class Supervisor:
         assert snapshot is not None
         return snapshot
 
+    async def restart(self, name: str) -> None:
+        """Kill backend ``name`` (SIGKILL to its group: it is wedged, so it would not honour
+        SIGTERM) and start it again at once; returns once the kill was sent. The new
+        process is reported as a crash restart is (``exited``, ``restarting``,
+        ``ready`` or ``restart_failed``), without counting as a failure in the backoff.
+
+        Raises:
+            BackendNotSupervisedError: ``name`` is not supervised with restarts.
+        """
+        m = self._managed.get(name)
+        if m is None or m.proc is None or not m.restart or m.stopping:
+            raise BackendNotSupervisedError(f"no backend named {name} is running")
+        if m.proc.returncode is not None:
+            return  # it exited already: the watcher restarts it
+        m.restart_now = True
+        log.warning("backend %s (pid %d): killing it to restart it", name, m.proc.pid)
+        kill_group(m.proc.pid, signal.SIGKILL)
+
     async def stop(self, name: str) -> None:
-        """Stop backend ``name``: SIGTERM to its group, ``grace_s``, then SIGKILL.
+        """Stop backend ``name``: SIGTERM to its group, its grace (the ``grace_s`` it was
+        started with, else the supervisor's), then SIGKILL; each step is logged.
 
         Returns only after the process has exited (its memory is then free) and
         its record is removed. Stopping a name that is not supervised does nothing.
+        A backend still starting is woken at once (its readiness poll ends).
         """
         m = self._managed.get(name)
         if m is None:
@@ -274,8 +307,11 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await m.watcher
         pid = m.proc.pid if m.proc is not None else None
+        if m.stop_requested is not None:
+            m.stop_requested.set()
         if m.proc is not None:
-            await terminate_group(m.proc, grace_s=self.grace_s)
+            grace = self.grace_s if m.grace_s is None else m.grace_s
+            await terminate_group(m.proc, grace_s=grace, name=name)
         drop_record(m.record_path)
         self._managed.pop(name, None)
         self._emit(BackendEvent(name, "stopped", pid=pid))
@@ -309,6 +345,8 @@ class Supervisor:
         proc, offset = await spawn_logged(m.name, launch.argv, launch.env, m.log_path)
         m.proc = proc
         m.ready = False
+        if m.stop_requested is None:
+            m.stop_requested = asyncio.Event()
         write_record(m.record_path, name=m.name, pid=proc.pid, argv=launch.argv)
         try:
             await wait_ready(
@@ -319,6 +357,7 @@ class Supervisor:
                 log_path=m.log_path,
                 log_offset=offset,
                 stopping=lambda: m.stopping,
+                stop_requested=m.stop_requested,
             )
         except BaseException:
             await terminate_group(proc, grace_s=0.0)
@@ -347,8 +386,11 @@ class Supervisor:
                 m.failures = 0
             failed_tries = 0
             while True:
-                delay = backoff_delay(m.failures, self.initial_backoff_s, self.max_backoff_s)
-                m.failures += 1
+                if m.restart_now:  # asked for: no crash, no backoff
+                    m.restart_now, delay = False, 0.0
+                else:
+                    delay = backoff_delay(m.failures, self.initial_backoff_s, self.max_backoff_s)
+                    m.failures += 1
                 self._emit(BackendEvent(m.name, "restarting", pid=pid, delay_s=delay))
                 await asyncio.sleep(delay)
                 if m.stopping:

@@ -10,7 +10,9 @@
   long as rosterd (normally the main thread).
 - **stop is polite, then firm**: ``terminate_group`` sends SIGTERM to the
   group, waits the grace, then SIGKILL, and returns only once the group is
-  gone, so the memory counts as free when it returns.
+  gone, so the memory counts as free when it returns. Each step is logged
+  (logger ``rosterd.supervisor``): the SIGTERM, how long the wait took, and
+  the SIGKILL when the grace ran out.
 - ``tree_rss_bytes`` is the one measure of a process tree's resident memory.
 
 Library choices: asyncio subprocesses (the scheduler and router are asyncio),
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import os
 import signal
 import sys
@@ -37,6 +40,8 @@ from rosterd.supervisor.logs import drain_log, open_backend_log
 
 #: Lines of a backend's output quoted in a start error.
 TAIL_LINES: Final[int] = 20
+log = logging.getLogger("rosterd.supervisor")
+
 #: How long to wait for a killed group's last processes to disappear (seconds).
 GROUP_GONE_TIMEOUT_S: Final[float] = 5.0
 
@@ -125,26 +130,44 @@ def kill_group(pgid: int, sig: signal.Signals) -> None:
 async def wait_group_gone(pgid: int, *, timeout_s: float) -> None:
     """Wait until no process is left in group ``pgid`` (bounded by ``timeout_s`` seconds)."""
     deadline = time.monotonic() + timeout_s
+    pause_s = 0.002  # most groups are gone at once: look again soon, then less often
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(pause_s)
+        pause_s = min(0.05, pause_s * 2)
 
 
-async def terminate_group(proc: asyncio.subprocess.Process, *, grace_s: float) -> None:
+async def terminate_group(
+    proc: asyncio.subprocess.Process, *, grace_s: float, name: str | None = None
+) -> None:
     """SIGTERM ``proc``'s group, wait ``grace_s`` seconds, SIGKILL it; return once it is gone.
 
     ``grace_s`` 0 sends SIGKILL at once. ``proc`` must lead its own group (as
     ``spawn_logged`` starts it); whatever else is left in the group is killed too.
+    With ``name`` (the backend's), each step is logged at INFO, the SIGKILL at WARNING.
     """
     pgid = proc.pid
+    who = f"backend {name} (pid {pgid})"
     if proc.returncode is None:
-        kill_group(pgid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+        started = time.monotonic()
+        if grace_s > 0:
+            if name is not None:
+                log.info("%s: SIGTERM; waiting up to %g s before SIGKILL", who, grace_s)
+            kill_group(pgid, signal.SIGTERM)
+        else:
+            if name is not None:
+                log.info("%s: SIGKILL (no grace)", who)
+            kill_group(pgid, signal.SIGKILL)
         try:
             await asyncio.wait_for(proc.wait(), timeout=grace_s if grace_s > 0 else 5.0)
+            if name is not None:
+                log.info("%s: exited after %.2f s", who, time.monotonic() - started)
         except TimeoutError:
+            if name is not None:
+                log.warning("%s: still running after %g s; SIGKILL", who, grace_s)
             kill_group(pgid, signal.SIGKILL)
             await proc.wait()
     kill_group(pgid, signal.SIGKILL)  # anything left in the group

@@ -1,0 +1,128 @@
+"""What the router does when a backend hangs or dies (DESIGN.md layer 7): per-request
+deadlines, and the wait for a restarted backend instead of a retry on a dead port.
+
+- **Deadlines**: an upstream answer must bring its first body byte within
+  ``first_byte_s`` of being sent and each next chunk within ``between_chunks_s``
+  of the one before. :func:`forward_within_deadlines` runs one forwarding under
+  those deadlines, reading the progress from the messages it sends to the
+  client, and raises :class:`StalledError` when one passes (the upstream
+  request is cancelled, which closes its connection, so the backend frees its
+  slot). The proxy then tells the scheduler (``Scheduler.suspect``), which runs
+  the role's generation probe: a wedged backend is found and restarted.
+- **Waiting for a restart**: :func:`backend_unreachable` says whether a
+  request failed because its backend could not be reached before answering
+  (connection refused or dropped with no response): the proxy then waits for a
+  lease of a newer generation (``Scheduler.acquire(newer_than=...)``), that
+  is for the supervisor's restart, within the queue timeout.
+
+Plain asyncio (``asyncio.timeout``, rescheduled per chunk): the deadlines are
+the router's own policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+from starlette.types import Message, Send
+
+from rosterd.errors import RosterdError
+from rosterd.router.openai_errors import RouterError, sse_error_event
+
+#: Failures before any response byte that mean "the backend is not there" (it died, or
+#: dropped the connection unanswered), as opposed to an answer it gave.
+_UNREACHABLE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+#: How many times one request waits for a restarted backend before it gives up with 502.
+MAX_RESTART_WAITS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """Per-request upstream deadlines, seconds: to the first body byte, and between chunks.
+
+    The defaults are for a slow CPU model on a big prompt: prompt processing of
+    8k tokens at ~30 tokens/s takes ~270 s before the first byte.
+    """
+
+    first_byte_s: float = 300.0
+    between_chunks_s: float = 120.0
+
+
+class StalledError(RosterdError):
+    """The backend produced no byte within a deadline; ``first_byte``: none at all yet.
+    ``waited_s``: the deadline that passed, seconds."""
+
+    def __init__(self, message: str, *, first_byte: bool, waited_s: float) -> None:
+        super().__init__(message)
+        self.first_byte = first_byte
+        self.waited_s = waited_s
+
+
+async def forward_within_deadlines(
+    forward: Callable[[Send], Awaitable[None]], send: Send, deadlines: Deadlines, role: str
+) -> None:
+    """Run ``forward(send')``, where ``send'`` passes every message on to ``send``, under
+    ``deadlines``: the first non-empty body message must come within
+    ``first_byte_s``, each next one within ``between_chunks_s``.
+
+    Raises:
+        StalledError: a deadline passed; ``forward`` was cancelled (its upstream
+            request closed).
+    """
+    loop = asyncio.get_running_loop()
+    seen = {"body": False}
+    try:
+        async with asyncio.timeout(deadlines.first_byte_s) as timeout:
+
+            async def progressing(message: Message) -> None:
+                if message["type"] == "http.response.body" and message.get("body"):
+                    seen["body"] = True
+                    timeout.reschedule(loop.time() + deadlines.between_chunks_s)
+                await send(message)
+                # A client that reads slowly is not the backend's stall.
+                if seen["body"]:
+                    timeout.reschedule(loop.time() + deadlines.between_chunks_s)
+
+            await forward(progressing)
+    except TimeoutError:
+        if not timeout.expired():
+            raise  # a timeout of something inside, not ours
+        if seen["body"]:
+            waited = deadlines.between_chunks_s
+            what = f"no chunk for {waited:g} s (--chunk-timeout)"
+        else:
+            waited = deadlines.first_byte_s
+            what = f"no first byte within {waited:g} s (--first-byte-timeout)"
+        raise StalledError(
+            f"the backend of role {role!r} sent {what}",
+            first_byte=not seen["body"],
+            waited_s=waited,
+        ) from None
+
+
+def stalled_error(stall: StalledError) -> RouterError:
+    """The answer to a request whose backend stalled: 504 ``backend_timeout``."""
+    return RouterError(
+        "backend_timeout", f"{stall}; the role is being checked and restarted if it hangs"
+    )
+
+
+async def end_stalled(stall: StalledError, *, started: bool, stream: bool, send: Send) -> None:
+    """End a request whose backend stalled: raise the 504 if nothing was sent yet, else end
+    a stream with an SSE error event (or a plain answer by closing its body)."""
+    err = stalled_error(stall)
+    if not started:
+        raise err
+    if stream:
+        await send(sse_error_event(err))
+    else:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def backend_unreachable(err: RouterError) -> bool:
+    """Whether ``err`` (raised before any response byte) means the backend could not be
+    reached or dropped the request unanswered, so it is worth waiting for its restart."""
+    return err.code == "backend_error" and isinstance(err.__cause__, _UNREACHABLE)
