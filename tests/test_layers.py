@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     # 5. processes and the state folder
     "rosterd.supervisor": 5,
     "rosterd.measured_peaks": 5,
+    "rosterd.role_memory": 5,
     # 6. the scheduler and the backends boundary it applies effects through
     "rosterd.metrics": 6,
     "rosterd.backends": 6,

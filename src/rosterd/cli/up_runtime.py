@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -37,7 +36,7 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.adapters import WeightsSource, adapter_for
-from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
+from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT, default_state_dir
 from rosterd.cli.up_plan import (
     first_by_role,
     is_local_address,
@@ -62,12 +61,6 @@ from rosterd.scheduler import (
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, Supervisor, describe_exit, lock_state_dir
 from rosterd.weights import resolve_for_fleet
-
-
-def default_state_dir() -> Path:
-    """``$XDG_STATE_HOME/rosterd`` (default ``~/.local/state/rosterd``): logs and pid records."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "rosterd"
 
 
 @dataclass(frozen=True)
