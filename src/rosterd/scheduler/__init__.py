@@ -31,6 +31,7 @@ from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import (
     HOLDS_MEMORY,
     Lease,
+    NodeConcurrency,
     Phase,
     Revocation,
     SchedulerEvent,
@@ -43,6 +44,7 @@ __all__ = [
     "Endpoint",
     "Lease",
     "LoadFailedError",
+    "NodeConcurrency",
     "NodeMachine",
     "NodeScheduler",
     "Phase",

@@ -11,7 +11,8 @@ one transition per node, memory free only at ``StopDone``; no eviction under a
 request, busy roles drain in arrival order (``hold_since``) and are revoked
 after ``drain_s``; an unload takes no new requests; minimum residency;
 exclusions yield when idle; idle TTL; crash restarts as ``restarting``;
-per-role concurrency, a bounded queue and queue timeouts; warm-up never
+per-role and node-wide concurrency (oldest request first across the node's
+roles), a bounded queue and queue timeouts; warm-up never
 evicts; shutdown is an event. ``docs/scheduler.md`` states each rule and
 draws the state table.
 """
@@ -77,7 +78,7 @@ _SHUTTING_DOWN = "rosterd is shutting down"
 class NodeMachine(MachineState):
     """The pure scheduler of one node: ``handle(event) -> effects``.
 
-    Built as ``NodeMachine(capacity_bytes, specs, limits)`` (see ``MachineState``).
+    Built as ``NodeMachine(capacity_bytes, specs, limits, concurrency)`` (see ``MachineState``).
     """
 
     # ---- the one entry point ----------------------------------------------------
@@ -269,13 +270,18 @@ class NodeMachine(MachineState):
         released = tr is not None and tr.step == "revoking" and self._roles[tr.role].in_flight == 0
         if tr is not None and tr.step == "revoking" and (released or now >= tr.revoke_until):
             self._issue_stop(tr, now)
-        for role, st in self._roles.items():
-            if not st.waiters:
-                st.logged_waits.clear()
-                continue
-            if self.shutting_down:
-                self._fail_waiters(role, ShuttingDownError, _SHUTTING_DOWN)
-            self._grant(role, st, now)
+        granted = 1
+        while granted:  # again while grants happen: a waiter may have deferred to an older one
+            granted = 0
+            for role, st in self._roles.items():
+                if not st.waiters:
+                    st.logged_waits.clear()
+                    continue
+                if self.shutting_down:
+                    self._fail_waiters(role, ShuttingDownError, _SHUTTING_DOWN)
+                granted += self._grant(role, st, now)
+            if self.concurrency is None:
+                break  # no waiter defers without a node-wide limit
         if self.shutting_down:
             self._shutdown_step(now)
             return
@@ -299,19 +305,21 @@ class NodeMachine(MachineState):
                 self._fail(w.ticket, QueueTimeoutError, message, self._retry_after())
             self._gauges(role)
 
-    def _grant(self, role: str, st: RoleState, now: float) -> None:
-        """Hand leases to waiters, oldest first, while the role is ready and has free slots."""
-        if st.phase is not Phase.READY or st.endpoint is None:
-            return
-        if st.unload_tickets:
-            return  # an unload was asked: new requests wait and load the role again after it
-        while st.waiters:
+    def _grant(self, role: str, st: RoleState, now: float) -> int:
+        """Hand leases to waiters, oldest first, while the role is ready and has free slots;
+        how many were granted.
+
+        With a node-wide limit, a slot goes to the oldest waiter of the node: a
+        waiter defers to an older one of another role that could take it now.
+        """
+        granted = 0
+        while self._grantable(st):
+            assert st.endpoint is not None  # a ready role has one (see _grantable)
             waiter = st.waiters[0]
-            if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
-                break
-            if waiter.take_slot and st.hold_since is not None and waiter.since >= st.hold_since:
-                break  # an older request waits for this role's room: let it drain
+            if waiter.take_slot and self._older_elsewhere(role, waiter.since):
+                break  # the node's free slot is that older request's
             st.waiters.popleft()
+            granted += 1
             if waiter.take_slot:
                 st.in_flight += 1
                 st.last_used = now
@@ -320,7 +328,43 @@ class NodeMachine(MachineState):
                 waiter.ticket, role, st.endpoint, st.generation, waited, waiter.take_slot
             )
             self._out.append(lease)
+        if st.waiters and st.phase is Phase.READY and not self._node_slot_free():
+            st.waiting_reason = (
+                f"the node already runs {self.node_in_flight()} generations at once, "
+                "its limit (the node's max_concurrency)"
+            )
         self._gauges(role)
+        return granted
+
+    def _grantable(self, st: RoleState) -> bool:
+        """Whether ``st``'s oldest waiter can be granted now."""
+        if st.phase is not Phase.READY or st.endpoint is None or not st.waiters:
+            return False
+        if st.unload_tickets:
+            return False  # an unload was asked: new requests wait and load the role again after it
+        waiter = st.waiters[0]
+        if not waiter.take_slot:
+            return True
+        if st.in_flight >= self.limits.max_concurrency:
+            return False
+        if st.hold_since is not None and waiter.since >= st.hold_since:
+            return False  # an older request waits for this role's room: let it drain
+        return self._node_slot_free()
+
+    def _node_slot_free(self) -> bool:
+        limit = self.node_limit()
+        return limit is None or self.node_in_flight() < limit
+
+    def _older_elsewhere(self, role: str, since: float) -> bool:
+        """Whether, under a node-wide limit, another role's grantable request is older."""
+        if self.concurrency is None:
+            return False
+        for other, st in self._roles.items():
+            if other != role and self._grantable(st):
+                head = st.waiters[0]
+                if head.take_slot and head.since < since:
+                    return True
+        return False
 
     def _shutdown_step(self, now: float) -> None:
         if self._transition is not None or self._shut_down:

@@ -55,6 +55,7 @@ from rosterd.scheduler.events import (
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import (
     Lease,
+    NodeConcurrency,
     Revocation,
     SchedulerEvent,
     SchedulerLimits,
@@ -79,7 +80,10 @@ class NodeScheduler:
     (monotonic seconds) and ``wall_clock`` (seconds since the epoch, for the
     event log) are injectable for tests. ``backend_events``: where backend
     events come from when no supervisor callback reaches :meth:`backend_event`
-    (a remote node agent); the loop asks it for them.
+    (a remote node agent); the loop asks it for them. ``concurrency``: the
+    node-wide limit on generations at once (``None``: only the per-role limit).
+    ``memory``: role -> its memory figures (``RoleMemory.as_json``), shown in
+    :meth:`snapshot`.
     """
 
     def __init__(
@@ -96,6 +100,8 @@ class NodeScheduler:
         event_log_size: int = 2000,
         unavailable: Mapping[str, str] | None = None,
         backend_events: BackendEventSource | None = None,
+        concurrency: NodeConcurrency | None = None,
+        memory: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         self.name = name
         self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
@@ -107,7 +113,8 @@ class NodeScheduler:
         self._metrics = metrics
         self._clock = clock
         self._wall_clock = wall_clock
-        self._machine = NodeMachine(capacity_bytes, self.specs, self.limits)
+        self._machine = NodeMachine(capacity_bytes, self.specs, self.limits, concurrency)
+        self.memory = dict(memory or {})
         self._inbox: asyncio.Queue[Event] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._work: set[asyncio.Task[None]] = set()  # starts, stops, the event pump
@@ -249,9 +256,12 @@ class NodeScheduler:
         ``{"capacity_bytes", "resident_bytes", "resident": [...], "transition",
         "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
         "in_flight", "queued", "idle_s", "loaded_for_s", "waiting_reason",
-        "base_url", "pid", "unavailable_reason"}}}`` (durations in seconds,
-        ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
-        cannot be served, ``unavailable_reason`` then says why).
+        "base_url", "pid", "unavailable_reason", "memory"}}, "in_flight",
+        "max_concurrency"}`` (durations in seconds, ``None`` when not resident;
+        ``phase`` is ``unavailable`` for a role that cannot be served,
+        ``unavailable_reason`` then says why; ``memory`` the role's figures given at
+        construction, or ``None``; ``max_concurrency`` the node-wide limit now, or
+        ``None``).
         """
         now = self._clock()
         roles: dict[str, object] = {}
@@ -260,6 +270,8 @@ class NodeScheduler:
             if role in self.unavailable:
                 view["phase"] = "unavailable"
             view["unavailable_reason"] = self.unavailable.get(role)
+            figures = self.memory.get(role)
+            view["memory"] = dict(figures) if figures is not None else None
             roles[role] = view
         return {
             "capacity_bytes": self.capacity_bytes,
@@ -267,6 +279,8 @@ class NodeScheduler:
             "resident": list(self._machine.resident()),
             "transition": self._machine.transition_under_way,
             "roles": roles,
+            "in_flight": self._machine.node_in_flight(),
+            "max_concurrency": self._machine.node_limit(),
         }
 
     # ---- the loop ------------------------------------------------------------------
