@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "rosterd.scheduler": 6,
     "rosterd.node_agent": 6,
     "rosterd.ray_cluster": 6,
+    "rosterd.memory_watch": 6,
     # 7. HTTP
     "rosterd.router": 7,
     # 8. the command and the runtime of `rosterd up`

@@ -118,6 +118,10 @@ def _gib(n_bytes: int) -> str:
     return f"{n_bytes / GB:.2f}"
 
 
+def _gib_or_dash(n_bytes: object) -> str:
+    return _gib(n_bytes) if isinstance(n_bytes, int) else "-"
+
+
 def _age(seconds: object) -> str:
     if not isinstance(seconds, int | float):
         return "-"
@@ -128,7 +132,8 @@ def _age(seconds: object) -> str:
 
 @app.command("ps")
 def ps_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
-    """What is resident where: memory (planned and measured), requests, idle time."""
+    """What is resident where: memory (the roster's ram_gb, the estimate, the peak measured on
+    the last run, the figure that counts, the RSS now), requests, idle time."""
     data = call("GET", url, "/rosterd/ps", api_key, 10.0)
     from rich.table import Table
     from rich.text import Text
@@ -139,19 +144,28 @@ def ps_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
             title=f"node {name}: {_gib(node['resident_bytes'])} of "
             f"{_gib(node['capacity_bytes'])} GiB resident",
             title_justify="left",
-            caption="GiB: planned (roster); RSS: measured; idle: since the last request",
+            caption="GiB: what counts, the largest of ram_gb (~: unmeasured), the estimate "
+            "and the peak measured on the last run; RSS: now; idle: since the last request",
             caption_justify="left",
         )
         table.add_column("role", no_wrap=True)
         table.add_column("state", no_wrap=True)
-        for column in ("class", "GiB", "RSS GiB", "busy", "queue", "idle"):
+        columns = ("class", "ram_gb", "estimate", "measured", "GiB", "RSS GiB", "busy", "queue")
+        for column in (*columns, "idle"):
             table.add_column(column, justify="right", no_wrap=True)
         for role, info in node.get("roles", {}).items():
             rss = info.get("measured_rss_bytes")
+            memory = info.get("memory") or {}
+            declared = memory.get("declared_bytes")
             table.add_row(
                 Text(role),
                 info["phase"],
                 info["latency_class"],
+                ("~" if memory.get("declared_unmeasured") else "") + _gib(declared)
+                if isinstance(declared, int)
+                else "-",
+                _gib_or_dash(memory.get("estimated_bytes")),
+                _gib_or_dash(memory.get("measured_bytes")),
                 _gib(info["resident_bytes"]),
                 _gib(rss) if isinstance(rss, int) else "-",
                 str(info["in_flight"]),

@@ -24,6 +24,7 @@ from rosterd.tokens import GB
 
 if TYPE_CHECKING:
     from rosterd.placement import Plan
+    from rosterd.role_memory import RosterMemory
 
 
 def is_local_address(address: str) -> bool:
@@ -106,9 +107,19 @@ def warm_up_order(specs: Mapping[str, InferenceSpec]) -> list[str]:
 
 
 def print_plan(
-    result: Plan, fleet: Fleet, roster: ImportedRoster, local: Iterable[str], out: Console
+    result: Plan,
+    fleet: Fleet,
+    roster: ImportedRoster,
+    local: Iterable[str],
+    out: Console,
+    *,
+    memory: RosterMemory | None = None,
 ) -> None:
-    """The plan as people read it: per node its roles and memory, then unplaced roles."""
+    """The plan as people read it: per node its roles and memory, then unplaced roles.
+
+    With ``memory``, a role's GiB is its counted figure on its node and ``ram_gb``
+    is the roster's (``~`` for an unmeasured one); else the roster's figure.
+    """
     specs = {role: s.spec for role, s in first_by_role(roster).items()}
     local = set(local)
     for node in fleet.nodes:
@@ -120,21 +131,31 @@ def print_plan(
             f"{_gib(node.capacity_bytes)} GiB",
             title_justify="left",
         )
-        for column in ("role", "flavor", "model", "GiB", "class", "sticky", "residency"):
+        columns = ("role", "flavor", "model", "ram_gb", "GiB", "class", "sticky", "residency")
+        for column in columns:
             table.add_column(
                 column,
-                justify="right" if column == "GiB" else "left",
+                justify="right" if column in ("ram_gb", "GiB") else "left",
                 no_wrap=column not in ("role", "model"),
                 overflow="fold",  # a long name wraps, never cut to "gemma-3-2…"
             )
         always = set(node_plan.always_resident) if node_plan else set()
         for role in roles:
             s = specs[role]
+            figures = memory.roles.get(role) if memory is not None else None
+            counted = s.memory.resident_bytes
+            declared = _gib(counted)
+            if figures is not None:
+                counted = figures.counted(node.name).counted_bytes
+                declared = ("~" if figures.declared_unmeasured else "") + _gib(
+                    figures.declared_bytes
+                )
             table.add_row(
                 Text(role),
                 s.flavor.id,
                 Text(s.model or "-"),
-                _gib(s.memory.resident_bytes),
+                declared,
+                _gib(counted),
                 s.latency_class.value,
                 "yes" if s.sticky else "no",
                 "always" if role in always else "on demand",

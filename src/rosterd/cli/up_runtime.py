@@ -47,11 +47,15 @@ from rosterd.cli.up_plan import (
 )
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
+from rosterd.measured_peaks import MeasuredPeaks
+from rosterd.memory_watch import PeakRecorder
 from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
+from rosterd.role_memory import RosterMemory, gather_memory
 from rosterd.roster import ImportedRoster, load_roster
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.scheduler import (
+    NodeConcurrency,
     NodeScheduler,
     Scheduler,
     SchedulerError,
@@ -121,6 +125,7 @@ class UpRun:
         self._serving = asyncio.Event()
         self._ended = asyncio.Event()
         self._server: _Server | None = None
+        self._backends: dict[str, SupervisorBackends] = {}  # node -> its backends boundary
 
     def stop(self) -> None:
         """Stop serving: in-flight requests get ``limits.drain_s``, then every backend stops.
@@ -174,9 +179,15 @@ class UpRun:
         except OSError as exc:
             raise RosterdError(_os_message(exc)) from None
         try:
-            result = plan([s.spec for s in roster.specs], fleet)
+            # Every role counts the largest of ram_gb, its estimate and its last measured peak.
+            memory = gather_memory(roster, fleet, state_dir)
+            for warning in [*memory.notes, *memory.warnings()]:
+                self.err.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
+            specs = memory.planning_specs(s.spec for s in roster.specs)
+            result = plan(specs, fleet, memory_notes=memory.reason_notes())
             local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
-            print_plan(result, fleet, roster, (n.name for n in local_nodes), self.out)
+            local = [n.name for n in local_nodes]
+            print_plan(result, fleet, roster, local, self.out, memory=memory)
             for node in fleet.nodes:
                 if node not in local_nodes:
                     self.out.print(
@@ -196,7 +207,7 @@ class UpRun:
                     ),
                     soft_wrap=True,
                 )
-            await self._serve(roster, fleet, result, local_nodes, state_dir)
+            await self._serve(roster, fleet, result, local_nodes, state_dir, memory)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
             raise RosterdError(_os_message(exc)) from None
         finally:
@@ -209,6 +220,7 @@ class UpRun:
         result: Plan,
         local_nodes: list[Node],
         state_dir: Path,
+        memory: RosterMemory,
     ) -> None:
         options = self.options
         sock = _bind(options.host, options.port)
@@ -228,12 +240,16 @@ class UpRun:
                 scheduler.backend_event(event)
 
         supervisor = Supervisor(state_dir, grace_s=options.grace_s, on_event=on_backend_event)
+        recorders: list[PeakRecorder] = []
         try:
             reaped = await supervisor.reap_leftovers()
             if reaped:
                 self.out.print(f"stopped {len(reaped)} backend(s) left by an earlier run: {reaped}")
             metrics = RosterdMetrics()
-            nodes = self._node_schedulers(roster, fleet, result, local_nodes, supervisor, metrics)
+            nodes = self._node_schedulers(
+                roster, fleet, result, local_nodes, supervisor, metrics, memory
+            )
+            recorders = self._peak_recorders(nodes, memory, state_dir)
             scheduler = Scheduler(nodes)
             router = create_app(
                 scheduler,
@@ -278,6 +294,8 @@ class UpRun:
         finally:
             if scheduler is not None:
                 await scheduler.shutdown()
+            for recorder in recorders:  # the backends sampled their peaks before they stopped
+                await recorder.finish()
             await supervisor.stop_all()
             sock.close()
             if self.stop_on_signals:
@@ -293,8 +311,10 @@ class UpRun:
         local_nodes: list[Node],
         supervisor: Supervisor,
         metrics: RosterdMetrics,
+        memory: RosterMemory,
     ) -> dict[str, NodeScheduler]:
-        """One scheduler per local node, over the roles planned there; each role's weights
+        """One scheduler per local node, over the roles planned there (each counting its
+        memory figure on that node, the node's concurrency limit); each role's weights
         resolved now (a role without them is named and served as unavailable)."""
         by_role = first_by_role(roster)
         repos = {role: s.repo for role, s in by_role.items()}
@@ -307,11 +327,12 @@ class UpRun:
 
         nodes: dict[str, NodeScheduler] = {}
         for node in local_nodes:
-            specs = {
+            planned = {
                 role: by_role[role].spec
                 for role, name in result.placements.items()
                 if name == node.name
             }
+            specs = memory.node_specs(planned, node.name)
             unavailable = self._check_weights(specs.values(), weights_for)
             backends = SupervisorBackends(
                 supervisor,
@@ -321,6 +342,7 @@ class UpRun:
                 auto_ports=self.options.auto_backend_ports,
                 node=node.name,
             )
+            self._backends[node.name] = backends
             nodes[node.name] = NodeScheduler(
                 node.name,
                 node.capacity_bytes,
@@ -329,8 +351,34 @@ class UpRun:
                 limits=self.options.limits,
                 metrics=metrics,
                 unavailable=unavailable,
+                concurrency=NodeConcurrency(node.max_concurrency, memory.slots()),
+                memory={r: memory.roles[r].as_json(node.name) for r in specs if r in memory.roles},
             )
         return nodes
+
+    def _peak_recorders(
+        self, nodes: Mapping[str, NodeScheduler], memory: RosterMemory, state_dir: Path
+    ) -> list[PeakRecorder]:
+        """One recorder per node: its backends' peaks go to the state folder (started now)."""
+        peaks = MeasuredPeaks(state_dir)
+        fingerprints = {role: m.fingerprint for role, m in memory.roles.items()}
+        recorders = []
+        for name, node in nodes.items():
+            backends = self._backends.get(name)
+            if backends is None:
+                continue
+            recorder = PeakRecorder(
+                node,
+                backends,
+                peaks,
+                fingerprints,
+                on_error=lambda message: self.err.print(
+                    Text(f"warning: {message}", style="yellow"), soft_wrap=True
+                ),
+            )
+            recorder.start()
+            recorders.append(recorder)
+        return recorders
 
     def _check_weights(
         self, specs: Iterable[InferenceSpec], weights_for: Callable[[InferenceSpec], WeightsSource]
