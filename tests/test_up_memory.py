@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,9 +46,10 @@ def _text(console: Console) -> str:
     return stream.getvalue()
 
 
-def _fleet(path: Path, models: dict[str, object], **node: object) -> Path:
+def _fleet(path: Path, models: Mapping[str, object], **node: object) -> Path:
     box = {"name": "box", "memory_gb": 4, "reserved_gb": 1, "platform": "linux-x86_64", **node}
-    path.write_text(json.dumps({"nodes": [box], "models": models, "model_roots": [str(MODELS)]}))
+    doc = {"nodes": [box], "models": dict(models), "model_roots": [str(MODELS)]}
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -56,14 +59,14 @@ def _needs_llama_server() -> None:
     prepare_example_models()
 
 
-async def _serve(options: UpOptions, work: object) -> tuple[str, str]:
+async def _serve(options: UpOptions, work: Callable[[str], Awaitable[None]]) -> tuple[str, str]:
     """Run ``up`` with ``options`` until ``work(url)`` returned; its stdout and stderr."""
     out, err = _console(), _console()
     up = UpRun(options, out=out, err=err)
     run = asyncio.create_task(up.run())
     try:
         url = await asyncio.wait_for(up.serving(), 60)
-        await work(url)  # type: ignore[operator]
+        await work(url)
     finally:
         up.stop()
         await asyncio.wait_for(run, 90)
@@ -84,7 +87,7 @@ async def test_measured_peak_counts_on_the_next_up_and_in_plan(tmp_path: Path) -
         auto_backend_ports=True,
         warm_up=False,
     )
-    statuses: list[dict[str, object]] = []
+    statuses: list[Any] = []  # /status documents (JSON)
 
     async def complete(url: str) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
@@ -94,7 +97,7 @@ async def test_measured_peak_counts_on_the_next_up_and_in_plan(tmp_path: Path) -
             statuses.append((await client.get("/status")).json())
 
     _, first_err = await _serve(options, complete)
-    first = statuses[0]["nodes"]["box"]["roles"]["tiny"]["memory"]  # type: ignore[index]
+    first = statuses[0]["nodes"]["box"]["roles"]["tiny"]["memory"]
     assert first["measured_bytes"] is None  # nothing measured before this run
     assert first["declared_bytes"] == int(0.001 * GB)
     assert first["counted_from"] == "estimate"
@@ -105,7 +108,7 @@ async def test_measured_peak_counts_on_the_next_up_and_in_plan(tmp_path: Path) -
     assert peak > 10 * 2**20  # llama-server with a model: well above ram_gb's 1 MiB
 
     _, second_err = await _serve(options, complete)
-    second = statuses[1]["nodes"]["box"]["roles"]["tiny"]["memory"]  # type: ignore[index]
+    second = statuses[1]["nodes"]["box"]["roles"]["tiny"]["memory"]
     assert second["measured_bytes"] == peak  # the next up starts from what was measured
     assert second["counted_bytes"] == max(peak, second["estimated_bytes"], int(0.001 * GB))
     assert (
