@@ -177,7 +177,7 @@ def make_console(stderr: bool = False) -> Console:
 
 
 #: The command modules, in the order ``--help`` lists their commands.
-_COMMAND_MODULES = ("plan_cmd", "roster_cmd", "serve_cmd", "client_cmd")
+_COMMAND_MODULES = ("plan_cmd", "roster_cmd", "serve_cmd", "client_cmd", "models_cmd")
 
 
 def _register() -> None:
