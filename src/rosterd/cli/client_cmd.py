@@ -132,8 +132,10 @@ def _age(seconds: object) -> str:
 
 @app.command("ps")
 def ps_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
-    """What is resident where: memory (the roster's ram_gb, the estimate, the peak measured on
-    the last run, the figure that counts, the RSS now), requests, idle time."""
+    """What is resident where: memory (planned and measured), requests, idle time.
+
+    Memory per role: the roster's ram_gb, the estimate, the peak measured on the last
+    run, the figure that counts (the largest) and the RSS now."""
     data = call("GET", url, "/rosterd/ps", api_key, 10.0)
     from rich.table import Table
     from rich.text import Text

@@ -84,8 +84,9 @@ def models_cmd(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the models as JSON.")] = False,
 ) -> None:
-    """List every role's weights (path, format, architecture, parameters, quantization,
-    context) and the memory estimate made from them, in its parts."""
+    """List every role's weights and the memory estimate made from them, in its parts.
+
+    Per role: path, format, architecture, parameter count, quantization, context."""
     if as_json:
         errors_as_json(ctx)
     from rich.table import Table
