@@ -411,3 +411,16 @@ def test_any_text_gives_a_fleet_or_a_located_fleet_error(text: str) -> None:
         assert fleet.nodes
         for node in fleet.nodes:
             assert 0 < node.capacity_bytes <= node.memory_bytes
+
+
+def test_node_max_concurrency_is_read_and_checked() -> None:
+    fleet = parse_fleet(
+        "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64, max_concurrency: 4}\n"
+        "  - {name: b, memory_gb: 8, platform: linux-x86_64}\n"
+    )
+    assert fleet.node("a").max_concurrency == 4
+    assert fleet.node("b").max_concurrency is None  # the sum of its roles' slots
+    with pytest.raises(FleetError, match=r"nodes\[0\]\.max_concurrency"):
+        parse_fleet(
+            "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64, max_concurrency: 0}\n"
+        )

@@ -37,12 +37,14 @@ LAYERS: dict[str, int] = {
     # 5. processes and the state folder
     "rosterd.supervisor": 5,
     "rosterd.measured_peaks": 5,
+    "rosterd.role_memory": 5,
     # 6. the scheduler and the backends boundary it applies effects through
     "rosterd.metrics": 6,
     "rosterd.backends": 6,
     "rosterd.scheduler": 6,
     "rosterd.node_agent": 6,
     "rosterd.ray_cluster": 6,
+    "rosterd.memory_watch": 6,
     # 7. HTTP
     "rosterd.router": 7,
     # 8. the command and the runtime of `rosterd up`

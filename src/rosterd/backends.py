@@ -34,6 +34,7 @@ from rosterd.supervisor import (
     BackendEvent,
     ProbeResult,
     Supervisor,
+    process_tree_peak_rss_bytes,
     ready_timeout_for,
 )
 
@@ -132,6 +133,19 @@ class MeasuredBackends(Protocol):
     async def measured_bytes(self) -> Mapping[str, int]:
         """Role -> resident memory (RSS, bytes) of its backend and its children, measured
         now; roles without a running process are left out."""
+
+
+class PeakSource(Protocol):
+    """What a node's backends measured of their memory (implemented beside ``RoleBackends``)."""
+
+    async def peak_rss_bytes(self) -> dict[str, int]:
+        """Role -> the largest peak RSS (bytes) of its backend's process tree seen so far.
+
+        Contract: a running backend is sampled now; a stopped one keeps the peak
+        sampled just before its stop (so it is not lost with the process); roles
+        never started are absent, and so are roles of a shared server (ollama),
+        which is no process of its own.
+        """
         ...
 
 
@@ -163,7 +177,8 @@ class SupervisorBackends:
     free then). The server itself stops with the supervisor.
 
     It is also a :class:`BackendEventSource`: hand it the supervisor's events
-    with :meth:`notice` and :meth:`changes` gives back those of its roles.
+    with :meth:`notice` and :meth:`changes` gives back those of its roles; and a
+    :class:`PeakSource`: each role's peak RSS, sampled before every stop.
     """
 
     def __init__(
@@ -188,6 +203,7 @@ class SupervisorBackends:
         self.node = node
         self._shared_lock = asyncio.Lock()
         self._changes: asyncio.Queue[BackendEvent] = asyncio.Queue()
+        self._peaks: dict[str, int] = {}
 
     async def start(self, role: str) -> Endpoint:
         """Resolve the weights, build the adapter's launch, start it and wait until ready.
@@ -225,6 +241,7 @@ class SupervisorBackends:
         if shared is not None:
             await self._unload_shared(spec, shared)
             return
+        self._sample_peak(role)  # the process and its high-water mark are gone after the stop
         await self.supervisor.stop(role)
 
     async def measured_bytes(self) -> dict[str, int]:
@@ -254,6 +271,20 @@ class SupervisorBackends:
             BackendNotSupervisedError: the role has no running process.
         """
         await self.supervisor.restart(role)
+
+    async def peak_rss_bytes(self) -> dict[str, int]:
+        """Role -> its backend's largest peak RSS (bytes) so far (see :class:`PeakSource`)."""
+        for role in self.specs:
+            self._sample_peak(role)
+        return dict(self._peaks)
+
+    def _sample_peak(self, role: str) -> None:
+        backend = self.supervisor.backend(role)
+        if backend is None:
+            return
+        peak = process_tree_peak_rss_bytes(backend.pid)
+        if peak:
+            self._peaks[role] = max(self._peaks.get(role, 0), peak)
 
     def notice(self, event: BackendEvent) -> bool:
         """Take a supervisor event (wire to ``Supervisor(on_event=...)``); whether it is

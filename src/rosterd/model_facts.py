@@ -2,9 +2,10 @@
 
 Files in, frozen facts out; reading is the only I/O. Two kinds of weights:
 
-- a GGUF file (llama.cpp), read with the ``gguf`` package's ``GGUFReader``
-  (llama.cpp's own reader: it memory-maps the file and parses the header and
-  tensor index, so no tensor data is loaded into memory);
+- a GGUF file (llama.cpp): its header and tensor index, walked with ``struct``
+  over a memory map using the ``gguf`` package's (llama.cpp's own) type tables,
+  so neither tensor data nor the vocabulary's strings are loaded
+  (``read_gguf_header`` says why not ``GGUFReader``, kept for big-endian files);
 - an MLX model folder: ``config.json`` (the Hugging Face config mlx_lm reads)
   and the headers of its ``*.safetensors`` files (8-byte length, then JSON;
   read by hand because the header is all we need and mlx is not installed on
@@ -20,6 +21,7 @@ full attention on every layer (so the estimate errs high, never low).
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,21 +148,12 @@ def read_gguf_facts(path: Path) -> ModelFacts:
             (``<arch>.block_count``, ``embedding_length``,
             ``attention.head_count``) is missing or not a number.
     """
-    from gguf import GGUFReader, LlamaFileType
+    from gguf import LlamaFileType
 
-    try:
-        reader = GGUFReader(str(path), "r")
-    except (OSError, ValueError, KeyError, IndexError, struct.error) as exc:
-        raise ModelFactsError(f"{path}: not a readable GGUF file: {exc}") from exc
+    values, tensor_index = read_gguf_header(path)
 
     def value(key: str) -> object:
-        field = reader.fields.get(key)
-        if field is None:
-            return None
-        try:
-            return field.contents()
-        except (ValueError, IndexError, UnicodeDecodeError) as exc:
-            raise ModelFactsError(f"{path}: GGUF key {key} is unreadable: {exc}") from exc
+        return values.get(key)
 
     def number(key: str, default: int | None = None) -> int:
         found = value(key)
@@ -185,8 +178,8 @@ def read_gguf_facts(path: Path) -> ModelFacts:
     value_length = number(f"{arch}.attention.value_length", head_dim)
     window = number(f"{arch}.attention.sliding_window", 0)
     pattern = value(f"{arch}.attention.sliding_window_pattern")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = number(f"{arch}.vocab_size", len(tokens.data) if tokens is not None else 0)
+    tokens = value("tokenizer.ggml.tokens")
+    vocab = number(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list | _Skipped) else 0)
     raw_file_type = value("general.file_type")
     file_type = "unknown"
     if isinstance(raw_file_type, int):
@@ -195,22 +188,14 @@ def read_gguf_facts(path: Path) -> ModelFacts:
         except ValueError:
             file_type = f"file type {raw_file_type}"
         file_type = file_type.removeprefix("ALL_")
-    tensors = tuple(
-        TensorFacts(
-            name=t.name,
-            type_name=t.tensor_type.name,
-            shape=tuple(int(d) for d in t.shape),
-            n_bytes=int(t.n_bytes),
-        )
-        for t in reader.tensors
-    )
+    tensors = tuple(t for t, _ in tensor_index)
     name = value("general.name")
     return ModelFacts(
         path=path,
         format="gguf",
         architecture=arch,
         name=name if isinstance(name, str) else path.stem,
-        parameter_count=sum(int(t.n_elements) for t in reader.tensors),
+        parameter_count=sum(n for _, n in tensor_index),
         file_type=file_type,
         block_count=blocks,
         embedding_length=embd,
@@ -227,6 +212,160 @@ def read_gguf_facts(path: Path) -> ModelFacts:
         tensor_bytes=sum(t.n_bytes for t in tensors),
         tensors=tensors,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Skipped:
+    """A GGUF string array read past without its items (the vocabulary): only its length."""
+
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+
+#: GGUF value types (``gguf.GGUFValueType``) of fixed size: their ``struct`` format.
+_GGUF_SCALARS: Final[dict[int, str]] = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
+_GGUF_STRING: Final[int] = 8
+_GGUF_ARRAY: Final[int] = 9
+_GGUF_MAGIC: Final[bytes] = b"GGUF"
+
+
+def read_gguf_header(path: Path) -> tuple[dict[str, object], list[tuple[TensorFacts, int]]]:
+    """The metadata (key -> value) and tensor index (facts, element count) of GGUF ``path``.
+
+    Why not ``gguf.GGUFReader`` here: it builds a field object for every item
+    of every array, which takes about 10 s for gemma-3's 262144-token
+    vocabulary, and the estimate needs none of those strings. This walks the
+    header (GGUF v2/v3, little-endian: the layout ``gguf`` itself writes) with
+    ``struct``, keeping numeric arrays and reading string arrays past, counted
+    (``_Skipped``); the tensor types' sizes come from ``gguf``'s own tables
+    (``GGML_QUANT_SIZES``). A big-endian file is read with ``GGUFReader``.
+
+    Raises:
+        ModelFactsError: not a GGUF file, or its header is cut short or malformed.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        with path.open("rb") as handle:
+            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:
+        raise ModelFactsError(f"{path}: not a readable GGUF file: {exc}") from exc
+    try:
+        if data[:4] != _GGUF_MAGIC:
+            raise ModelFactsError(f"{path}: not a readable GGUF file: no GGUF magic")
+        (version,) = struct.unpack_from("<I", data, 4)
+        if version not in (2, 3):
+            if version & 0xFFFF == 0:  # byte-swapped: a big-endian file
+                return _read_gguf_header_slowly(path)
+            raise ModelFactsError(f"{path}: GGUF version {version} is not supported")
+        tensor_count, kv_count = struct.unpack_from("<QQ", data, 8)
+        offset = 24
+        values: dict[str, object] = {}
+
+        def string(at: int) -> tuple[str, int]:
+            (length,) = struct.unpack_from("<Q", data, at)
+            raw = data[at + 8 : at + 8 + length]
+            if len(raw) != length:
+                raise struct.error("string runs past the end of the file")
+            return raw.decode("utf-8", errors="replace"), at + 8 + length
+
+        def item(kind: int, at: int) -> tuple[object, int]:
+            if kind == _GGUF_STRING:
+                return string(at)
+            if kind == _GGUF_ARRAY:
+                inner, length = struct.unpack_from("<IQ", data, at)
+                at += 12
+                if inner == _GGUF_STRING:
+                    for _ in range(length):
+                        (size,) = struct.unpack_from("<Q", data, at)
+                        at += 8 + size
+                    return _Skipped(length), at
+                fmt = _GGUF_SCALARS.get(inner)
+                if fmt is None:
+                    raise struct.error(f"array of value type {inner}")
+                size = struct.calcsize(fmt)
+                items = list(struct.unpack_from(f"<{length}{fmt}", data, at))
+                return items, at + size * length
+            fmt = _GGUF_SCALARS.get(kind)
+            if fmt is None:
+                raise struct.error(f"value type {kind}")
+            (found,) = struct.unpack_from(f"<{fmt}", data, at)
+            return found, at + struct.calcsize(fmt)
+
+        for _ in range(kv_count):
+            key, offset = string(offset)
+            (kind,) = struct.unpack_from("<I", data, offset)
+            values[key], offset = item(kind, offset + 4)
+        tensors: list[tuple[TensorFacts, int]] = []
+        for _ in range(tensor_count):
+            name, offset = string(offset)
+            (n_dims,) = struct.unpack_from("<I", data, offset)
+            dims = struct.unpack_from(f"<{n_dims}Q", data, offset + 4)
+            offset += 4 + 8 * n_dims
+            (type_id,) = struct.unpack_from("<I", data, offset)
+            offset += 12  # the type, then the data offset
+            ggml_type = GGMLQuantizationType(type_id)
+            block, type_bytes = GGML_QUANT_SIZES[ggml_type]
+            elements = 1
+            for d in dims:
+                elements *= int(d)
+            facts = TensorFacts(
+                name=name,
+                type_name=ggml_type.name,
+                shape=tuple(int(d) for d in dims),
+                n_bytes=elements * type_bytes // block,
+            )
+            tensors.append((facts, elements))
+        return values, tensors
+    except (struct.error, ValueError, KeyError, OverflowError, MemoryError) as exc:
+        raise ModelFactsError(f"{path}: not a readable GGUF file: {exc}") from exc
+    finally:
+        data.close()
+
+
+def _read_gguf_header_slowly(
+    path: Path,
+) -> tuple[dict[str, object], list[tuple[TensorFacts, int]]]:
+    """``read_gguf_header`` through ``gguf.GGUFReader`` (any byte order, every field read)."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path), "r")
+    except (OSError, ValueError, KeyError, IndexError, struct.error) as exc:
+        raise ModelFactsError(f"{path}: not a readable GGUF file: {exc}") from exc
+    values: dict[str, object] = {}
+    for key, field in reader.fields.items():
+        try:
+            values[key] = field.contents()
+        except (ValueError, IndexError, UnicodeDecodeError) as exc:
+            raise ModelFactsError(f"{path}: GGUF key {key} is unreadable: {exc}") from exc
+    tensors = [
+        (
+            TensorFacts(
+                name=t.name,
+                type_name=t.tensor_type.name,
+                shape=tuple(int(d) for d in t.shape),
+                n_bytes=int(t.n_bytes),
+            ),
+            int(t.n_elements),
+        )
+        for t in reader.tensors
+    ]
+    return values, tensors
 
 
 def swa_layers(arch: str, blocks: int, window: int, pattern: object = None) -> tuple[bool, ...]:

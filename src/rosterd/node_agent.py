@@ -230,6 +230,13 @@ class NodeAgent:
         measured = {name: supervisor.measured_bytes(name) for name in supervisor.names()}
         return {name: rss for name, rss in measured.items() if rss is not None}
 
+    async def peak_rss_bytes(self) -> dict[str, int]:
+        """Role -> the largest peak RSS (bytes) of its backend on this node so far
+        (``rosterd.backends.PeakSource``)."""
+        if self._backends is None:
+            return {}
+        return await self._backends.peak_rss_bytes()
+
     async def backend_pids(self) -> dict[str, int]:
         """Backend name -> its current process id on this node."""
         supervisor = self._supervisor
@@ -416,6 +423,14 @@ class AgentBackends:
             return {}
         measured: dict[str, int] = await self.call(self._actor.measured_bytes.remote())
         return measured
+
+    async def peak_rss_bytes(self) -> dict[str, int]:
+        """Role -> the largest peak RSS (bytes) of its backend on the node so far, sampled
+        there (``rosterd.backends.PeakSource``; ``{}`` when lost)."""
+        if self._lost_reason is not None:
+            return {}
+        peaks: dict[str, int] = await self.call(self._actor.peak_rss_bytes.remote())
+        return peaks
 
     async def backend_pids(self) -> dict[str, int]:
         """Role -> the pid of its backend on the node's machine (``{}`` when lost)."""

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
@@ -33,6 +35,13 @@ if TYPE_CHECKING:
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8400
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/rosterd`` (default ``~/.local/state/rosterd``): logs, pid records and
+    measured memory peaks (``rosterd up`` writes them, ``rosterd plan`` reads them)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "rosterd"
 
 
 class _RosterdGroup(TyperGroup):
@@ -184,7 +193,15 @@ def make_console(stderr: bool = False) -> Console:
 
 
 #: The command modules, in the order ``--help`` lists their commands.
-_COMMAND_MODULES = ("plan_cmd", "roster_cmd", "serve_cmd", "client_cmd", "logs_cmd", "schema_cmd")
+_COMMAND_MODULES = (
+    "plan_cmd",
+    "roster_cmd",
+    "serve_cmd",
+    "client_cmd",
+    "logs_cmd",
+    "schema_cmd",
+    "models_cmd",
+)
 
 
 def _register() -> None:

@@ -120,6 +120,10 @@ def _gib(n_bytes: int) -> str:
     return f"{n_bytes / GB:.2f}"
 
 
+def _gib_or_dash(n_bytes: object) -> str:
+    return _gib(n_bytes) if isinstance(n_bytes, int) else "-"
+
+
 def _age(seconds: object) -> str:
     if not isinstance(seconds, int | float):
         return "-"
@@ -139,8 +143,9 @@ def ps_cmd(
 ) -> None:
     """What is resident where: memory, requests, idle time, why requests wait, last errors.
 
-    Memory is planned (roster) and measured (RSS); under each node's table, a note per
-    role on why its queued requests wait, its load backoff and its last error."""
+    Memory per role: the roster's ram_gb, the estimate, the peak measured on the last
+    run, the figure that counts (the largest) and the RSS now; under each node's table,
+    a note per role on why its queued requests wait, its load backoff and its last error."""
     if as_json:
         errors_as_json(ctx)
     data = call("GET", url, "/rosterd/ps", api_key, 10.0)
@@ -159,20 +164,29 @@ def ps_cmd(
             title=f"node {name}{how}: {_gib(node['resident_bytes'])} of "
             f"{_gib(node['capacity_bytes'])} GiB resident",
             title_justify="left",
-            caption="GiB: planned (roster); RSS: measured; idle: since the last request",
+            caption="GiB: what counts, the largest of ram_gb (~: unmeasured), the estimate "
+            "and the peak measured on the last run; RSS: now; idle: since the last request",
             caption_justify="left",
         )
         table.add_column("role", no_wrap=True)
         table.add_column("state", no_wrap=True)
-        for column in ("class", "GiB", "RSS GiB", "busy", "queue", "idle"):
+        columns = ("class", "ram_gb", "estimate", "measured", "GiB", "RSS GiB", "busy", "queue")
+        for column in (*columns, "idle"):
             table.add_column(column, justify="right", no_wrap=True)
         for role, info in node.get("roles", {}).items():
             rss = info.get("measured_rss_bytes")
             moved_to = info.get("moved_to")
+            memory = info.get("memory") or {}
+            declared = memory.get("declared_bytes")
             table.add_row(
                 Text(role),
                 f"moved to {moved_to}" if moved_to else info["phase"],
                 info["latency_class"],
+                ("~" if memory.get("declared_unmeasured") else "") + _gib(declared)
+                if isinstance(declared, int)
+                else "-",
+                _gib_or_dash(memory.get("estimated_bytes")),
+                _gib_or_dash(memory.get("measured_bytes")),
                 _gib(info["resident_bytes"]),
                 _gib(rss) if isinstance(rss, int) else "-",
                 str(info["in_flight"]),

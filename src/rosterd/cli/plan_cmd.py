@@ -1,14 +1,20 @@
-"""``rosterd plan ROSTER [--overlay F] [--fleet F] [--json] [--port P]
+"""``rosterd plan ROSTER [--overlay F] [--fleet F] [--state-dir D] [--json] [--port P]
 [--auto-backend-ports]``: show the placement before anything starts.
 
-Per node: a Rich table of its roles (resident always / swappable) and a memory bar of
-the node's peak use (interactive roles plus the largest batch role) against its
-capacity; then the roles left unplaced, each with its reason. A role whose roster port
-is taken on its node by an earlier role, or is the router's ``--port`` (when given) on
-this machine, is unplaced with a reason naming both, as ``rosterd up`` would leave it
-(not with ``--auto-backend-ports``, where the roster's ports are not used). ``--json`` prints
-``{"placements": {role: node}, "unplaced": [[role, reason]], "nodes": {name:
-{"capacity_bytes": n, "always_resident": [...], "swappable": [...]}}}``.
+Per node: a Rich table of its roles (resident always / swappable) with each role's
+memory (the roster's ``ram_gb``, the estimate from its weights, the peak measured on
+its last run, and the figure that counts: the largest; ``rosterd.role_memory``) and a
+memory bar of the node's peak use (interactive roles plus the largest batch role)
+against its capacity; then the roles left unplaced, each with its reason. A role whose
+counted figure is more than 20 % away from ``ram_gb`` is named once on stderr. A role
+whose roster port is taken on its node by an earlier role, or is the router's
+``--port`` (when given) on this machine, is unplaced with a reason naming both, as
+``rosterd up`` would leave it (not with ``--auto-backend-ports``, where the roster's
+ports are not used). ``--json`` prints ``{"placements": {role: node}, "unplaced":
+[[role, reason]], "nodes": {name: {"capacity_bytes": n, "always_resident": [...],
+"swappable": [...]}}, "memory": {role: {...}}}`` (``memory`` as
+``RoleMemory.as_json``). Measured peaks are read from the state folder ``rosterd up``
+writes them to (``--state-dir``, default ``$XDG_STATE_HOME/rosterd``).
 
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 when a plan was made (even with
 unplaced roles); 2 on bad input (a clear message naming the file, field and line; with
@@ -34,15 +40,17 @@ if TYPE_CHECKING:
 
     from rosterd.fleet import Fleet
     from rosterd.placement import Plan
+    from rosterd.role_memory import RosterMemory
     from rosterd.roster import ImportedRoster
     from rosterd.spec import InferenceSpec
 
 _BAR_WIDTH = 30
 
 
-def plan_to_json(result: Plan) -> dict[str, object]:
-    """The ``--json`` document for ``result`` (shape in the module docstring)."""
-    return {
+def plan_to_json(result: Plan, memory: RosterMemory | None = None) -> dict[str, object]:
+    """The ``--json`` document for ``result`` (shape in the module docstring; ``memory``
+    only when given)."""
+    doc: dict[str, object] = {
         "placements": dict(result.placements),
         "unplaced": [[role, reason] for role, reason in result.unplaced],
         "nodes": {
@@ -54,6 +62,9 @@ def plan_to_json(result: Plan) -> dict[str, object]:
             for name, node in result.nodes.items()
         },
     }
+    if memory is not None:
+        doc["memory"] = {role: m.as_json() for role, m in memory.roles.items()}
+    return doc
 
 
 def _gib(n_bytes: int) -> str:
@@ -75,14 +86,24 @@ def memory_bar(used: int, capacity: int, width: int = _BAR_WIDTH) -> Text:
     return bar
 
 
-def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster) -> None:
+def _render(
+    console: Console,
+    result: Plan,
+    fleet: Fleet,
+    roster: ImportedRoster,
+    planned: list[InferenceSpec],
+    memory: RosterMemory,
+) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from rosterd.role_memory import describe
+
     specs: dict[str, InferenceSpec] = {}
     names: dict[str, str] = {}  # the roster's display name (spec.model drops some, e.g. a:b)
+    for s in planned:
+        specs.setdefault(s.role, s)
     for imported in roster.specs:
-        specs.setdefault(imported.spec.role, imported.spec)
         names.setdefault(imported.spec.role, imported.name)
     console.print(
         f"[bold]{len(roster.specs)}[/] roles imported, {len(roster.skipped)} roster entries "
@@ -105,19 +126,21 @@ def _render(console: Console, result: Plan, fleet: Fleet, roster: ImportedRoster
         table.add_column("residency")
         table.add_column("flavor")
         table.add_column("model")
-        table.add_column("GiB", justify="right")
+        for column in ("ram_gb", "estimate", "measured", "counts"):
+            table.add_column(column, justify="right")
         rows = [(s, "resident always") for s in always] + [(s, "swappable") for s in swappable]
         for s, residency in rows:
+            figures = describe(memory.roles[s.role]) if s.role in memory.roles else ()
             # Text(), not markup: roster names are untrusted and may contain [brackets].
             table.add_row(
                 Text(s.role),
                 residency,
                 s.flavor.value,
                 Text(names[s.role]),
-                _gib(s.memory.resident_bytes),
+                *(figures or ("-", "-", "-", _gib(s.memory.resident_bytes))),
             )
         if not always and not swappable:
-            table.add_row("[dim](no roles)[/]", "", "", "", "")
+            table.add_row("[dim](no roles)[/]", "", "", "", "", "", "", "")
         console.print(table)
         console.print(
             Text("peak  ").append(memory_bar(interactive_bytes + largest, node_plan.capacity_bytes))
@@ -162,27 +185,39 @@ def plan_cmd(
     auto_backend_ports: Annotated[
         bool, typer.Option(help="Plan for `up --auto-backend-ports`: roster ports unused.")
     ] = False,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Where `rosterd up` keeps measured memory peaks "
+            "(default: $XDG_STATE_HOME/rosterd).",
+        ),
+    ] = None,
 ) -> None:
     """Show which role lives on which node, what stays resident, what swaps, and why any
     role cannot be placed."""
     if as_json:
         errors_as_json(ctx)
+    from rosterd.cli import default_state_dir
     from rosterd.fleet import load_fleet, local_fleet
     from rosterd.placement import plan
+    from rosterd.role_memory import gather_memory
     from rosterd.roster import load_roster
 
     out = make_console()  # wide and unwrapped when piped
     imported = load_roster(roster, overlay)
     nodes = load_fleet(fleet) if fleet is not None else local_fleet()
+    memory = gather_memory(imported, nodes, state_dir or default_state_dir())
     # Warnings go to stderr in both modes, so `--json` keeps stdout one JSON document.
-    for warning in imported.warnings:
+    for warning in [*imported.warnings, *memory.notes, *memory.warnings()]:
         typer.echo(f"warning: {warning}", err=True)
-    result = plan([s.spec for s in imported.specs], nodes, time_limit_s=time_limit)
+    planned = memory.planning_specs(s.spec for s in imported.specs)
+    result = plan(planned, nodes, time_limit_s=time_limit, memory_notes=memory.reason_notes())
     if not auto_backend_ports:
         from rosterd.cli.up_plan import check_ports
 
         result = check_ports(result, imported, nodes, router_port=port)
     if as_json:
-        typer.echo(json.dumps(plan_to_json(result), indent=2))
+        typer.echo(json.dumps(plan_to_json(result, memory), indent=2))
         return
-    _render(out, result, nodes, imported)
+    _render(out, result, nodes, imported, planned, memory)

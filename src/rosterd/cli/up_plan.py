@@ -28,6 +28,7 @@ from rosterd.tokens import GB
 
 if TYPE_CHECKING:
     from rosterd.placement import Plan
+    from rosterd.role_memory import RosterMemory
     from rosterd.router import RoleRoute
 
 
@@ -176,11 +177,14 @@ def print_plan(
     out: Console,
     *,
     where: Mapping[str, str] | None = None,
+    memory: RosterMemory | None = None,
 ) -> None:
     """The plan as people read it: per node its roles and memory, then unplaced roles.
 
     ``local``: the nodes this machine runs; ``where``: node -> how it is run, in
-    words, instead of "this machine" / "remote: not started here".
+    words, instead of "this machine" / "remote: not started here". With ``memory``,
+    a role's GiB is its counted figure on its node and ``ram_gb`` is the roster's
+    (``~`` for an unmeasured one); else the roster's figure.
     """
     specs = {role: s.spec for role, s in first_by_role(roster).items()}
     local = set(local)
@@ -196,21 +200,31 @@ def print_plan(
             f"{_gib(node.capacity_bytes)} GiB",
             title_justify="left",
         )
-        for column in ("role", "flavor", "model", "GiB", "class", "sticky", "residency"):
+        columns = ("role", "flavor", "model", "ram_gb", "GiB", "class", "sticky", "residency")
+        for column in columns:
             table.add_column(
                 column,
-                justify="right" if column == "GiB" else "left",
+                justify="right" if column in ("ram_gb", "GiB") else "left",
                 no_wrap=column not in ("role", "model"),
                 overflow="fold",  # a long name wraps, never cut to "gemma-3-2…"
             )
         always = set(node_plan.always_resident) if node_plan else set()
         for role in roles:
             s = specs[role]
+            figures = memory.roles.get(role) if memory is not None else None
+            counted = s.memory.resident_bytes
+            declared = _gib(counted)
+            if figures is not None:
+                counted = figures.counted(node.name).counted_bytes
+                declared = ("~" if figures.declared_unmeasured else "") + _gib(
+                    figures.declared_bytes
+                )
             table.add_row(
                 Text(role),
                 s.flavor.id,
                 Text(s.model or "-"),
-                _gib(s.memory.resident_bytes),
+                declared,
+                _gib(counted),
                 s.latency_class.value,
                 "yes" if s.sticky else "no",
                 "always" if role in always else "on demand",

@@ -44,6 +44,7 @@ from rosterd.cli.up_plan import first_by_role, is_local_address, role_routes, un
 from rosterd.errors import InputError, RosterdError
 from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
 from rosterd.placement import Plan, plan
+from rosterd.role_memory import RosterMemory
 from rosterd.roster import ImportedRoster, load_roster
 from rosterd.router import RouteTable
 from rosterd.scheduler import NodeConfig, Scheduler, SupervisorBackends
@@ -95,6 +96,7 @@ def served_config(
     auto_ports: bool,
     out: Console,
     local_nodes: Sequence[Node] | None = None,
+    memory: RosterMemory | None = None,
 ) -> Served:
     """What ``result`` gives this process: one :class:`NodeConfig` per local node, over
     the roles planned there, with :class:`SupervisorBackends` on ``supervisor``
@@ -102,6 +104,8 @@ def served_config(
     now, and a role without them is printed on ``out`` and served as unavailable.
     ``local_nodes``: the nodes this machine's supervisor runs (with Ray: those that
     have no Ray node; may be none); default: every node whose address is this machine.
+    ``memory``: each role then counts its memory figure on its node
+    (``RosterMemory.node_specs``); without it, the spec's own.
 
     Raises:
         RosterdError: no ``local_nodes`` given and no node of the fleet is this machine.
@@ -128,6 +132,8 @@ def served_config(
             for role, name in result.placements.items()
             if name == node.name
         }
+        if memory is not None:
+            specs = memory.node_specs(specs, node.name)
         unavailable: dict[str, str] = {}
         for spec in specs.values():
             weights[spec.role] = None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
 from collections.abc import Collection, Generator, Mapping
@@ -37,7 +36,8 @@ import uvicorn
 from rich.console import Console
 from rich.text import Text
 
-from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
+from rosterd.backends import SupervisorBackends
+from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT, default_state_dir
 from rosterd.cli.up_plan import (
     check_ports,
     first_by_role,
@@ -56,13 +56,17 @@ from rosterd.cli.up_reload import (
 )
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
+from rosterd.measured_peaks import MeasuredPeaks
+from rosterd.memory_watch import PeakRecorder
 from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
+from rosterd.role_memory import RosterMemory, gather_memory
 from rosterd.roster import ImportedRoster
 from rosterd.router import RouterConfig, RouteTable, create_app
 from rosterd.router.header_timeout import header_timeout_protocol
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler import (
+    NodeConcurrency,
     NodeConfig,
     NodeScheduler,
     Scheduler,
@@ -73,12 +77,6 @@ from rosterd.supervisor import BackendEvent, Supervisor, describe_exit, lock_sta
 
 if TYPE_CHECKING:
     from rosterd.cli.up_fleet import UpFleet
-
-
-def default_state_dir() -> Path:
-    """``$XDG_STATE_HOME/rosterd`` (default ``~/.local/state/rosterd``): logs and pid records."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "rosterd"
 
 
 @dataclass(frozen=True)
@@ -158,6 +156,7 @@ class UpRun:
         #: The reload of this run, once it serves.
         self.reloader: ConfigReloader | None = None
         self._reloads: set[asyncio.Task[None]] = set()
+        self._backends: dict[str, SupervisorBackends] = {}  # node -> its backends boundary
 
     def stop(self) -> None:
         """Stop serving: in-flight requests get ``limits.drain_s``, then every backend stops.
@@ -211,13 +210,19 @@ class UpRun:
             raise RosterdError(_os_message(exc)) from None
         ray: UpFleet | None = None
         try:
-            specs = [s.spec for s in roster.specs]
-            result = plan(specs, fleet)
+            # Every role counts the largest of ram_gb, its estimate and its last measured peak.
+            memory = gather_memory(roster, fleet, state_dir)
+            for warning in [*memory.notes, *memory.warnings()]:
+                self.err.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
+            specs = memory.planning_specs(s.spec for s in roster.specs)
+            result = plan(specs, fleet, memory_notes=memory.reason_notes())
             if not options.auto_backend_ports:  # the roster's ports are used: may they be?
                 result = check_ports(result, roster, fleet, router_port=options.port)
             if options.ray_address is None:
                 local_nodes = [n for n in fleet.nodes if is_local_address(n.address)]
-                print_plan(result, fleet, roster, (n.name for n in local_nodes), self.out)
+                print_plan(
+                    result, fleet, roster, [n.name for n in local_nodes], self.out, memory=memory
+                )
                 for node in fleet.nodes:
                     if node not in local_nodes:
                         self.out.print(
@@ -234,7 +239,7 @@ class UpRun:
                 local_nodes = ray.local_nodes()
                 where = ray.served.where if ray.served else None
                 local = (n.name for n in local_nodes)
-                print_plan(result, fleet, roster, local, self.out, where=where)
+                print_plan(result, fleet, roster, local, self.out, where=where, memory=memory)
                 ray.print_not_connected()
             if not local_nodes and ray is None:
                 raise RosterdError("no node of the fleet is this machine; nothing to serve")
@@ -248,7 +253,7 @@ class UpRun:
                     ),
                     soft_wrap=True,
                 )
-            await self._serve(roster, fleet, result, local_nodes, state_dir, ray)
+            await self._serve(roster, fleet, result, local_nodes, state_dir, ray, memory)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
             raise RosterdError(_os_message(exc)) from None
         finally:
@@ -266,6 +271,7 @@ class UpRun:
         local_nodes: list[Node],
         state_dir: Path,
         ray: UpFleet | None,
+        memory: RosterMemory,
     ) -> None:
         options = self.options
         sock = _bind(options.host, options.port)
@@ -283,13 +289,17 @@ class UpRun:
 
         supervisor = Supervisor(state_dir, grace_s=options.grace_s, on_event=on_backend_event)
         background: list[asyncio.Task[None]] = []
+        recorders: list[PeakRecorder] = []
         try:
             reaped = await supervisor.reap_leftovers()
             if reaped:
                 self.out.print(f"stopped {len(reaped)} backend(s) left by an earlier run: {reaped}")
             metrics = RosterdMetrics()
 
+            fleet_nodes = {n.name: n for n in fleet.nodes}
+
             def new_node(config: NodeConfig) -> NodeScheduler:
+                node = fleet_nodes.get(config.name)
                 return NodeScheduler(
                     config.name,
                     config.capacity_bytes,
@@ -299,6 +309,14 @@ class UpRun:
                     metrics=metrics,
                     unavailable=config.unavailable,
                     backend_events=config.backend_events,
+                    concurrency=NodeConcurrency(
+                        node.max_concurrency if node is not None else None, memory.slots()
+                    ),
+                    memory={
+                        r: memory.roles[r].as_json(config.name)
+                        for r in config.specs
+                        if r in memory.roles
+                    },
                 )
 
             def serve_config(roster: ImportedRoster, fleet: Fleet, result: Plan) -> Served:
@@ -316,6 +334,7 @@ class UpRun:
                     supervisor,
                     auto_ports=options.auto_backend_ports,
                     out=self.out,
+                    memory=memory,
                 )
 
             served = served_config(
@@ -326,8 +345,15 @@ class UpRun:
                 auto_ports=options.auto_backend_ports,
                 out=self.out,
                 local_nodes=local_nodes if ray is not None else None,
+                memory=memory,
             )
             nodes = {name: new_node(c) for name, c in served.nodes.items()}
+            self._backends = {
+                name: c.backends
+                for name, c in served.nodes.items()
+                if isinstance(c.backends, SupervisorBackends)
+            }
+            recorders = self._peak_recorders(nodes, memory, state_dir)
             if ray is not None:
                 nodes |= await ray.node_schedulers(
                     {role: s.spec for role, s in first_by_role(roster).items()},
@@ -428,6 +454,8 @@ class UpRun:
                 task.cancel()
             if scheduler is not None:
                 await scheduler.shutdown()
+            for recorder in recorders:  # the backends sampled their peaks before they stopped
+                await recorder.finish()
             await supervisor.stop_all()
             sock.close()
             if self.stop_on_signals:
@@ -451,6 +479,30 @@ class UpRun:
             task = asyncio.get_running_loop().create_task(self.reloader.try_reload())
             self._reloads.add(task)
             task.add_done_callback(self._reloads.discard)
+
+    def _peak_recorders(
+        self, nodes: Mapping[str, NodeScheduler], memory: RosterMemory, state_dir: Path
+    ) -> list[PeakRecorder]:
+        """One recorder per node: its backends' peaks go to the state folder (started now)."""
+        peaks = MeasuredPeaks(state_dir)
+        fingerprints = {role: m.fingerprint for role, m in memory.roles.items()}
+        recorders = []
+        for name, node in nodes.items():
+            backends = self._backends.get(name)
+            if backends is None:
+                continue
+            recorder = PeakRecorder(
+                node,
+                backends,
+                peaks,
+                fingerprints,
+                on_error=lambda message: self.err.print(
+                    Text(f"warning: {message}", style="yellow"), soft_wrap=True
+                ),
+            )
+            recorder.start()
+            recorders.append(recorder)
+        return recorders
 
     async def _warm_up(
         self,

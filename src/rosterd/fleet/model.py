@@ -41,7 +41,9 @@ class Node:
     ``memory_bytes`` is total RAM, ``reserved_bytes`` what rosterd leaves free for the
     OS and other work; ``capacity_bytes`` (memory - reserved) is the budget residency
     and placement count against. ``flavors`` are the adapters it runs; ``address`` is
-    where its backends are reached from the router.
+    where its backends are reached from the router. ``max_concurrency`` is how many
+    generations the node runs at once across its roles (``None``: the sum of the
+    slots of the roles it holds).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Node:
     platform: Platform
     flavors: frozenset[InferFlavor]
     address: str = "127.0.0.1"
+    max_concurrency: int | None = None
     # Mappings are left out of the hash (a dict is unhashable); equality still compares them.
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 

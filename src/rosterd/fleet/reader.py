@@ -10,6 +10,8 @@ A fleet file is YAML::
         platform: macos-arm64   # macos-arm64 | linux-x86_64 | linux-arm64
         flavors: [mlx_lm, llamacpp, ollama]   # default: what the platform runs
         address: 127.0.0.1      # where the node's backends are reached from the router
+        max_concurrency: 4      # generations at once across its roles; default: the sum
+                                # of its resident roles' slots (models: parallel, default 1)
         labels: {room: lab}
     models:                     # optional: where each model's weights are
       gemma-3-270m: models/gemma.gguf           # key: roster model name or role id
@@ -98,7 +100,16 @@ def parse_fleet(
 
 
 _TOP_KEYS: Final = ("nodes", "models", "model_roots")
-_NODE_KEYS: Final = ("name", "memory_gb", "reserved_gb", "platform", "flavors", "address", "labels")
+_NODE_KEYS: Final = (
+    "name",
+    "memory_gb",
+    "reserved_gb",
+    "platform",
+    "flavors",
+    "address",
+    "labels",
+    "max_concurrency",
+)
 _MODEL_KEYS: Final = ("path", "ctx_size", "parallel", "extra_args", "grace_s")
 
 
@@ -307,6 +318,11 @@ class _FleetReader:
                     f"{path}.address",
                     f"expected a host name or IP address, found {address!r}",
                 )
+        max_concurrency = None
+        if "max_concurrency" in fields:
+            max_concurrency = self.positive_int(
+                fields["max_concurrency"][1], f"{path}.max_concurrency"
+            )
         labels: dict[str, str] = {}
         if "labels" in fields:
             labels = self.read_labels(fields["labels"][1], f"{path}.labels")
@@ -317,6 +333,7 @@ class _FleetReader:
             platform=plat,
             flavors=flavors,
             address=address,
+            max_concurrency=max_concurrency,
             labels=labels,
         )
 

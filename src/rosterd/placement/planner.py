@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rosterd.fleet import Fleet
 from rosterd.placement.greedy import best_greedy
@@ -25,17 +25,20 @@ def plan(
     previous: Plan | None = None,
     *,
     time_limit_s: float = 1.5,
+    memory_notes: Mapping[str, str] | None = None,
 ) -> Plan:
     """Place ``specs`` on ``fleet``'s nodes (see the module docstring for the rules).
 
     ``previous`` is the plan in force (its sticky roles stay put when they can);
     ``time_limit_s`` bounds the solver's wall time in seconds (greedy and checks add
-    a few milliseconds). Never raises for unplaceable roles: each is in
+    a few milliseconds); ``memory_notes`` (role -> words) follow a role's figure in
+    its unplaced reason, e.g. that it was counted from a measured peak and what the
+    roster's ``ram_gb`` says. Never raises for unplaceable roles: each is in
     ``Plan.unplaced`` with its reason.
     """
     from rosterd.placement import cpsat  # OR-Tools: only when a plan is solved
 
-    problem = Problem(specs, fleet, previous)
+    problem = Problem(specs, fleet, previous, memory_notes)
     greedy = best_greedy(problem)
     greedy_score = score_of(problem, greedy)
     if not problem.eligible:

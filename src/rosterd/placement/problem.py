@@ -68,10 +68,21 @@ class PlanScore:
 
 
 class Problem:
-    """The planning input after deduplication and eligibility checks."""
+    """The planning input after deduplication and eligibility checks.
 
-    def __init__(self, specs: Sequence[InferenceSpec], fleet: Fleet, previous: Plan | None) -> None:
+    ``memory_notes``: role -> words that follow the role's figure in its unplaced
+    reason (where the counted figure came from and the roster's ``ram_gb``).
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[InferenceSpec],
+        fleet: Fleet,
+        previous: Plan | None,
+        memory_notes: Mapping[str, str] | None = None,
+    ) -> None:
         self.fleet = fleet
+        self.memory_notes = dict(memory_notes or {})
         self.nodes: tuple[Node, ...] = fleet.nodes
         self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
         self.roles: list[InferenceSpec] = []
@@ -106,7 +117,7 @@ class Problem:
             if not fits:
                 biggest = max(runs, key=lambda i: (self.nodes[i].capacity_bytes, -i))
                 self.static_unplaced[s.role] = (
-                    f"needs {gib(need)} but the largest capacity among nodes running "
+                    f"needs {self.need_text(s)} but the largest capacity among nodes running "
                     f"{s.flavor.value} is {gib(self.nodes[biggest].capacity_bytes)} "
                     f"(node {self.nodes[biggest].name}; capacity = memory - reserved)"
                 )
@@ -131,6 +142,12 @@ class Problem:
                     and idx in self.eligible.get(role, ())
                 ):
                     self.previous[role] = idx
+
+    def need_text(self, s: InferenceSpec) -> str:
+        """The role's figure for a reason: ``1.20 GiB (… bytes)``, then its memory note."""
+        note = self.memory_notes.get(s.role)
+        need = gib(s.memory.resident_bytes)
+        return f"{need}, {note}" if note else need
 
 
 class NodeLoad:
@@ -268,8 +285,8 @@ def unplaced_reason(problem: Problem, s: InferenceSpec, loads: Sequence[NodeLoad
     more = f"; and {len(notes) - 3} more nodes" if len(notes) > 3 else ""
     kind = "interactive" if s.interactive else "batch"
     return (
-        f"no room for this {kind} role ({gib(need)}): on each node the interactive roles "
-        f"plus the largest batch role must fit the capacity; {shown}{more}"
+        f"no room for this {kind} role ({problem.need_text(s)}): on each node the interactive "
+        f"roles plus the largest batch role must fit the capacity; {shown}{more}"
     )
 
 

@@ -213,7 +213,14 @@ def _import_entries(
         seen[key] = raw.id
         imported_raws[raw.id] = raw
         specs.append(
-            ImportedSpec(spec=spec, repo=raw.repo, status=raw.status, name=raw.name, line=raw.line)
+            ImportedSpec(
+                spec=spec,
+                repo=raw.repo,
+                status=raw.status,
+                name=raw.name,
+                line=raw.line,
+                ram_gb_unmeasured=is_unmeasured_ram_gb(raw.ram_gb),
+            )
         )
     return ImportedRoster(
         specs=tuple(specs),

@@ -21,7 +21,9 @@ class ImportedSpec:
     ``spec.model`` is the roster's display name when it is a plain token of at
     most 128 bytes, else ``None``; ``name`` keeps the raw display name. ``repo``
     and ``status`` are the roster's text (``""`` if missing). ``line`` is the
-    1-based line where the entry starts.
+    1-based line where the entry starts. ``ram_gb_unmeasured`` marks a ``"~N"``
+    ``ram_gb`` (the operator's guess; ``is_unmeasured_ram_gb``), which the
+    reference reads as N and does not keep; views show it as unmeasured.
     """
 
     spec: InferenceSpec
@@ -29,6 +31,7 @@ class ImportedSpec:
     status: str
     name: str
     line: int
+    ram_gb_unmeasured: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ one transition per node, memory free only at ``StopDone``; no eviction under a
 request, busy roles drain in arrival order (``hold_since``) and are revoked
 after ``drain_s``; an unload takes no new requests; minimum residency;
 exclusions yield when idle; idle TTL; crash restarts as ``restarting``;
-per-role concurrency, a bounded queue and queue timeouts; warm-up never
+per-role and node-wide concurrency (oldest request first across the node's
+roles), a bounded queue and queue timeouts; warm-up never
 evicts; shutdown is an event. Liveness: a generation probe while idle and when a
 request stalls; a failed probe makes the role ``unhealthy``, revokes its leases
 and restarts it; failed loads back off; requests wait for a restarted backend
@@ -93,7 +94,7 @@ _SHUTTING_DOWN = "rosterd is shutting down"
 class NodeMachine(ReplanRules):
     """The pure scheduler of one node: ``handle(event) -> effects``.
 
-    Built as ``NodeMachine(capacity_bytes, specs, limits)`` (see ``MachineState``).
+    Built as ``NodeMachine(capacity_bytes, specs, limits, concurrency)`` (see ``MachineState``).
     """
 
     # ---- the one entry point ----------------------------------------------------
@@ -396,13 +397,18 @@ class NodeMachine(ReplanRules):
         released = tr is not None and tr.step == "revoking" and self._roles[tr.role].in_flight == 0
         if tr is not None and tr.step == "revoking" and (released or now >= tr.revoke_until):
             self._issue_stop(tr, now)
-        for role, st in self._roles.items():
-            if not st.waiters:
-                st.logged_waits.clear()
-                continue
-            if self.shutting_down:
-                self._fail_waiters(role, ShuttingDownError, _SHUTTING_DOWN)
-            self._grant(role, st, now)
+        granted = 1
+        while granted:  # again while grants happen: a waiter may have deferred to an older one
+            granted = 0
+            for role, st in self._roles.items():
+                if not st.waiters:
+                    st.logged_waits.clear()
+                    continue
+                if self.shutting_down:
+                    self._fail_waiters(role, ShuttingDownError, _SHUTTING_DOWN)
+                granted += self._grant(role, st, now)
+            if self.concurrency is None:
+                break  # no waiter defers without a node-wide limit
         if self.shutting_down:
             self._shutdown_step(now)
             return
@@ -467,23 +473,27 @@ class NodeMachine(ReplanRules):
                 self._fail(w.ticket, QueueTimeoutError, message, self._retry_after())
             self._gauges(role)
 
-    def _grant(self, role: str, st: RoleState, now: float) -> None:
-        """Hand leases to waiters, oldest first, while the role is ready and has free slots.
+    def _grant(self, role: str, st: RoleState, now: float) -> int:
+        """Hand leases to waiters, oldest first, while the role is ready and has free slots;
+        how many were granted.
 
         A waiter that needs a newer generation (its request failed on this backend)
-        keeps its place and lets the others pass.
+        keeps its place and lets the others pass. With a node-wide limit, a slot goes
+        to the oldest waiter of the node: a waiter defers to an older one of another
+        role that could take it now.
         """
         if st.phase is not Phase.READY or st.endpoint is None:
-            return
+            return 0
         if st.unload_tickets or st.next_spec is not None:
             st.waiting_reason = (
                 "it is being unloaded or restarted with a new configuration; it loads again after"
             )
-            return  # an unload was asked: new requests wait and load the role again after it
+            return 0  # an unload was asked: new requests wait and load the role again after it
         st.waiting_reason = None
         if st.suspected:
             st.waiting_reason = "a request got no byte in time: its backend is being probed"
-            return
+            return 0
+        granted = 0
         kept: deque[Waiter] = deque()
         blocked = False  # a waiter that needs a slot or the room waits: so do those after it
         while st.waiters:
@@ -507,6 +517,20 @@ class NodeMachine(ReplanRules):
                 blocked = True
                 kept.append(waiter)
                 continue
+            if waiter.take_slot and not self._node_slot_free():
+                st.waiting_reason = (
+                    f"the node already runs {self.node_in_flight()} generations at once, "
+                    "its limit (the node's max_concurrency)"
+                )
+                blocked = True
+                kept.append(waiter)
+                continue
+            if waiter.take_slot and self._older_elsewhere(role, waiter.since):
+                st.waiting_reason = "an older request of another role takes the node's free slot"
+                blocked = True
+                kept.append(waiter)
+                continue
+            granted += 1
             if waiter.take_slot:
                 st.in_flight += 1
                 st.last_used = now
@@ -517,6 +541,39 @@ class NodeMachine(ReplanRules):
             self._out.append(lease)
         st.waiters = kept
         self._gauges(role)
+        return granted
+
+    def _grantable(self, st: RoleState) -> bool:
+        """Whether ``st``'s oldest waiter can be granted now."""
+        if st.phase is not Phase.READY or st.endpoint is None or not st.waiters:
+            return False
+        if st.unload_tickets or st.next_spec is not None or st.suspected:
+            return False  # unloading, restarting or being probed: its requests wait
+        waiter = st.waiters[0]
+        if waiter.newer_than is not None and st.generation <= waiter.newer_than:
+            return False  # it waits for the restarted backend
+        if not waiter.take_slot:
+            return True
+        if st.in_flight >= self.limits.max_concurrency:
+            return False
+        if st.hold_since is not None and waiter.since >= st.hold_since:
+            return False  # an older request waits for this role's room: let it drain
+        return self._node_slot_free()
+
+    def _node_slot_free(self) -> bool:
+        limit = self.node_limit()
+        return limit is None or self.node_in_flight() < limit
+
+    def _older_elsewhere(self, role: str, since: float) -> bool:
+        """Whether, under a node-wide limit, another role's grantable request is older."""
+        if self.concurrency is None:
+            return False
+        for other, st in self._roles.items():
+            if other != role and self._grantable(st):
+                head = st.waiters[0]
+                if head.take_slot and head.since < since:
+                    return True
+        return False
 
     def _shutdown_step(self, now: float) -> None:
         if self._transition is not None or self._shut_down:

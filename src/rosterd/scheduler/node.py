@@ -68,6 +68,7 @@ from rosterd.scheduler.replan import launch_changed
 from rosterd.scheduler.values import (
     Lease,
     NodeChange,
+    NodeConcurrency,
     Revocation,
     SchedulerEvent,
     SchedulerLimits,
@@ -94,7 +95,10 @@ class NodeScheduler:
     events come from when no supervisor callback reaches :meth:`backend_event`
     (a remote node agent); the loop asks it for them. ``pids_are_local``:
     whether the backends' pids are processes of this machine (``False`` for a
-    node agent's: an endpoint then never carries one, even after a restart).
+    node agent's: an endpoint then never carries one, even after a restart). ``concurrency``: the
+    node-wide limit on generations at once (``None``: only the per-role limit).
+    ``memory``: role -> its memory figures (``RoleMemory.as_json``), shown in
+    :meth:`snapshot`.
     """
 
     #: How long :meth:`measured_bytes` waits for the backends to answer, seconds.
@@ -115,6 +119,8 @@ class NodeScheduler:
         unavailable: Mapping[str, str] | None = None,
         backend_events: BackendEventSource | None = None,
         pids_are_local: bool = True,
+        concurrency: NodeConcurrency | None = None,
+        memory: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         self.name = name
         self.pids_are_local = pids_are_local
@@ -129,7 +135,8 @@ class NodeScheduler:
         self._metrics = metrics
         self._clock = clock
         self._wall_clock = wall_clock
-        self._machine = NodeMachine(capacity_bytes, self.specs, self.limits)
+        self._machine = NodeMachine(capacity_bytes, self.specs, self.limits, concurrency)
+        self.memory = dict(memory or {})
         self._inbox: asyncio.Queue[Event] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._work: set[asyncio.Task[None]] = set()  # starts, stops, the event pump
@@ -376,7 +383,9 @@ class NodeScheduler:
         "base_url", "pid", "unavailable_reason"}}, "lost_reason"}`` (durations in seconds,
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
         cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
-        re-plan removed the role and it drains before it stops).
+        re-plan removed the role and it drains before it stops; ``memory``: the
+        role's figures given at construction, or ``None``); per node also
+        ``in_flight`` and ``max_concurrency`` (the node-wide limit now, or ``None``).
         """
         now = self._clock()
         roles: dict[str, object] = {}
@@ -390,6 +399,8 @@ class NodeScheduler:
                 view["phase"] = "unavailable"
             view["unavailable_reason"] = self.unavailable.get(role)
             view["retiring"] = role in self._retiring
+            figures = self.memory.get(role)
+            view["memory"] = dict(figures) if figures is not None else None
             roles[role] = view
         return {
             "capacity_bytes": self.capacity_bytes,
@@ -398,6 +409,8 @@ class NodeScheduler:
             "transition": self._machine.transition_under_way,
             "lost_reason": self._machine.lost_reason,
             "roles": roles,
+            "in_flight": self._machine.node_in_flight(),
+            "max_concurrency": self._machine.node_limit(),
         }
 
     # ---- the loop ------------------------------------------------------------------

@@ -43,7 +43,7 @@ from rosterd.scheduler.events import (
     UpdateGauges,
 )
 from rosterd.scheduler.state import MachineState, RoleState, Waiter
-from rosterd.scheduler.values import HOLDS_MEMORY, Phase, SchedulerLimits
+from rosterd.scheduler.values import HOLDS_MEMORY, NodeConcurrency, Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec, LatencyClass, MemorySpec
 
 ReplanEvent = SetCapacity | RetireRole | ReplaceSpec | AddRole
@@ -75,9 +75,13 @@ class ReplanRules(MachineState):
     """
 
     def __init__(
-        self, capacity_bytes: int, specs: Mapping[str, InferenceSpec], limits: SchedulerLimits
+        self,
+        capacity_bytes: int,
+        specs: Mapping[str, InferenceSpec],
+        limits: SchedulerLimits,
+        concurrency: NodeConcurrency | None = None,
     ) -> None:
-        super().__init__(capacity_bytes, specs, limits)
+        super().__init__(capacity_bytes, specs, limits, concurrency)
         self._over_since: float | None = None  # since when the resident roles exceed capacity
         # Restart loads are waiters nobody outside waits on: negative tickets, which no
         # node loop hands out, so their grants and failures are answered to no one.

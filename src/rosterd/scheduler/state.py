@@ -21,6 +21,7 @@ from rosterd.residency import NodeState, excludes_each_other
 from rosterd.scheduler.events import Effect, FailWaiter, RecordEvent, UpdateGauges
 from rosterd.scheduler.values import (
     HOLDS_MEMORY,
+    NodeConcurrency,
     Phase,
     Revocation,
     SchedulerLimits,
@@ -103,15 +104,22 @@ class MachineState:
     """The state of one node's machine and the helpers over it (see ``NodeMachine``).
 
     ``capacity_bytes``: the node's budget; ``specs``: the roles placed on it;
-    ``limits``: the knobs. Roles are kept sorted by id (ties break by id).
+    ``limits``: the knobs; ``concurrency``: the node-wide limit on generations at
+    once (``None``: none beyond the per-role limit). Roles are kept sorted by id
+    (ties break by id).
     """
 
     def __init__(
-        self, capacity_bytes: int, specs: Mapping[str, InferenceSpec], limits: SchedulerLimits
+        self,
+        capacity_bytes: int,
+        specs: Mapping[str, InferenceSpec],
+        limits: SchedulerLimits,
+        concurrency: NodeConcurrency | None = None,
     ) -> None:
         self.capacity_bytes = capacity_bytes
         self.specs = dict(specs)
         self.limits = limits
+        self.concurrency = concurrency
         self._roles = {role: RoleState(spec) for role, spec in sorted(self.specs.items())}
         self._transition: Transition | None = None
         self._shutdown_since: float | None = None
@@ -139,6 +147,16 @@ class MachineState:
     def resident_bytes(self) -> int:
         """The spec bytes of :meth:`resident`."""
         return sum(self._roles[r].spec.memory.resident_bytes for r in self.resident())
+
+    def node_in_flight(self) -> int:
+        """Leases taken with a slot across the node's roles."""
+        return sum(st.in_flight for st in self._roles.values())
+
+    def node_limit(self) -> int | None:
+        """Generations the node may run at once now (``None``: no node-wide limit)."""
+        if self.concurrency is None:
+            return None
+        return self.concurrency.limit(self.resident())
 
     def waiting_reason(self, role: str) -> str | None:
         """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -98,6 +99,26 @@ class SchedulerLimits:
     probe_timeout_s: float = 20.0
     load_backoff_s: float = 0.5
     max_load_backoff_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class NodeConcurrency:
+    """The node-wide limit on generations running at once (leases taken with a slot).
+
+    ``max_concurrency``: the fleet node's ``max_concurrency`` (``None``: the sum of
+    the slots of the roles holding memory); ``slots``: role -> its backend's
+    parallel slots (the fleet's ``parallel``; 1 for a role not named). Per-role
+    limits (``SchedulerLimits.max_concurrency``) still hold inside it.
+    """
+
+    max_concurrency: int | None = None
+    slots: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    def limit(self, resident: Iterable[str]) -> int:
+        """Generations the node may run at once while ``resident`` roles hold memory."""
+        if self.max_concurrency is not None:
+            return self.max_concurrency
+        return sum(self.slots.get(role, 1) for role in resident)
 
 
 @dataclass(frozen=True, slots=True)

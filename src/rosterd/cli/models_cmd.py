@@ -1,0 +1,142 @@
+"""``rosterd models ROSTER [--overlay F] [--fleet F] [--json]``: every role's resolved weights
+and the memory estimate made from them (layer 8).
+
+Per role: where its weights are (path), their format, architecture, parameter
+count, quantization and trained context, the serving context and slots, and the
+estimate in its parts (weights, KV cache, overhead, each with where it came from),
+beside the roster's ``ram_gb``; a role without readable weights says why. The
+figures come from ``rosterd.role_memory`` (no state folder: measured peaks are
+``plan``'s and ``ps``'s). ``--json`` prints ``{"models": {role: {...}}}``.
+
+The readers (``gguf``'s tables, ``huggingface_hub``) are imported when the command
+runs, not when ``rosterd`` starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from rosterd.cli import app, make_console
+from rosterd.cli.edge import errors_as_json
+
+if TYPE_CHECKING:
+    from rosterd.role_memory import RoleMemory
+
+
+def model_to_json(memory: RoleMemory) -> dict[str, object]:
+    """One role's entry of ``--json``: ``flavor``, ``weights`` (``path``, ``format``,
+    ``architecture``, ``parameter_count``, ``quantization``, ``context_length``, or
+    ``None``), ``ctx_size``, ``parallel``, ``declared_bytes``, ``declared_unmeasured``,
+    ``estimate`` (parts, notes, or ``None``) and ``estimate_note``."""
+    from rosterd.role_memory import serving_settings
+
+    facts = memory.facts
+    estimate = memory.estimate
+    ctx, parallel, extra = serving_settings(memory.weights)
+    return {
+        "flavor": memory.flavor.id,
+        "weights": None
+        if facts is None
+        else {
+            "path": str(facts.path),
+            "format": facts.format,
+            "architecture": facts.architecture,
+            "parameter_count": facts.parameter_count,
+            "quantization": facts.file_type,
+            "context_length": facts.context_length,
+        },
+        "ctx_size": ctx if memory.weights is not None else None,
+        "parallel": parallel if memory.weights is not None else None,
+        "extra_args": list(extra),
+        "declared_bytes": memory.declared_bytes,
+        "declared_unmeasured": memory.declared_unmeasured,
+        "estimate": None
+        if estimate is None
+        else {
+            "total_bytes": estimate.total_bytes,
+            "weights_bytes": estimate.weights_bytes,
+            "kv_bytes": estimate.kv_bytes,
+            "overhead_bytes": estimate.overhead_bytes,
+            "weights_note": estimate.weights_note,
+            "kv_note": estimate.kv_note,
+            "overhead_note": estimate.overhead_note,
+            "notes": list(estimate.notes),
+        },
+        "estimate_note": memory.estimate_note,
+    }
+
+
+@app.command("models")
+def models_cmd(
+    ctx: typer.Context,
+    roster: Annotated[Path, typer.Argument(help="The roster YAML file (read only).")],
+    overlay: Annotated[
+        Path | None,
+        typer.Option("--overlay", help="Overlay YAML: excludes, latency_class, sticky."),
+    ] = None,
+    fleet: Annotated[
+        Path | None,
+        typer.Option("--fleet", help="Fleet YAML (nodes, models); default: this machine alone."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the models as JSON.")] = False,
+) -> None:
+    """List every role's weights and the memory estimate made from them, in its parts.
+
+    Per role: path, format, architecture, parameter count, quantization, context."""
+    if as_json:
+        errors_as_json(ctx)
+    from rich.table import Table
+    from rich.text import Text
+
+    from rosterd.fleet import load_fleet, local_fleet
+    from rosterd.memory_count import show_declared, show_gb
+    from rosterd.role_memory import gather_memory, serving_settings
+    from rosterd.roster import load_roster
+
+    imported = load_roster(roster, overlay)
+    nodes = load_fleet(fleet) if fleet is not None else local_fleet()
+    memory = gather_memory(imported, nodes, None)
+    for warning in imported.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if as_json:
+        doc = {"models": {role: model_to_json(m) for role, m in memory.roles.items()}}
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    out = make_console()
+    table = Table(title="models", title_justify="left")
+    for column in ("role", "flavor", "weights", "ram_gb", "estimate", "of which"):
+        table.add_column(column, overflow="fold")
+    for role, m in memory.roles.items():
+        facts, estimate = m.facts, m.estimate
+        if facts is None:
+            weights = Text(m.estimate_note or "-")
+        else:
+            ctx_size, parallel, _ = serving_settings(m.weights)
+            weights = Text(
+                f"{facts.path}\n{facts.format}, {facts.architecture}, "
+                f"{facts.parameter_count / 1e6:.1f} M parameters, {facts.file_type}, "
+                f"trained context {facts.context_length}; served at ctx {ctx_size} "
+                f"x {parallel} slot(s)"
+            )
+        parts = (
+            Text(
+                f"weights {show_gb(estimate.weights_bytes)}: {estimate.weights_note}\n"
+                f"KV cache {show_gb(estimate.kv_bytes)}: {estimate.kv_note}\n"
+                f"overhead {show_gb(estimate.overhead_bytes)}: {estimate.overhead_note}"
+            )
+            if estimate is not None
+            else Text("-")
+        )
+        table.add_row(
+            Text(role),
+            m.flavor.id,
+            weights,
+            show_declared(m.declared_bytes, m.declared_unmeasured),
+            show_gb(estimate.total_bytes) if estimate is not None else "-",
+            parts,
+        )
+    out.print(table)

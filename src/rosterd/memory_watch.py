@@ -1,0 +1,122 @@
+"""Recording each role's measured peak while ``rosterd up`` runs (DESIGN.md layer 6).
+
+A :class:`PeakRecorder` per node asks the node's backends boundary for its
+peaks (``rosterd.backends.PeakSource``: the local supervisor's backends or a
+node agent's, sampled on the node, so nothing here reads a pid) and stores
+each one that changed in the state folder (``rosterd.measured_peaks``), under
+the role's run fingerprint (``rosterd.role_memory.run_fingerprint``), so the
+next ``up`` and ``plan`` count it. It records after every backend stop (the
+boundary sampled the peak just before it), every ``interval_s`` while serving
+(a crash loses nothing older), and once more at shutdown, after the last stop.
+
+What is stored is the largest peak of the role during this ``up``: the last
+run's figure replaces an earlier run's, as ``rosterd.memory_count`` wants it.
+A peak that cannot be stored is said once through ``on_error`` and the run
+goes on: the figure only ever adds evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from rosterd.backends import PeakSource
+from rosterd.errors import MeasuredPeaksError
+from rosterd.measured_peaks import MeasuredPeaks
+from rosterd.scheduler import NodeScheduler, SchedulerEvent
+
+log = logging.getLogger("rosterd.memory")
+
+
+class PeakRecorder:
+    """Stores the peaks of one node's roles (see the module docstring).
+
+    ``node``: the node scheduler (its ``memory`` view gets each role's
+    ``run_peak_bytes``); ``source``: its backends boundary; ``peaks``: the state
+    folder's measured peaks; ``fingerprints``: role -> the run fingerprint
+    (roles not named are not recorded); ``wall_clock``: seconds since the epoch.
+    """
+
+    def __init__(
+        self,
+        node: NodeScheduler,
+        source: PeakSource,
+        peaks: MeasuredPeaks,
+        fingerprints: Mapping[str, str],
+        *,
+        interval_s: float = 10.0,
+        on_error: Callable[[str], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.source = source
+        self.peaks = peaks
+        self.fingerprints = dict(fingerprints)
+        self.interval_s = interval_s
+        self._on_error = on_error
+        self._wall_clock = wall_clock
+        self._recorded: dict[str, int] = {}
+        self._failed = False
+        self._task: asyncio.Task[None] | None = None
+        self._after_stop: set[asyncio.Task[dict[str, int]]] = set()
+
+    def start(self) -> None:
+        """Record after every stop of a backend and every ``interval_s`` (on the running loop)."""
+        self.node.listeners.append(self._on_event)
+        if self._task is None:
+            self._task = asyncio.create_task(self._every(), name=f"rosterd-peaks-{self.node.name}")
+
+    async def finish(self) -> dict[str, int]:
+        """Stop the timer and record once more (call after the node's last stop)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._after_stop):
+            with contextlib.suppress(Exception):
+                await task
+        return await self.record()
+
+    async def record(self) -> dict[str, int]:
+        """Ask the boundary for its peaks and store those that changed; role -> peak bytes."""
+        try:
+            found = await self.source.peak_rss_bytes()
+        except Exception as exc:  # a node that cannot answer now is asked again later
+            log.warning("node %s: cannot read the backends' peaks: %s", self.node.name, exc)
+            return {}
+        for role, peak in found.items():
+            fingerprint = self.fingerprints.get(role)
+            view = self.node.memory.get(role)
+            if view is not None:
+                self.node.memory[role] = {**view, "run_peak_bytes": peak}
+            if fingerprint is None or self._recorded.get(role) == peak:
+                continue
+            try:
+                self.peaks.record(
+                    self.node.name,
+                    role,
+                    peak,
+                    measured_at_s=self._wall_clock(),
+                    fingerprint=fingerprint,
+                )
+            except MeasuredPeaksError as exc:
+                if not self._failed and self._on_error is not None:
+                    self._on_error(str(exc))
+                self._failed = True
+                continue
+            self._recorded[role] = peak
+        return found
+
+    def _on_event(self, event: SchedulerEvent) -> None:
+        if event.kind == "stopped":
+            task = asyncio.get_running_loop().create_task(self.record())
+            self._after_stop.add(task)
+            task.add_done_callback(self._after_stop.discard)
+
+    async def _every(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.record()
