@@ -72,3 +72,22 @@ def llama_server_binary() -> Path:
         return find_llama_server()
     except AdapterError as err:
         pytest.skip(f"llama-server is missing: {err}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--long-reliability``: the reliability suite's long soak, chaos and fuzzing runs."""
+    parser.addoption(
+        "--long-reliability",
+        action="store_true",
+        default=False,
+        help="run the reliability suite's long versions (docs/reliability.md)",
+    )
+
+
+@pytest.fixture(scope="session")
+def long_reliability(request: pytest.FixtureRequest) -> bool:
+    """Whether ``--long-reliability`` was given (or ``ROSTERD_LONG_RELIABILITY=1``)."""
+    import os
+
+    flag = bool(request.config.getoption("--long-reliability"))
+    return flag or os.environ.get("ROSTERD_LONG_RELIABILITY") == "1"
