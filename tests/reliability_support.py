@@ -17,9 +17,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 
+from backend_helpers import pick_free_port
 from rosterd.router.openai_errors import ERROR_KINDS
+from test_up_support import Up, llama_entry, start_up, write_roster
 
 HERE = Path(__file__).resolve().parent
 FAKE_LLAMA_SERVER = HERE / "fake_llama_server.py"
@@ -97,3 +100,30 @@ def print_figures(title: str, figures: dict[str, object]) -> None:
     """Print one test's figures (``pytest -s`` shows them; ``-rA`` keeps them in the summary)."""
     line = ", ".join(f"{k}={v}" for k, v in figures.items())
     print(f"\nRELIABILITY {title}: {line}", flush=True)
+
+
+def start_fake_up(
+    tmp: Path, gguf: Path, *, extra: list[str] | None = None, nofile_soft: int | None = None
+) -> Up:
+    """``rosterd up`` over one role ``chat`` served by the fast stand-in, made resident;
+    started with a soft open-files limit of ``nofile_soft`` when given (it inherits it)."""
+    wrapper = fake_llama_server_wrapper(tmp / "bin")
+    roster = write_roster(tmp / "roster.yaml", [llama_entry("chat", "fake-a", 0.1, 18640)])
+    fleet = tmp / "fleet.yaml"
+    node = {"name": "box", "memory_gb": 4, "reserved_gb": 1, "platform": "linux-x86_64"}
+    models = {"fake-a": {"path": str(gguf)}}
+    fleet.write_text(
+        json.dumps({"nodes": [node], "models": models, "model_roots": [str(gguf.parent)]})
+    )
+    os.environ["ROSTERD_LLAMA_SERVER"] = str(wrapper)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if nofile_soft is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile_soft, hard), hard))
+    try:
+        up = start_up([str(roster), "--fleet", str(fleet), *(extra or [])], tmp, pick_free_port())
+    finally:
+        del os.environ["ROSTERD_LLAMA_SERVER"]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    reply = httpx.post(up.url + "/rosterd/load/chat", timeout=60, trust_env=False)
+    assert reply.status_code == 200, reply.text
+    return up

@@ -39,6 +39,7 @@ from rich.text import Text
 
 from rosterd.adapters import WeightsSource, adapter_for
 from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
+from rosterd.cli.http_protocol import BoundedHttpProtocol
 from rosterd.cli.up_plan import (
     first_by_role,
     is_local_address,
@@ -83,13 +84,13 @@ def open_files_wanted(limits: SchedulerLimits, roles: int) -> int:
 
 
 def raise_open_files_limit(wanted: int) -> str | None:
-    """Raise this process's soft ``RLIMIT_NOFILE`` towards ``wanted`` (never above the
-    hard limit); what to tell the operator (raised, or still too low), or ``None`` when
-    the limit was already enough."""
+    """When this process's soft ``RLIMIT_NOFILE`` is below ``wanted``, raise it to the hard
+    limit (idle and slow connections hold descriptors too); what to tell the operator
+    (raised, or still too low), or ``None`` when the limit was already enough."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= wanted:
         return None
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    target = max(wanted, 2**20) if hard == resource.RLIM_INFINITY else hard
     if target > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     if target >= wanted:
@@ -301,6 +302,7 @@ class UpRun:
                 timeout_graceful_shutdown=max(1, int(options.limits.drain_s)),
                 # uvicorn listens again on the socket it is given, with its own backlog.
                 backlog=LISTEN_BACKLOG,
+                http=BoundedHttpProtocol,  # deadlines for slow clients (its module says why)
             )
             server = self._server = _Server(config)
             if self._stop.is_set():
