@@ -9,6 +9,7 @@ one part's size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -62,9 +63,13 @@ def fake_llama_server_wrapper(folder: Path) -> Path:
 
 
 def raise_nofile(wanted: int) -> int:
-    """Raise this process's soft RLIMIT_NOFILE towards ``wanted`` (at most the hard limit);
-    the soft limit now."""
+    """Raise this process's RLIMIT_NOFILE to at least ``wanted`` (the hard limit too, where
+    allowed: importing mlx lowers both to 4,096 in the test process); the soft limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        with contextlib.suppress(ValueError, OSError):  # raising the hard limit needs root
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+            return wanted
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import statistics
 import time
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.reliability]
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[Up]:
     """One ``rosterd up`` for the module; stopped by its own handle."""
-    raise_nofile(16384)
+    raise_nofile(12000)
     served = start_fake_up(tmp_path_factory.mktemp("up"), tiny_gguf)
     try:
         yield served
@@ -208,7 +209,9 @@ async def _attack(url: str, idle: int) -> dict[str, object]:
 
 
 def test_slow_and_malformed_clients_are_cut_and_served_clients_are_not_slowed(up: Up) -> None:
-    idle = budget(False).idle_connections
+    # Below a soft limit that does not allow them all (no root), fewer, and the figures say so.
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    idle = min(budget(False).idle_connections, soft - 500)
     result = asyncio.run(_attack(up.url, idle))
     baseline, during = result["baseline"], result["latencies"]
     assert isinstance(baseline, list)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import resource
 import time
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_one_thousand_streams_are_all_held(tmp_path: Path, tiny_gguf: Path) -> N
     """Started with the usual soft limit of 1,024 open files, rosterd raises it: before,
     984 of 1,000 streams got 502 (the connect to the backend failed with EMFILE) and
     nothing was logged."""
-    raise_nofile(4 * STREAMS)
+    raise_nofile(8 * STREAMS)  # the child's hard limit: rosterd raises its soft one to it
     up = start_fake_up(
         tmp_path,
         tiny_gguf,
@@ -102,7 +103,11 @@ def test_one_thousand_streams_are_all_held(tmp_path: Path, tiny_gguf: Path) -> N
         )
         lost = sorted({o for o in outcomes if o != "ok"})
         assert held == STREAMS, f"{STREAMS - held} cut: {lost[:5]}\n{up.output()[-3000:]}"
-        assert "raised the open-files limit from 1024" in up.output()
+        # Raised to the hard limit (said so), or a warning naming a hard limit that is lower
+        # than the limits admit (importing mlx in the test process lowers it to 4,096).
+        assert re.search(
+            r"raised the open-files limit from 1024|open-files limit is \d+", up.output()
+        )
     finally:
         assert up.stop() == 0
     assert not all_gone(pids)
