@@ -76,10 +76,18 @@ def llama_server_binary() -> Path:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--screenshot-dir`` for the page's browser test; ``--long-reliability``: the
+    reliability suite's long soak, chaos and fuzzing runs."""
     parser.addoption(
         "--screenshot-dir",
         default=None,
         help="also keep the browser test's screenshot of the page here (page.png)",
+    )
+    parser.addoption(
+        "--long-reliability",
+        action="store_true",
+        default=False,
+        help="run the reliability suite's long versions (docs/reliability.md)",
     )
 
 
@@ -111,3 +119,12 @@ def cluster() -> Iterator[Any]:
     finally:
         disconnect()
         ray_cluster.shutdown()
+
+
+@pytest.fixture
+def long_reliability(request: pytest.FixtureRequest) -> bool:
+    """Whether ``--long-reliability`` was given (or ``ROSTERD_LONG_RELIABILITY=1``)."""
+    import os
+
+    flag = bool(request.config.getoption("--long-reliability"))
+    return flag or os.environ.get("ROSTERD_LONG_RELIABILITY") == "1"

@@ -28,6 +28,7 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.router.auth import ApiKeyGate
 from rosterd.router.logs import LogPath, log_response
 from rosterd.router.openai_errors import RouterError, error_response, scheduler_errors
+from rosterd.router.openapi import openapi_endpoint
 from rosterd.router.proxy import Proxy, ProxyContext, upstream_clients
 from rosterd.router.routing import (
     PROXIED_PATHS,
@@ -246,6 +247,7 @@ def create_app(
         Route("/health", health, methods=["GET"]),
         Route("/status", status, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/rosterd/ps", ps, methods=["GET"]),

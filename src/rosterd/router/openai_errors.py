@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ from rosterd.scheduler import (
     ShuttingDownError,
     UnknownRoleError,
 )
+
+log = logging.getLogger("rosterd.router")
 
 #: OpenAI's error types (``error.type``); clients branch on them to decide whether to retry.
 INVALID_REQUEST = "invalid_request_error"
@@ -236,6 +239,9 @@ def upstream_errors(role: str, *, mid_stream: bool = False) -> Iterator[None]:
             message = f"backend of role {role!r} failed mid-stream: {exc}"
         else:
             message = f"backend of role {role!r} failed: {type(exc).__name__}: {exc}"
+        # Every request rosterd cannot carry through is logged with its cause: the
+        # client only sees the answer, the operator needs the reason (e.g. EMFILE).
+        log.warning("%s (%s)", message, repr(exc.__cause__ or exc.__context__ or exc))
         raise RouterError("backend_error", message) from exc
 
 

@@ -1,0 +1,161 @@
+"""rosterd's OpenAPI 3.1 document (DESIGN.md layer 7): its own endpoints as it serves them,
+at ``GET /openapi.json``.
+
+The document is built from the router's own tables, so it cannot drift from
+them: the proxied paths from ``PROXIED_PATHS`` and every error code from
+``ERROR_KINDS`` (an error answer is always the OpenAI envelope of
+:func:`~rosterd.router.openai_errors.error_body`). It describes what rosterd
+checks itself (a JSON object with a ``model`` string); the rest of an OpenAI
+request is the backend's to judge. A plain dict, not a framework's generator:
+Starlette has none worth the dependency for a dozen routes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from rosterd.router.openai_errors import ERROR_KINDS
+from rosterd.router.routing import PROXIED_PATHS
+
+_JSON = "application/json"
+_ERROR_REF: dict[str, Any] = {"$ref": "#/components/schemas/Error"}
+
+
+def _statuses(codes: set[str]) -> list[int]:
+    return sorted({ERROR_KINDS[c].status for c in codes})
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    """The error responses of an operation: one per status of ``codes`` (plus 401, which
+    every path but ``/health`` may answer when API keys are set)."""
+    statuses = _statuses({*codes, "invalid_api_key", "method_not_allowed"})
+    return {
+        str(status): {
+            "description": "an OpenAI-shaped error",
+            "content": {_JSON: {"schema": _ERROR_REF}},
+        }
+        for status in statuses
+    }
+
+
+def _ok(schema: dict[str, Any], media: str = _JSON) -> dict[str, Any]:
+    return {"200": {"description": "OK", "content": {media: {"schema": schema}}}}
+
+
+def _get(summary: str, schema: dict[str, Any], *codes: str, **extra: Any) -> dict[str, Any]:
+    return {"get": {"summary": summary, "responses": {**_ok(schema), **_errors(*codes)}, **extra}}
+
+
+_ROLE_PARAM: dict[str, Any] = {
+    "name": "role",
+    "in": "path",
+    "required": True,
+    "description": "a role id, alias id or model name (a plain token of at most 64 bytes)",
+    "schema": {"type": "string"},
+}
+_OBJECT: dict[str, Any] = {"type": "object"}
+_ADMIN_CODES = (
+    "invalid_role",
+    "model_not_found",
+    "backend_load_failed",
+    "queue_full",
+    "queue_timeout",
+    "shutting_down",
+    "role_refused",
+    "model_unavailable",
+)
+_PROXY_CODES = (
+    "bad_request",
+    "invalid_json",
+    "model_missing",
+    "model_not_found",
+    "body_too_large",
+    "backend_error",
+    *_ADMIN_CODES[2:],
+    "evicted",
+    "unavailable",
+)
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of rosterd's HTTP API (a JSON-ready dict)."""
+    error_schema = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "code", "param"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "code": {"enum": sorted(ERROR_KINDS)},
+                    "param": {"type": "null"},
+                },
+            }
+        },
+    }
+    request_schema = {
+        "type": "object",
+        "required": ["model"],
+        "properties": {"model": {"type": "string", "minLength": 1}, "stream": {"type": "boolean"}},
+    }
+    paths: dict[str, Any] = {
+        "/health": _get("liveness (never needs an API key)", _OBJECT),
+        "/status": _get("scheduler view, plan and uptime", _OBJECT),
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {**_ok({"type": "string"}, "text/plain"), **_errors()},
+            }
+        },
+        "/openapi.json": _get("this document", _OBJECT),
+        "/v1/models": _get("the roles served", _OBJECT),
+        "/v1/models/{model}": _get(
+            "one role by id, model name or alias",
+            _OBJECT,
+            "model_not_found",
+            parameters=[{**_ROLE_PARAM, "name": "model", "description": "role, name or alias"}],
+        ),
+        "/rosterd/ps": _get("what is resident, per node", _OBJECT),
+        "/rosterd/events": _get("the scheduler's recent events", _OBJECT),
+    }
+    for action, summary in (("load", "load a role and wait"), ("unload", "unload a role")):
+        paths[f"/rosterd/{action}/{{role}}"] = {
+            "post": {
+                "summary": summary,
+                "parameters": [_ROLE_PARAM],
+                "responses": {**_ok(_OBJECT), **_errors(*_ADMIN_CODES)},
+            }
+        }
+    for path, label in PROXIED_PATHS.items():
+        paths[path] = {
+            "post": {
+                "summary": f"OpenAI {label}, forwarded to the role its model names",
+                "requestBody": {"required": True, "content": {_JSON: {"schema": request_schema}}},
+                "responses": {
+                    "200": {
+                        "description": "the backend's answer (an event stream when streamed)",
+                        "content": {_JSON: {"schema": _OBJECT}, "text/event-stream": {}},
+                    },
+                    **_errors(*_PROXY_CODES),
+                },
+            }
+        }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "rosterd", "version": "1", "description": "rosterd's HTTP API"},
+        "paths": paths,
+        "components": {
+            "schemas": {"Error": error_schema},
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+async def openapi_endpoint(_: Request) -> Response:
+    """``GET /openapi.json``."""
+    return JSONResponse(openapi_document())
