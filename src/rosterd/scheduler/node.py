@@ -242,6 +242,19 @@ class NodeScheduler:
             )
         )
 
+    @property
+    def backends(self) -> RoleBackends:
+        """The backends boundary that starts this node's roles from now on."""
+        return self._backends
+
+    def record(self, kind: str, role: str, cause: str) -> None:
+        """Log a change to ``role`` decided above this node (a fleet re-plan: ``moved``,
+        ``unplaced``) with its ``cause``, as the machine's own events are (the event log,
+        ``/rosterd/events``, and a log line); the metrics count only the machine's."""
+        self._record(
+            RecordEvent(kind, role, cause, self._machine.resident(), self._machine.resident_bytes())
+        )
+
     def node_lost(self, reason: str) -> None:
         """Tell the node it is lost (``reason``: why; idempotent, any task).
 
