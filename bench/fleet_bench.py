@@ -9,7 +9,8 @@ at 127.0.0.3, standing for another machine) and ``rosterd up --ray-address``
 (a subprocess, as users run it) on a fleet of two nodes: ``local`` at
 127.0.0.1 (no Ray node there: this machine's supervisor runs it) and
 ``remote`` at 127.0.0.3 (run by its node agent on that Ray node). Two
-interactive roles of the tiny GGUF need a node each. Then, alternating over
+interactive roles of the tiny GGUF (0.3 GB each) are planned one per node, and
+both fit on ``local`` alone. Then, alternating over
 ``--rounds`` (a shared machine's load drifts), ``N`` sequential
 ``/v1/completions`` to each role through the router and straight to its
 backend; it prints p50/p99 per path and the router's added latency per role.
@@ -17,9 +18,10 @@ Requests never pass through Ray, so both overheads should match.
 
 Loss: it removes the Ray node of ``remote`` and measures the time from the
 removal to the role's ``lost`` event in ``/rosterd/events`` (loss detected ->
-role marked lost). The time from a loss to the first request served on the
-role's new node needs the run-time re-plan, which does not exist yet: it says
-so rather than print a number.
+role marked lost), then asks for the role at once and measures the time from
+the removal to that request's answer (200), served on ``local`` after the
+run-time re-plan moved the role there and loaded it (a cold start of the
+tiny GGUF included).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def write_lab(work: Path) -> list[str]:
     roles = ("near", "far")
     roster = {
         "roster": [
-            {"id": r, "role": "bench", "name": r, "repo": f"local/{r}", "ram_gb": 0.6}
+            {"id": r, "role": "bench", "name": r, "repo": f"local/{r}", "ram_gb": 0.3}
             | {"backend": "llama.cpp", "status": "live"}
             for r in roles
         ]
@@ -162,11 +164,13 @@ async def measure(router: str, status: dict[str, Any], args: argparse.Namespace)
         print(f"router overhead to the {node} role (p50): {1000 * added:+.2f} ms")
 
 
-async def time_loss(router: str, cluster: Any, worker: Any) -> None:
-    """Remove the remote role's Ray node; time until its role is marked lost."""
+async def time_loss(router: str, cluster: Any, worker: Any, status: dict[str, Any]) -> None:
+    """Remove the remote role's Ray node; time until its role is marked lost, and until a
+    request for it asked then is served on its new node."""
+    (role,) = status["nodes"]["remote"]["roles"]
     removed_at = time.time()
     cluster.remove_node(worker)
-    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+    async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
         for _ in range(1200):
             events = (await client.get(router + "/rosterd/events")).json()["events"]
             lost = [e for e in events if e["kind"] == "lost"]
@@ -179,7 +183,17 @@ async def time_loss(router: str, cluster: Any, worker: Any) -> None:
             await asyncio.sleep(0.05)
         else:
             print("node loss -> role marked lost: not seen within 60 s")
-    print("node loss -> first request served on its new node: needs the run-time re-plan")
+            return
+        body = {"model": role, "prompt": "Hello", "max_tokens": 4, "temperature": 0.0}
+        answer = await client.post(router + "/v1/completions", json=body)
+        served_at = time.time()
+        now = (await client.get(router + "/status")).json()["nodes"]
+        where = [name for name, node in now.items() if role in node.get("roles", {})]
+        where = [n for n in where if now[n]["roles"][role].get("phase") == "ready"]
+        print(
+            f"node loss -> first request served on its new node ({', '.join(where) or '?'}): "
+            f"{served_at - removed_at:.2f} s (HTTP {answer.status_code})"
+        )
 
 
 def main() -> None:
@@ -222,7 +236,7 @@ def main() -> None:
             try:
                 status = asyncio.run(wait_serving(router, proc))
                 asyncio.run(measure(router, status, args))
-                asyncio.run(time_loss(router, cluster, worker))
+                asyncio.run(time_loss(router, cluster, worker, status))
             finally:
                 proc.send_signal(signal.SIGINT)
                 proc.wait(timeout=120)

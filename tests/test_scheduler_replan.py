@@ -16,7 +16,10 @@ import pytest
 from rosterd.scheduler import (
     NodeChange,
     NodeConfig,
+    NodeScheduler,
+    Phase,
     Revocation,
+    RoleMovedError,
     RoleRefusedError,
     Scheduler,
     UnknownRoleError,
@@ -26,6 +29,7 @@ from rosterd.scheduler.events import (
     ForgetRole,
     LoadDone,
     LogNote,
+    NodeLost,
     ReplaceSpec,
     RetireRole,
     RevokeLeases,
@@ -411,3 +415,63 @@ def test_the_replan_rules_import_no_clock_no_asyncio_and_no_logging() -> None:
         if isinstance(node, ast.ImportFrom)
     }
     assert imported.isdisjoint({"asyncio", "time", "logging"}), imported
+
+
+# --------------------------------------------------------------------------- a lost node
+
+
+def test_a_lost_role_that_moved_is_forgotten_at_once_and_its_waiters_follow_it() -> None:
+    bench = Bench([spec("a", 100), spec("b", 100)], 1000)
+    bench.use("a")
+    bench.send(NodeLost(bench.now, "node n1 is lost"))
+    waiting = bench.acquire("a", timeout_s=30.0)
+    bench.at(1.0)
+    assert not bench.answered(waiting)  # it waits for the re-plan
+    bench.send(RetireRole(bench.now, "a", moved_to="n2"))
+    assert forgotten(bench) == ["a"]  # nothing to stop: the node holds nothing
+    assert bench.stops() == []
+    assert_failed(bench, waiting, RoleMovedError, "moved to node 'n2'")
+    assert bench.phase("b") == Phase.LOST.value  # a role the re-plan left here stays lost
+    later = bench.acquire("a")
+    assert_failed(bench, later, UnknownRoleError)  # forgotten: the fleet resolves it anew
+
+
+def test_a_retired_role_that_moved_serves_its_queue_and_sends_the_rest_on() -> None:
+    bench = Bench([spec("x", 600), spec("y", 600)], 1000)
+    held = bench.acquire("x")
+    bench.settle()
+    waiting = bench.acquire("y")  # waits for x's room
+    bench.send(RetireRole(bench.now, "y", moved_to="n2"))
+    assert_failed(bench, waiting, RoleMovedError, "moved to node 'n2'")
+    retire(bench, "x")  # moved nowhere: a later request is refused as unknown
+    refused = bench.acquire("x")
+    assert_failed(bench, refused, UnknownRoleError, "not placed on this node")
+    bench.release(held)
+    assert bench.stops() == ["x"]
+
+
+async def test_a_request_waiting_on_a_lost_node_is_served_where_its_role_moved() -> None:
+    lost_backends = GatedBackends()
+    lost = NodeScheduler("n1", 1000 * MIB, {"a": node_spec("a", 100)}, lost_backends)
+    elsewhere = GatedBackends()
+    kept = NodeScheduler("n2", 1000 * MIB, {"b": node_spec("b", 100)}, elsewhere)
+    scheduler = Scheduler({"n1": lost, "n2": kept})
+    scheduler.start()
+    lost.node_lost("node n1 is lost")
+    waiting = asyncio.create_task(scheduler.acquire("a", timeout_s=30.0))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    change = scheduler.apply_plan(
+        {
+            "n1": NodeConfig("n1", 1000 * MIB, {}, lost_backends),
+            "n2": NodeConfig(
+                "n2", 1000 * MIB, {"a": node_spec("a", 100), "b": node_spec("b", 100)}, elsewhere
+            ),
+        }
+    )
+    assert change.moved == {"a": ("n1", "n2")}
+    lease = await asyncio.wait_for(waiting, 5.0)
+    assert lease.node == "n2"
+    assert elsewhere.starts == ["a"]
+    scheduler.release(lease)
+    await scheduler.shutdown()

@@ -254,3 +254,88 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
 
 async def _gone(pid: int) -> bool:
     return gone(pid)
+
+
+def write_small_lab(tmp: Path, gguf: Path, nodes: dict[str, str]) -> tuple[Path, Path, Path]:
+    """The lab of :func:`write_lab` with ``chat`` and ``code`` only, 0.3 GiB each: planned
+    one per node, and both fit on one node once the other is lost."""
+    roster, overlay, fleet = write_lab(tmp, gguf, nodes)
+    entries = [e | {"ram_gb": 0.3} for e in json.loads(roster.read_text())["roster"]]
+    roster.write_text(json.dumps({"roster": [e for e in entries if e["id"] != "extra"]}))
+    return roster, overlay, fleet
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_a_lost_nodes_role_moves_to_the_remaining_node_and_its_request_is_served(
+    cluster: Any, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
+) -> None:
+    spare = cluster.add_node(num_cpus=1, node_ip_address=SPARE_IP)
+    cluster.wait_for_nodes()
+    removed = False
+    roster, overlay, fleet = write_small_lab(
+        tmp_path, tiny_gguf, {"head": HEAD_IP, "spare": SPARE_IP}
+    )
+    out = console()
+    up = UpRun(
+        UpOptions(
+            roster_path=roster,
+            overlay_path=overlay,
+            fleet_path=fleet,
+            port=pick_free_port(),
+            state_dir=tmp_path / "state",
+            limits=SchedulerLimits(queue_timeout_s=60.0),
+            auto_backend_ports=True,
+            warm_up=False,
+            grace_s=5.0,
+            ray_address=cluster.address,
+        ),
+        out=out,
+        err=console(),
+    )
+    run = asyncio.create_task(up.run())
+    try:
+        url = await asyncio.wait_for(up.serving(), 120)
+        async with httpx.AsyncClient(base_url=url, timeout=90, trust_env=False) as client:
+            body = {"model": "code", "prompt": "Hi", "max_tokens": 4}
+            assert (await client.post("/v1/completions", json=body)).status_code == 200
+            status = (await client.get("/status")).json()
+            assert list(status["nodes"]["spare"]["roles"]) == ["code"]
+            assert list(status["nodes"]["head"]["roles"]) == ["chat"]
+
+            cluster.remove_node(spare)
+            removed = True
+            lost_at = time.monotonic()
+
+            async def kinds() -> set[str]:
+                events = (await client.get("/rosterd/events")).json()["events"]
+                return {e["kind"] for e in events if e["role"] == "code"}
+
+            assert "lost" in await eventually(lambda: _has(kinds, "lost"), 60.0)
+            # Asked while the role is lost (or already moved): served on the remaining node.
+            answer = await client.post("/v1/completions", json=body)
+            assert answer.status_code == 200, answer.text
+            assert time.monotonic() - lost_at < 60.0
+            events = (await client.get("/rosterd/events")).json()["events"]
+            moved = [e for e in events if e["kind"] == "moved"]
+            assert [(e["role"], e["node"]) for e in moved] == [("code", "spare")]
+            assert moved[0]["cause"].startswith("moved to node head: node spare is lost")
+            status = (await client.get("/status")).json()
+            head = status["nodes"]["head"]
+            assert sorted(head["roles"]) == ["chat", "code"]
+            assert head["roles"]["code"]["phase"] == "ready"
+            assert head["roles"]["code"]["base_url"].startswith(f"http://{HEAD_IP}:")
+            assert status["nodes"]["spare"]["roles"] == {}
+    finally:
+        up.stop()
+        await asyncio.wait_for(run, 120)
+        if not removed:
+            cluster.remove_node(spare)
+    said = printed(out)
+    assert "role code: moved to node head: node spare is lost" in said
+    assert said.endswith("rosterd stopped; no backend left running")
+
+
+async def _has(kinds: Any, kind: str) -> set[str]:
+    got: set[str] = await kinds()
+    return got if kind in got else set()

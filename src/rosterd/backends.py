@@ -205,6 +205,11 @@ class SupervisorBackends:
         self._changes: asyncio.Queue[BackendEvent] = asyncio.Queue()
         self._peaks: dict[str, int] = {}
 
+    def add_specs(self, specs: Mapping[str, InferenceSpec]) -> None:
+        """Run the roles ``specs`` (role -> spec) too, from now on (a re-plan moved them
+        to this node); a role already known takes the new spec for its next start."""
+        self.specs.update(specs)
+
     async def start(self, role: str) -> Endpoint:
         """Resolve the weights, build the adapter's launch, start it and wait until ready.
 

@@ -268,6 +268,15 @@ class UnknownRoleError(SchedulerError):
     """The role is not placed on any node this process runs."""
 
 
+class RoleMovedError(UnknownRoleError):
+    """A re-plan moved the role to another node while the request waited for it here.
+
+    ``Scheduler.acquire`` takes it and queues the request again on the role's new
+    node within what is left of its queue timeout; it reaches a client (404, as
+    ``UnknownRoleError``) only if the role moved away again and again.
+    """
+
+
 class QueueFullError(SchedulerError):
     """The role's queue holds ``max_queue`` waiters already (the router answers 429)."""
 

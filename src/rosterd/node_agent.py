@@ -191,6 +191,12 @@ class NodeAgent:
         return AgentInfo(self.config.node, os.getpid(), str(self.state_dir), self._reaped)
 
     @_carry_errors
+    async def add_roles(self, specs: Mapping[str, InferenceSpec]) -> None:
+        """Run the roles ``specs`` (role -> spec) on this node too, from now on (a re-plan
+        moved them here); a role already known takes the new spec for its next start."""
+        self._opened().add_specs(specs)
+
+    @_carry_errors
     async def start(self, role: str) -> Endpoint:
         """Start ``role``'s backend on this node and return once it is ready.
 
@@ -381,6 +387,17 @@ class AgentBackends:
         endpoint: Endpoint = await self.call(self._actor.start.remote(role))
         self._running.add(role)
         return Endpoint(endpoint.base_url, endpoint.served_model, None)
+
+    async def add_roles(self, specs: Mapping[str, InferenceSpec]) -> None:
+        """Let the node run the roles ``specs`` (role -> spec) too (a re-plan moved them
+        here); call before the node scheduler is given them.
+
+        Raises:
+            NodeLostError: the node (or its agent) is gone.
+            NodeAgentError: the agent failed otherwise.
+        """
+        self._check_not_lost()
+        await self.call(self._actor.add_roles.remote(dict(specs)))
 
     async def stop(self, role: str) -> None:
         """Stop ``role``'s backend on the node; returns after it exited (at once when lost:

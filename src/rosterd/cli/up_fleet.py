@@ -11,10 +11,16 @@ and each role that moved, or fits nowhere, gets its reason.
 
 At run time :meth:`UpFleet.watch` reports a lost node (its Ray node or its
 agent died) to :meth:`UpFleet.on_node_lost`, the one place a loss is answered:
-today it marks the node's roles ``lost`` (their requests keep waiting up to
-their queue timeout), logs it and prints it; the scheduler records it in
-``/rosterd/events``. The re-plan that serves those roles on the remaining
-nodes is called from there.
+it marks the node's roles ``lost`` (their requests wait), logs and prints it,
+and re-plans (:meth:`UpFleet.replan_lost`): the fleet without the lost nodes
+is planned again with the plan in force as ``previous`` (sticky roles stay),
+each node that takes a role learns its spec (its agent, or this machine's
+supervisor), and ``Scheduler.apply_plan`` serves the new plan; requests that
+waited for a moved role are queued on its new node. A role that fits nowhere
+stays ``lost`` on its node (its requests time out naming the loss). Each move
+or unplaced role is a log line with its cause and a ``moved`` / ``unplaced``
+event in ``/rosterd/events``. A node that comes back is not taken back: its
+roles stay where the re-plan put them until rosterd restarts.
 
 :meth:`UpFleet.node_views` is what ``/status``, ``rosterd ps`` and ``/metrics``
 show of every node, connected or not. It prints (the CLI layer), on the
@@ -27,12 +33,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
 
+from rosterd.backends import SupervisorBackends
 from rosterd.cli.up_plan import is_local_address, replanned_reasons, with_unplaced_reasons
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
@@ -40,7 +48,7 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.node_agent import AgentBackends
 from rosterd.placement import Plan, plan
 from rosterd.ray_cluster import NodeLost, RayFleet, connect_fleet, disconnect
-from rosterd.scheduler import NodeScheduler, Scheduler
+from rosterd.scheduler import NodeConfig, NodeScheduler, Scheduler
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 
@@ -81,6 +89,11 @@ class UpFleet:
         self.lost: dict[str, str] = {}  # node -> why it is lost
         self._local = {n.name for n in self.fleet.nodes if is_local_address(n.address)}
         self._watch: asyncio.Task[None] | None = None
+        self._replans: set[asyncio.Task[None]] = set()
+        self._replan_lock = asyncio.Lock()
+        self._after_plan: Callable[[], None] = lambda: None
+        #: Monotonic seconds at which each lost node's re-plan was applied (for the bench).
+        self.replanned_at: dict[str, float] = {}
 
     @classmethod
     def join(cls, address: str, fleet: Fleet, out: Console) -> UpFleet:
@@ -121,7 +134,7 @@ class UpFleet:
             RosterdError: no node of the fleet runs.
         """
         absent = self.not_connected()
-        running = [n for n in self.fleet.nodes if n.name not in absent]
+        running = [n for n in self.fleet.nodes if n.name not in absent and n.name not in self.lost]
         if not running:
             raise RosterdError(
                 f"no node of the fleet is connected to the Ray cluster at {self.address} "
@@ -252,9 +265,15 @@ class UpFleet:
             for name, backends in agents.items()
         }
 
-    def watch(self, scheduler: Scheduler) -> None:
-        """Report lost nodes to :meth:`on_node_lost` from now on (``RayFleet.watch``)."""
+    def watch(self, scheduler: Scheduler, *, after_plan: Callable[[], None] | None = None) -> None:
+        """Report lost nodes to :meth:`on_node_lost` from now on (``RayFleet.watch``).
+
+        ``after_plan`` runs after each re-plan's solver returned (``rosterd up`` puts
+        its signal handlers back there, as after a reload's plan).
+        """
         self.scheduler = scheduler
+        if after_plan is not None:
+            self._after_plan = after_plan
         if self._watch is None:
             self._watch = asyncio.create_task(
                 self.ray_fleet.watch(self._on_lost), name="rosterd-ray-watch"
@@ -266,13 +285,10 @@ class UpFleet:
     def on_node_lost(self, node: str, reason: str) -> None:
         """What a run does when fleet node ``node`` is lost (``reason``: why); idempotent.
 
-        Today: the node's scheduler marks its roles ``lost`` (recorded in
+        The node's scheduler marks its roles ``lost`` (recorded in
         ``/rosterd/events`` with the reason; requests waiting for them, and new
-        ones, keep waiting up to their queue timeout), and the loss is logged and
-        printed. This is the hook where the run-time re-plan serves the lost
-        node's roles on the remaining nodes: it needs ``self.served`` (the plan
-        served), ``self.lost`` (every node lost so far, with why) and
-        ``self.scheduler``.
+        ones, wait up to their queue timeout), the loss is logged and printed,
+        and :meth:`replan_lost` runs in the background (one re-plan at a time).
         """
         if node in self.lost:
             return
@@ -280,7 +296,7 @@ class UpFleet:
         roles = sorted(self.served.plan.placements) if self.served else []
         mine = [r for r in roles if self.served and self.served.plan.placements[r] == node]
         log.warning(
-            "%s; its roles are lost: %s (waiting requests wait up to their queue timeout)",
+            "%s; its roles are lost: %s (waiting requests wait for the re-plan)",
             reason,
             ", ".join(mine) or "none",
         )
@@ -291,6 +307,106 @@ class UpFleet:
         scheduler = self.scheduler
         if scheduler is not None and node in scheduler.nodes:
             scheduler.nodes[node].node_lost(reason)
+            task = asyncio.get_running_loop().create_task(
+                self._replan_soon(node), name=f"rosterd-replan-{node}"
+            )
+            self._replans.add(task)
+            task.add_done_callback(self._replans.discard)
+
+    async def _replan_soon(self, node: str) -> None:
+        async with self._replan_lock:
+            try:
+                await self.replan_lost(node)
+            except Exception:  # the run goes on; the roles stay lost and their requests time out
+                log.exception("re-planning after the loss of node %s failed", node)
+
+    async def replan_lost(self, node: str) -> dict[str, tuple[str, str]]:
+        """Serve lost node ``node``'s roles on the nodes that still run; role -> (from, to)
+        of every role moved (``PlanChange.moved``).
+
+        The fleet without the lost and not connected nodes is planned with the plan
+        in force as ``previous`` (sticky roles stay where they are). Each node that
+        takes a role learns its spec first (``AgentBackends.add_roles``, or
+        ``SupervisorBackends.add_specs`` for this machine's nodes); then one
+        ``Scheduler.apply_plan`` swaps the plan: requests waiting for a moved role
+        are queued on its new node; a role that fits nowhere stays ``lost`` on
+        ``node`` with its reason. Each is logged, printed and recorded (``moved``,
+        ``unplaced``) in ``/rosterd/events``.
+
+        Raises:
+            NodeLostError, NodeAgentError: a node that takes a role failed to learn it.
+        """
+        served, scheduler = self.served, self.scheduler
+        if served is None or scheduler is None:
+            return {}
+        absent = self.not_connected()
+        running = [
+            n
+            for n in self.fleet.nodes
+            if n.name not in absent and n.name not in self.lost and n.name in scheduler.nodes
+        ]
+        specs = list(served.specs.values())
+        fleet = dataclasses.replace(self.fleet, nodes=tuple(running))
+        try:
+            # The solver runs up to its time limit: off the loop, which keeps serving.
+            new = await asyncio.to_thread(plan, specs, fleet, served.plan)
+        finally:
+            self._after_plan()
+        unplaced = dict(new.unplaced)
+        why = self.lost[node]
+        placements: dict[str, str] = {}
+        for role, was in served.plan.placements.items():
+            to = new.placements.get(role)
+            if to is None and was not in self.lost:
+                to = was  # not placed any more (a role of a node lost before): leave it
+            placements[role] = to if to is not None else was  # unplaced: stays lost there
+        wanted: dict[str, dict[str, InferenceSpec]] = {}
+        for role, name in placements.items():
+            if name in self.lost or scheduler.nodes[name].specs.get(role) is not None:
+                continue
+            wanted.setdefault(name, {})[role] = served.specs[role]
+        for name, added in wanted.items():
+            backends = scheduler.nodes[name].backends
+            if isinstance(backends, AgentBackends):
+                await backends.add_roles(added)
+            elif isinstance(backends, SupervisorBackends):
+                backends.add_specs(added)
+        configs: dict[str, NodeConfig] = {}
+        for name, current in scheduler.nodes.items():
+            configs[name] = NodeConfig(
+                name,
+                current.capacity_bytes,
+                {r: served.specs[r] for r, n in placements.items() if n == name},
+                current.backends,
+                current.unavailable,
+            )
+        change = scheduler.apply_plan(configs)  # one step: requests follow their roles
+        self.replanned_at[node] = time.monotonic()
+        lost_node = scheduler.nodes[node]
+        for role, (old, to) in sorted(change.moved.items()):
+            cause = f"moved to node {to}: " + self.lost.get(old, f"a re-plan after {why}")
+            self._say("moved", lost_node if old == node else scheduler.nodes[to], role, cause)
+        for role, was in sorted(served.plan.placements.items()):
+            if was == node and placements[role] == node:
+                cause = f"{why}, and it does not fit on the remaining nodes: " + unplaced.get(
+                    role, "no remaining node runs it"
+                )
+                self._say("unplaced", lost_node, role, cause)
+        moved = {r: f"{c}" for r, c in served.moved.items()}
+        moved |= {
+            r: f"planned on node {to}: node {old} is lost" for r, (old, to) in change.moved.items()
+        }
+        self.served = dataclasses.replace(
+            served,
+            plan=dataclasses.replace(new, placements=placements),
+            moved=moved,
+        )
+        return dict(change.moved)
+
+    def _say(self, kind: str, node: NodeScheduler, role: str, cause: str) -> None:
+        log.warning("role %s: %s", role, cause)
+        self.out.print(Text(f"role {role}: {cause}", style="yellow"), soft_wrap=True)
+        node.record(kind, role, cause)
 
     # ---- views and the end -------------------------------------------------------------
 
@@ -349,7 +465,12 @@ class UpFleet:
         }
 
     async def close(self) -> None:
-        """Stop watching, end every agent (their backends stop), leave the cluster."""
+        """Stop watching and re-planning, end every agent (their backends stop), leave the
+        cluster."""
+        for task in list(self._replans):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

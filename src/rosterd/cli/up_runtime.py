@@ -446,7 +446,10 @@ class UpRun:
             )
             scheduler.start()
             if ray is not None:
-                ray.watch(scheduler)
+                ray.watch(
+                    scheduler,
+                    after_plan=self._set_signal_handlers if self.stop_on_signals else None,
+                )
             config = uvicorn.Config(
                 router,
                 log_level="warning",

@@ -180,10 +180,14 @@ class SetCapacity:
 class RetireRole:
     """``role`` is no longer placed on this node: new requests for it are refused
     (``UnknownRoleError``), the requests it has are served, then it stops (cut after
-    ``drain_s``) and is forgotten (``ForgetRole``)."""
+    ``drain_s``) and is forgotten (``ForgetRole``). ``moved_to``: the node the re-plan
+    put it on instead (``None``: nowhere); its waiters that this node cannot serve then
+    fail with ``RoleMovedError``, and the caller queues them there. A ``lost`` role
+    holds nothing: it is forgotten at once."""
 
     now: float
     role: str
+    moved_to: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

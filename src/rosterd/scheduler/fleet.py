@@ -10,15 +10,19 @@ node gets a scheduler, a node left out drains and stops.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Final
 
 from rosterd.backends import BackendEventSource, RoleBackends
-from rosterd.errors import UnknownRoleError
+from rosterd.errors import RoleMovedError, UnknownRoleError
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import Lease, NodeChange, SchedulerEvent
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
+
+#: How many times one request follows its role to a new node before it gets the error.
+MAX_MOVES: Final[int] = 3
 
 
 @dataclass(frozen=True)
@@ -143,10 +147,12 @@ class Scheduler:
         this scheduler is. A node left out drains: it takes no new request, lets
         its requests finish (up to ``drain_s``) and stops every backend, in the
         background (:meth:`shutdown` waits for it). A role that moved retires on
-        its old node and is added on the new one. Needs a running event loop when
-        a node is left out.
+        its old node and is added on the new one; its requests the old node does
+        not serve are queued on the new one (:meth:`acquire`). Needs a running event
+        loop when a node is left out.
         """
         before = dict(self._node_of)
+        placed = {role: name for name, config in nodes.items() for role in config.specs}
         changes: dict[str, NodeChange] = {}
         added_nodes: list[str] = []
         for name, config in sorted(nodes.items()):
@@ -165,6 +171,7 @@ class Scheduler:
                 backends=config.backends,
                 unavailable=config.unavailable,
                 restart=restart,
+                moved={role: placed[role] for role in node.specs if placed.get(role, name) != name},
             )
         drained = sorted(set(self.nodes) - set(nodes))
         for name in drained:
@@ -197,10 +204,46 @@ class Scheduler:
         """A lease on ``role`` (as ``NodeScheduler.acquire``); give it back with :meth:`release`.
 
         ``newer_than``: the generation of a lease whose backend failed the request
-        before answering; the new lease is of the restarted backend.
+        before answering; the new lease is of the restarted backend. A request
+        waiting while a re-plan moves its role (a node lost, a reload) is queued
+        again on the role's new node, within what is left of its ``timeout_s``.
         Raises the ``SchedulerError`` subclasses listed there.
         """
-        return await self.node_of(role).acquire(role, timeout_s=timeout_s, newer_than=newer_than)
+        return await self._follow_moves(
+            role,
+            timeout_s,
+            lambda node, left_s: node.acquire(role, timeout_s=left_s, newer_than=newer_than),
+        )
+
+    async def _follow_moves(
+        self,
+        role: str,
+        timeout_s: float | None,
+        ask: Callable[[NodeScheduler, float | None], Awaitable[Lease]],
+    ) -> Lease:
+        """``ask(node, timeout_s)`` on ``role``'s node; when that node answers
+        ``RoleMovedError`` (a re-plan moved the role while the request waited), ask
+        the role's node now, with what is left of the timeout (at most
+        ``MAX_MOVES`` times, so a role moved back and forth cannot loop)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        node = self.node_of(role)
+        limit_s = node.limits.queue_timeout_s if timeout_s is None else timeout_s
+        left_s = timeout_s
+        for moves in range(MAX_MOVES + 1):
+            try:
+                lease = await ask(node, left_s)
+            except RoleMovedError:
+                moved_to = self.node_of(role)  # UnknownRoleError: placed nowhere now
+                if moved_to is node or moves == MAX_MOVES:
+                    raise
+                node = moved_to
+                left_s = max(0.0, limit_s - (loop.time() - started))
+                continue
+            if moves == 0:
+                return lease
+            return replace(lease, waited_s=loop.time() - started)  # counted from the first ask
+        raise AssertionError("unreachable: the last move re-raises")
 
     def suspect(self, lease: Lease, reason: str) -> None:
         """A request on ``lease`` got no byte within its deadline: probe its backend
@@ -238,8 +281,12 @@ class Scheduler:
         ``no_evict``: give up (``RoleRefusedError``) rather than evict anything.
         The returned lease needs no release.
         """
-        return await self.node_of(role).acquire(
-            role, timeout_s=timeout_s, take_slot=False, no_evict=no_evict
+        return await self._follow_moves(
+            role,
+            timeout_s,
+            lambda node, left_s: node.acquire(
+                role, timeout_s=left_s, take_slot=False, no_evict=no_evict
+            ),
         )
 
     async def unload(self, role: str) -> None:

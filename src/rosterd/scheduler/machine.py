@@ -36,6 +36,7 @@ from rosterd.errors import (
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,
+    RoleMovedError,
     RoleRefusedError,
     ShuttingDownError,
     UnknownRoleError,
@@ -141,7 +142,10 @@ class NodeMachine(ReplanRules):
 
     def _on_acquire(self, ev: Acquire, now: float) -> None:
         st = self._roles.get(ev.role)
-        if st is None or st.retiring_since is not None:
+        if st is not None and st.moved_to is not None:
+            moved = f"role {ev.role!r} moved to node {st.moved_to!r} (a re-plan)"
+            self._fail(ev.ticket, RoleMovedError, moved)
+        elif st is None or st.retiring_since is not None:
             self._fail(ev.ticket, UnknownRoleError, f"role {ev.role!r} is not placed on this node")
         elif self.shutting_down:
             self._fail(ev.ticket, ShuttingDownError, _SHUTTING_DOWN)

@@ -242,6 +242,19 @@ class NodeScheduler:
             )
         )
 
+    @property
+    def backends(self) -> RoleBackends:
+        """The backends boundary that starts this node's roles from now on."""
+        return self._backends
+
+    def record(self, kind: str, role: str, cause: str) -> None:
+        """Log a change to ``role`` decided above this node (a fleet re-plan: ``moved``,
+        ``unplaced``) with its ``cause``, as the machine's own events are (the event log,
+        ``/rosterd/events``, and a log line); the metrics count only the machine's."""
+        self._record(
+            RecordEvent(kind, role, cause, self._machine.resident(), self._machine.resident_bytes())
+        )
+
     def node_lost(self, reason: str) -> None:
         """Tell the node it is lost (``reason``: why; idempotent, any task).
 
@@ -296,6 +309,7 @@ class NodeScheduler:
         backends: RoleBackends,
         unavailable: Mapping[str, str] | None = None,
         restart: Collection[str] = (),
+        moved: Mapping[str, str] | None = None,
     ) -> NodeChange:
         """Serve ``specs`` within ``capacity_bytes`` from now on (a re-plan); what changes.
 
@@ -308,7 +322,9 @@ class NodeScheduler:
         named in ``restart`` (its weights or launch options changed outside the
         spec), restarts once idle; a smaller budget evicts to fit. ``backends``
         starts every role from now on; a role is stopped by the backends that
-        started it. See ``docs/scheduler.md`` (re-plan).
+        started it. ``moved``: role -> the node a retired role moved to; its waiters
+        this node does not serve fail with ``RoleMovedError`` (to be queued there).
+        See ``docs/scheduler.md`` (re-plan).
         """
         old = dict(self.specs)
         now = self._clock()
@@ -321,7 +337,7 @@ class NodeScheduler:
         restarted: list[str] = []
         updated: list[str] = []
         for role in retired:
-            events.append(RetireRole(now, role))
+            events.append(RetireRole(now, role, (moved or {}).get(role)))
             self._retiring[role] = old[role]
         for role in sorted(set(old) & set(specs)):
             new = specs[role]

@@ -11,6 +11,9 @@ under the machine's own rules: one transition per node, memory free only at
 - **A retired role** takes no new request (``UnknownRoleError``); the requests
   it has are served; once it is idle (or ``drain_s`` after the retirement,
   cutting what is left) it stops, and then it is forgotten (``ForgetRole``).
+  A role retired because it moved to another node fails the waiters it could
+  not serve with ``RoleMovedError`` (the fleet scheduler queues them on the new
+  node); a ``lost`` role, holding nothing, is forgotten at once.
 - **A new spec with a restart** (what the role launches changed): the role
   grants no new lease; once its requests finished (or after ``drain_s``) it
   stops, takes the new spec and, if it was resident, loads again as a warm-up
@@ -30,7 +33,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping
 
-from rosterd.errors import UnknownRoleError
+from rosterd.errors import RoleMovedError, UnknownRoleError
 from rosterd.residency import fit_to_capacity, gib
 from rosterd.scheduler.events import (
     AddRole,
@@ -112,7 +115,7 @@ class ReplanRules(MachineState):
                 self._over_since = now
             self._out.append(LogNote("info", f"capacity is now {gib(event.capacity_bytes)}"))
         elif isinstance(event, RetireRole):
-            self._on_retire(event.role, now)
+            self._on_retire(event.role, event.moved_to, now)
         elif isinstance(event, ReplaceSpec):
             self._on_replace_spec(event.spec, event.restart, now)
         else:
@@ -122,15 +125,16 @@ class ReplanRules(MachineState):
                 self._roles[event.spec.role] = RoleState(event.spec)
                 self._roles = dict(sorted(self._roles.items()))  # ties break by id
             else:
-                st.retiring_since = None  # taken back before it was forgotten
+                st.retiring_since = st.moved_to = None  # taken back before it was forgotten
                 if event.spec != st.spec or st.next_spec is not None:
                     self._on_replace_spec(event.spec, event.restart, now)
 
-    def _on_retire(self, role: str, now: float) -> None:
+    def _on_retire(self, role: str, moved_to: str | None, now: float) -> None:
         st = self._roles.get(role)
         if st is None or st.retiring_since is not None:
             return
         st.retiring_since = now
+        st.moved_to = moved_to
         if st.next_spec is not None:
             st.spec = self.specs[role] = st.next_spec  # it stops anyway; no restart
             st.next_spec, st.restart_after = None, False
@@ -170,7 +174,9 @@ class ReplanRules(MachineState):
         held = set() if tr is None else {tr.role, *tr.evict, tr.load}
         for role in list(self._roles):
             st = self._roles[role]
-            if st.phase is not Phase.STOPPED or role in held:
+            # A lost role holds nothing and its node does nothing: forget it at once.
+            lost = st.phase is Phase.LOST and st.retiring_since is not None
+            if (st.phase is not Phase.STOPPED and not lost) or role in held:
                 continue
             if st.retiring_since is not None:
                 self._forget(role, st)
@@ -188,8 +194,12 @@ class ReplanRules(MachineState):
         del self._roles[role]
         del self.specs[role]
         why = f"role {role!r} is no longer served here (a re-plan removed it)"
+        error: type[UnknownRoleError] = UnknownRoleError
+        if st.moved_to is not None:
+            why = f"role {role!r} moved to node {st.moved_to!r} (a re-plan)"
+            error = RoleMovedError
         for w in st.waiters:
-            self._fail(w.ticket, UnknownRoleError, why)
+            self._fail(w.ticket, error, why)
         self._out.extend(FinishUnload(t) for t in st.unload_tickets)
         if st.gauges != (0, 0):
             self._out.append(UpdateGauges(role, 0, 0))

@@ -65,6 +65,7 @@ class RoleState:
     # A re-plan (replan.py): RetireRole since when; ReplaceSpec's spec still to apply
     # (since when), and whether to load the role again afterwards.
     retiring_since: float | None = None
+    moved_to: str | None = None  # the node a retirement moved it to (None: nowhere)
     next_spec: InferenceSpec | None = None
     respec_since: float = 0.0
     restart_after: bool = False

@@ -162,7 +162,8 @@ class SchedulerEvent:
     ``stopped``, ``refused``, ``crashed``, ``restarted``, ``restart_failed``,
     ``unhealthy`` (its generation probe failed), ``load_cancelled`` (nobody
     waited for it and another role needed the room);
-    ``lost`` (the role's node is lost);
+    ``lost`` (the role's node is lost); ``moved`` / ``unplaced`` (a re-plan after a
+    loss moved the role to another node / found it no node: recorded on the lost node);
     ``cause``: why (the policy's reason, ``idle``, ``unload``, ``shutdown``, …);
     ``resident``: roles holding memory after the step (sorted);
     ``resident_bytes``: their spec bytes; ``at``: wall-clock time (seconds
