@@ -1,7 +1,8 @@
 """The router's error table and mappings: what each error code answers (status, OpenAI type,
-Retry-After), and how scheduler refusals, revocations and upstream httpx failures map to them.
+Retry-After), and how scheduler refusals, revocations and upstream client (aiohttp) failures
+map to them.
 
-No fakes: the errors are the scheduler's and httpx's own classes, and one upstream failure
+No fakes: the errors are the scheduler's and aiohttp's own classes, and one upstream failure
 is a real connection refused by a port nobody listens on.
 """
 
@@ -11,7 +12,7 @@ import asyncio
 import json
 import socket
 
-import httpx
+import aiohttp
 import pytest
 from starlette.types import Message
 
@@ -181,13 +182,13 @@ def test_a_revoked_request_gets_503_with_the_revocations_code(code: str) -> None
 @pytest.mark.parametrize(
     "exc",
     [
-        httpx.ConnectError("refused"),
-        httpx.ReadTimeout("slow"),
-        httpx.RemoteProtocolError("Server disconnected without sending a response."),
-        httpx.ReadError("reset"),
+        aiohttp.SocketTimeoutError("Timeout on reading data from socket"),
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientOSError(104, "Connection reset by peer"),
+        aiohttp.ClientPayloadError("Response payload is not completed"),
     ],
 )
-def test_upstream_httpx_errors_map_to_502_backend_error(exc: httpx.HTTPError) -> None:
+def test_upstream_client_errors_map_to_502_backend_error(exc: aiohttp.ClientError) -> None:
     with pytest.raises(RouterError) as caught, upstream_errors("chat"):
         raise exc
     err = caught.value
@@ -198,7 +199,7 @@ def test_upstream_httpx_errors_map_to_502_backend_error(exc: httpx.HTTPError) ->
 
 
 def test_an_upstream_failure_mid_stream_says_so() -> None:
-    exc = httpx.ReadError("reset")
+    exc = aiohttp.ClientPayloadError("reset")
     with pytest.raises(RouterError) as caught, upstream_errors("chat", mid_stream=True):
         raise exc
     assert caught.value.code == "backend_error"
@@ -206,8 +207,8 @@ def test_an_upstream_failure_mid_stream_says_so() -> None:
 
 
 def test_upstream_errors_lets_other_errors_through() -> None:
-    with pytest.raises(ValueError, match="httpx"), upstream_errors("chat"):
-        raise ValueError("not httpx's")
+    with pytest.raises(ValueError, match="aiohttp"), upstream_errors("chat"):
+        raise ValueError("not aiohttp's")
 
 
 def test_a_real_refused_connection_maps_to_backend_error() -> None:
@@ -216,15 +217,15 @@ def test_a_real_refused_connection_maps_to_backend_error() -> None:
         port = sock.getsockname()[1]  # closed again before the request: nobody listens
 
     async def call() -> None:
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with aiohttp.ClientSession() as client:
             with upstream_errors("chat"):
                 await client.post(f"http://127.0.0.1:{port}/v1/completions", json={})
 
     with pytest.raises(RouterError) as caught:
         asyncio.run(call())
     assert caught.value.status == 502
-    assert caught.value.message.startswith("backend of role 'chat' failed: ConnectError: ")
-    assert isinstance(caught.value.__cause__, httpx.ConnectError)
+    assert caught.value.message.startswith("backend of role 'chat' failed: ClientConnectorError: ")
+    assert isinstance(caught.value.__cause__, aiohttp.ClientConnectorError)
 
 
 def test_a_backend_5xx_answer_maps_to_502_quoting_its_body() -> None:

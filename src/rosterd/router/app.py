@@ -23,7 +23,7 @@ from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.auth import ApiKeyGate
 from rosterd.router.openai_errors import RouterError, error_response, scheduler_errors
-from rosterd.router.proxy import Proxy, ProxyContext, upstream_clients
+from rosterd.router.proxy import Proxy, ProxyContext
 from rosterd.router.routing import (
     PROXIED_PATHS,
     ModelNames,
@@ -31,6 +31,7 @@ from rosterd.router.routing import (
     RouterConfig,
     shown_name,
 )
+from rosterd.router.upstream import Upstream
 from rosterd.scheduler import Scheduler
 from rosterd.supervisor import tree_rss_bytes
 from rosterd.tokens import valid_token
@@ -63,7 +64,7 @@ def create_app(
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
-    client, fresh_client = upstream_clients(config)
+    upstream = Upstream(config)
     names = ModelNames(routes, unserved)
     extra = status_extra or dict
     started_at = time.time()
@@ -73,8 +74,7 @@ def create_app(
         names=names,
         config=config,
         metrics=metrics,
-        client=client,
-        fresh_client=fresh_client,
+        upstream=upstream,
     )
 
     async def health(_: Request) -> Response:
@@ -186,8 +186,7 @@ def create_app(
         try:
             yield
         finally:
-            await client.aclose()
-            await fresh_client.aclose()
+            await upstream.close()
             for hook in on_shutdown:
                 await hook()
 
