@@ -1,9 +1,8 @@
 """The router's error table and mappings: what each error code answers (status, OpenAI type,
-Retry-After), and how scheduler refusals, revocations and upstream client (aiohttp) failures
-map to them.
+Retry-After), and how scheduler refusals, revocations and upstream client failures map to them.
 
-No fakes: the errors are the scheduler's and aiohttp's own classes, and one upstream failure
-is a real connection refused by a port nobody listens on.
+No fakes: the errors are the scheduler's and the upstream client's own classes, and one
+upstream failure is a real connection refused by a port nobody listens on.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import asyncio
 import json
 import socket
 
-import aiohttp
 import pytest
 from starlette.types import Message
 
@@ -26,6 +24,14 @@ from rosterd.router.openai_errors import (
     sse_error_event,
     upstream_errors,
     upstream_status_error,
+)
+from rosterd.router.upstream import (
+    Upstream,
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
 )
 from rosterd.scheduler import (
     LoadFailedError,
@@ -182,13 +188,13 @@ def test_a_revoked_request_gets_503_with_the_revocations_code(code: str) -> None
 @pytest.mark.parametrize(
     "exc",
     [
-        aiohttp.SocketTimeoutError("Timeout on reading data from socket"),
-        aiohttp.ServerDisconnectedError(),
-        aiohttp.ClientOSError(104, "Connection reset by peer"),
-        aiohttp.ClientPayloadError("Response payload is not completed"),
+        UpstreamConnectError("cannot connect to 127.0.0.1:9: [Errno 111] Connection refused"),
+        UpstreamTimeoutError("the backend sent nothing for 600 s"),
+        UpstreamClosedError("the backend closed the connection unanswered"),
+        UpstreamProtocolError("the backend closed the connection mid-answer"),
     ],
 )
-def test_upstream_client_errors_map_to_502_backend_error(exc: aiohttp.ClientError) -> None:
+def test_upstream_client_errors_map_to_502_backend_error(exc: UpstreamError) -> None:
     with pytest.raises(RouterError) as caught, upstream_errors("chat"):
         raise exc
     err = caught.value
@@ -199,7 +205,7 @@ def test_upstream_client_errors_map_to_502_backend_error(exc: aiohttp.ClientErro
 
 
 def test_an_upstream_failure_mid_stream_says_so() -> None:
-    exc = aiohttp.ClientPayloadError("reset")
+    exc = UpstreamProtocolError("reset")
     with pytest.raises(RouterError) as caught, upstream_errors("chat", mid_stream=True):
         raise exc
     assert caught.value.code == "backend_error"
@@ -207,8 +213,8 @@ def test_an_upstream_failure_mid_stream_says_so() -> None:
 
 
 def test_upstream_errors_lets_other_errors_through() -> None:
-    with pytest.raises(ValueError, match="aiohttp"), upstream_errors("chat"):
-        raise ValueError("not aiohttp's")
+    with pytest.raises(ValueError, match="upstream"), upstream_errors("chat"):
+        raise ValueError("not the upstream client's")
 
 
 def test_a_real_refused_connection_maps_to_backend_error() -> None:
@@ -217,15 +223,20 @@ def test_a_real_refused_connection_maps_to_backend_error() -> None:
         port = sock.getsockname()[1]  # closed again before the request: nobody listens
 
     async def call() -> None:
-        async with aiohttp.ClientSession() as client:
+        upstream = Upstream(connect_s=5.0, read_s=5.0, keepalive_s=2.0)
+        try:
             with upstream_errors("chat"):
-                await client.post(f"http://127.0.0.1:{port}/v1/completions", json={})
+                await upstream.post(f"http://127.0.0.1:{port}", "/v1/completions", b"{}", "*/*")
+        finally:
+            await upstream.close()
 
     with pytest.raises(RouterError) as caught:
         asyncio.run(call())
     assert caught.value.status == 502
-    assert caught.value.message.startswith("backend of role 'chat' failed: ClientConnectorError: ")
-    assert isinstance(caught.value.__cause__, aiohttp.ClientConnectorError)
+    assert caught.value.message.startswith(
+        "backend of role 'chat' failed: UpstreamConnectError: cannot connect to 127.0.0.1:"
+    )
+    assert isinstance(caught.value.__cause__, UpstreamConnectError)
 
 
 def test_a_backend_5xx_answer_maps_to_502_quoting_its_body() -> None:

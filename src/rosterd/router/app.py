@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
@@ -64,7 +64,11 @@ def create_app(
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
-    upstream = Upstream(config)
+    upstream = Upstream(
+        connect_s=config.upstream_connect_s,
+        read_s=config.upstream_read_s,
+        keepalive_s=config.upstream_keepalive_s,
+    )
     names = ModelNames(routes, unserved)
     extra = status_extra or dict
     started_at = time.time()
@@ -201,10 +205,33 @@ def create_app(
         Route("/rosterd/load/{role}", load, methods=["POST"]),
         Route("/rosterd/unload/{role}", unload, methods=["POST"]),
     ]
-    route_list += [Route(path, Proxy(ctx, path), methods=["POST"]) for path in PROXIED_PATHS]
+    proxies = {path: Proxy(ctx, path) for path in PROXIED_PATHS}
+    route_list += [Route(path, proxy, methods=["POST"]) for path, proxy in proxies.items()]
     app = Starlette(
         routes=route_list,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
         lifespan=lifespan,
     )
-    return ApiKeyGate(app, config.api_keys)
+    return ApiKeyGate(ProxyFirst(app, proxies), config.api_keys)
+
+
+class ProxyFirst:
+    """ASGI: a ``POST`` to a proxied path goes straight to its :class:`Proxy`; the rest, and
+    every path under a ``root_path``, to Starlette (which routes the same paths the same way).
+
+    Starlette's router and its two exception middlewares wrap every ``send``, and on the
+    request path that is a tenth of what a request costs; the proxy answers its own errors
+    (an unexpected one as 500 ``internal_error``), so they add nothing there.
+    """
+
+    def __init__(self, app: ASGIApp, proxies: Mapping[str, Proxy]) -> None:
+        self.app = app
+        self.proxies = proxies
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            proxy = self.proxies.get(scope["path"])
+            if proxy is not None:
+                await proxy(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

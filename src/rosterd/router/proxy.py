@@ -1,7 +1,7 @@
 """The proxy (DESIGN.md layer 7): one raw ASGI app per OpenAI path, forwarding to a backend.
 
-:class:`~rosterd.router.upstream.Upstream` (aiohttp) sends the upstream
-request; the answer comes back unbuffered when it is an event stream, in one
+:class:`~rosterd.router.upstream.Upstream` (keep-alive HTTP/1.1 on httptools)
+sends the upstream request; the answer comes back unbuffered when it is an event stream, in one
 piece when it is a plain answer that declares its length. The proxy is a raw
 ASGI app rather than a Starlette endpoint because it watches the client's
 ``http.disconnect`` while it serves: a client that leaves cancels the request
@@ -16,7 +16,7 @@ against a second task with ``asyncio.wait``: a request costs one helper task
 the router's added latency a fraction of a millisecond.
 
 Errors are :class:`RouterError` values from ``openai_errors``; the scheduler's
-and aiohttp's errors are mapped there, at the ``with`` blocks around their calls.
+and the upstream client's errors are mapped there, at the ``with`` blocks around their calls.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
 from rosterd.metrics import RosterdMetrics
@@ -45,7 +44,7 @@ from rosterd.router.openai_errors import (
     upstream_status_error,
 )
 from rosterd.router.routing import PROXIED_PATHS, ModelNames, RoleRoute, RouterConfig
-from rosterd.router.upstream import Upstream
+from rosterd.router.upstream import Upstream, UpstreamClosedError, UpstreamResponse
 from rosterd.scheduler import Lease, Revocation, Scheduler
 
 log = logging.getLogger("rosterd.router")
@@ -58,8 +57,6 @@ CLIENT_CLOSED_STATUS = 499
 #: without a length, is passed through chunk by chunk.
 WHOLE_ANSWER_MAX_BYTES = 8 * 2**20
 
-_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
-_STREAM_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
@@ -149,7 +146,9 @@ class Proxy:
         self.ctx = ctx
         self.path = path
         self.label = PROXIED_PATHS[path]
-        self._durations: dict[str, Any] = {}  # role -> its histogram child (labels() is slow)
+        # (role, status) -> its counter and histogram children: labels() takes a lock and
+        # builds its key on every call. Bounded by the roles times the statuses sent.
+        self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -180,14 +179,23 @@ class Proxy:
                     await answer.send(sse_error_event(err))
         except RouterError as err:
             await send_error(scope, receive, answer.send, err)
+        except Exception as exc:
+            log.exception("unhandled error on %s", self.path)
+            if answer.status:
+                raise  # the answer started: uvicorn closes the connection
+            internal = RouterError("internal_error", f"internal error: {exc}")
+            await send_error(scope, receive, answer.send, internal)
         finally:
-            metrics = self.ctx.metrics
-            metrics.requests.labels(role=role, endpoint=self.label, code=str(answer.status)).inc()
-            duration = self._durations.get(role)
-            if duration is None:
-                duration = metrics.request_duration.labels(role=role, endpoint=self.label)
-                self._durations[role] = duration
-            duration.observe(time.perf_counter() - started)
+            counted = self._counted.get((role, answer.status))
+            if counted is None:
+                requests, durations = self.ctx.metrics.requests, self.ctx.metrics.request_duration
+                counted = (
+                    requests.labels(role=role, endpoint=self.label, code=str(answer.status)),
+                    durations.labels(role=role, endpoint=self.label),
+                )
+                self._counted[(role, answer.status)] = counted
+            counted[0].inc()
+            counted[1].observe(time.perf_counter() - started)
 
     async def _serve(
         self, role: str, payload: dict[str, Any], receive: Receive, answer: _Answer
@@ -254,13 +262,11 @@ class Proxy:
         body = json.dumps(
             upstream_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         ).encode()
-        headers = _STREAM_HEADERS if payload.get("stream") else _JSON_HEADERS
+        accept = "text/event-stream" if payload.get("stream") else "application/json"
         with upstream_errors(role):
-            upstream = await self.ctx.upstream.send(
-                lease.endpoint.base_url + self.path, body, headers, role
-            )
+            upstream = await self._send_upstream(lease.endpoint.base_url, body, accept, role)
         try:
-            content_type = upstream.headers.get("Content-Type", "application/json")
+            content_type = upstream.content_type or "application/json"
             if upstream.status >= 500:
                 with upstream_errors(role):
                     text = (await upstream.read()).decode(errors="replace")
@@ -298,9 +304,29 @@ class Proxy:
                 return
             await answer.send(_END)
         finally:
-            # After the whole body was read the connection is already back in the pool and
-            # this does nothing; on a cut or a failure it closes the upstream connection.
+            # Back to the pool when the answer was read to its end; on a cut (the client
+            # left, the lease was revoked) or a failure the connection is closed.
             upstream.close()
+
+    async def _send_upstream(
+        self, base_url: str, body: bytes, accept: str, role: str
+    ) -> UpstreamResponse:
+        """Send the request; once more on a new connection when the backend closed the pooled
+        one without answering.
+
+        Idle connections expire before the backend's keep-alive timeout
+        (``RouterConfig.upstream_keepalive_s``), but a backend may still close
+        one as the pool hands it out: the request then fails before any answer
+        byte, so the backend never took it and sending it again (on a new
+        connection, never a pooled one) is safe. Raises ``UpstreamError`` when
+        the retry fails too, or for any other failure.
+        """
+        upstream = self.ctx.upstream
+        try:
+            return await upstream.post(base_url, self.path, body, accept)
+        except UpstreamClosedError as exc:
+            log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
+        return await upstream.post(base_url, self.path, body, accept, fresh=True)
 
 
 async def _send_whole(answer: _Answer, status: int, content_type: str, body: bytes) -> None:
@@ -312,11 +338,11 @@ async def _send_whole(answer: _Answer, status: int, content_type: str, body: byt
     await answer.send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _pass_body(upstream: aiohttp.ClientResponse, answer: _Answer) -> bytes:
+async def _pass_body(upstream: UpstreamResponse, answer: _Answer) -> bytes:
     """Send ``upstream``'s body on chunk by chunk as it arrives (response left open);
     returns its last 64 bytes, where a finished event stream has its ``data: [DONE]``."""
     tail = b""
-    async for chunk in upstream.content.iter_any():
+    async for chunk in upstream.chunks():
         if chunk:
             await answer.send({"type": "http.response.body", "body": chunk, "more_body": True})
             tail = (tail + chunk)[-64:]
