@@ -11,7 +11,7 @@ answer upstream, the shared 2-core machine) against the two libraries:
   request (request and response objects, timers, payload writers, tracing
   hooks): rosterd reached about 3,000 req/s at 32 connections with p50 7 to
   10 ms, short of the 5 ms the router must stay under;
-- this client: about 20 µs a request in the same loop, which is what the
+- this client: 20 to 35 µs a request in the same loop, which is what the
   router needs from it: one request line and head built in one ``bytes``, one
   write, one parser per connection, the body handed on chunk by chunk.
 
