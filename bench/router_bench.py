@@ -1,49 +1,128 @@
-"""What the router costs: latency and throughput through ``rosterd up`` vs straight to llama-server.
+"""What the router costs: ``rosterd up`` vs straight to the backend vs nginx ``proxy_pass``.
 
-    .venv/bin/python bench/router_bench.py [--requests N] [--concurrency C] [--max-tokens T]
-                                           [--rounds R]
+    apt-get install -y nginx wrk     # Debian's packages; optional, see below
+    .venv/bin/python bench/router_bench.py [--duration S] [--rounds R]
+                                           [--connections 1,32] [--loadgen auto|wrk|python]
 
-In one run: writes a tiny random GGUF, starts ``rosterd up`` on a one-role
-roster (a subprocess, as users run it), makes the role resident, reads its
-backend's address from ``/status``, then sends the same small
-``/v1/completions`` requests (``max_tokens`` small, temperature 0) to both:
+In one run, against one fixed-response upstream (the backend answers every
+request with the same small completion JSON, so what is measured is the path,
+not a model):
 
-- latency: ``N`` requests one after another; p50 and p99 in milliseconds, and
-  the router's added latency (routed minus direct);
-- throughput: ``N`` requests with ``C`` in flight; requests per second.
+- ``direct``: the upstream itself;
+- ``rosterd``: ``rosterd up`` (a subprocess, as users run it) on a one-role
+  roster with ``--max-concurrency 64``, whose "llama-server" is the upstream
+  (``ROSTERD_LLAMA_SERVER`` points at a stand-in that starts it on the host
+  and port rosterd picks), so rosterd supervises and routes to it;
+- ``nginx``: nginx ``proxy_pass`` to the same upstream with a keep-alive
+  upstream pool, where ``nginx`` is installed (skipped, and said so, if not).
 
-Direct and routed measurements alternate over ``--rounds`` rounds, because
-the load of a shared machine drifts; latencies are pooled, throughput is the
-median of the rounds.
+The upstream is nginx ``return 200`` where nginx is installed, else a small
+asyncio server (then ``direct`` may be slower than nginx would be; it says so).
+Every server here runs one worker process; nginx runs from a temporary prefix
+with its own config, pid file and loopback ports, and is stopped by its pid.
 
-It prints both sides and the ratios (routed / direct), then stops ``rosterd
-up`` with SIGINT. Every loop is bounded by ``--requests``.
+Each side gets the same ``POST /v1/completions`` with 1 and 32 connections
+for ``--duration`` seconds, sides rotating over ``--rounds`` rounds because the
+load of a shared machine drifts; the figures are the medians of the rounds:
+req/s, p50 and p99 in milliseconds, the latency rosterd adds at p50 over
+direct, and rosterd's req/s as a share of direct's and nginx's. The load
+comes from ``wrk`` (one thread) where it is installed, else from an asyncio
+load generator in this process (uvloop where installed) whose ceiling is the
+``direct`` row: a side far below it is not limited by the generator.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+import httptools
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The request every side gets, and the upstream's fixed answer to it.
+REQUEST_BODY = b'{"model":"bench","prompt":"Hello","max_tokens":4,"temperature":0.0}'
+ANSWER_BODY = (
+    b'{"id":"cmpl-bench","object":"text_completion","model":"tiny-bench",'
+    b'"choices":[{"index":0,"text":" Hi","finish_reason":"length"}]}'
+)
+
+UPSTREAM_CONF = """
+worker_processes 1;
+pid {prefix}/upstream.pid;
+error_log {prefix}/upstream-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    server {{
+        listen {host}:{port} reuseport;
+        default_type application/json;
+        location / {{ return 200 '{answer}'; }}
+    }}
+}}
+"""
+
+PROXY_CONF = """
+worker_processes 1;
+pid {prefix}/proxy.pid;
+error_log {prefix}/proxy-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    upstream backend {{ server {upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{body}'
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT %d %d %d %d %d\\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99), summary.errors.status
+    + summary.errors.connect + summary.errors.read + summary.errors.write
+    + summary.errors.timeout))
+end
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
 
 def write_tiny_gguf(path: Path) -> Path:
-    """The project's tiny random llama GGUF (``scripts/make_tiny_gguf.py``)."""
+    """The project's tiny random llama GGUF (``scripts/make_tiny_gguf.py``): the role's
+    weights file, which rosterd checks before it starts the stand-in."""
     spec = importlib.util.spec_from_file_location(
         "make_tiny_gguf", ROOT / "scripts" / "make_tiny_gguf.py"
     )
@@ -55,16 +134,73 @@ def write_tiny_gguf(path: Path) -> Path:
     return writer(path, 7)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# ---- the upstream --------------------------------------------------------------------------
 
 
-def start_rosterd(work: Path, port: int) -> subprocess.Popen[bytes]:
-    """``rosterd up`` on a one-role roster serving the tiny GGUF with 4 slots."""
+class FixedAnswer(asyncio.Protocol):
+    """The upstream without nginx: answers every HTTP/1.1 request with ``ANSWER_BODY``."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.buffer = b""
+        self.answer = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(ANSWER_BODY), ANSWER_BODY)
+        )
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            length = 0
+            for line in self.buffer[:end].split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length :]
+            self.transport.write(self.answer)
+
+
+def run_python_upstream(host: str, port: int) -> None:
+    """Serve :class:`FixedAnswer` on ``host:port`` until SIGTERM (uvloop where installed)."""
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(FixedAnswer, host, port, reuse_address=True)
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        async with server:
+            await stop.wait()
+
+    run(serve())
+
+
+def upstream_child(argv: list[str]) -> None:
+    """The stand-in llama-server: takes rosterd's ``--host H --port P`` (ignores the rest)
+    and becomes nginx (``exec``, so rosterd's pid is nginx's master) or the asyncio server."""
+    host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
+    nginx = os.environ.get("BENCH_NGINX", "")
+    if not nginx:
+        run_python_upstream(host, port)
+        return
+    prefix = Path(os.environ["BENCH_PREFIX"])
+    conf = prefix / "upstream.conf"
+    answer = ANSWER_BODY.decode()
+    conf.write_text(UPSTREAM_CONF.format(prefix=prefix, host=host, port=port, answer=answer))
+    os.execv(
+        nginx, [nginx, "-e", "stderr", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
+    )
+
+
+# ---- rosterd and the nginx proxy -----------------------------------------------------------
+
+
+def start_rosterd(work: Path, port: int, nginx: str | None) -> subprocess.Popen[bytes]:
+    """``rosterd up`` on a one-role roster whose llama-server is the upstream stand-in."""
     model = write_tiny_gguf(work / "tiny.gguf")
     roster = {
         "roster": [
@@ -94,9 +230,20 @@ def start_rosterd(work: Path, port: int) -> subprocess.Popen[bytes]:
     }
     (work / "roster.yaml").write_text(json.dumps(roster))
     (work / "fleet.yaml").write_text(json.dumps(fleet))
+    stand_in = work / "llama-server"
+    stand_in.write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" upstream "$@"\n'
+    )
+    stand_in.chmod(0o755)
     rosterd = Path(sys.executable).with_name("rosterd")
     argv = [str(rosterd)] if rosterd.exists() else [sys.executable, "-m", "rosterd.cli"]
-    log = (work / "up.log").open("wb")
+    env = dict(
+        os.environ,
+        NO_COLOR="1",
+        ROSTERD_LLAMA_SERVER=str(stand_in),
+        BENCH_NGINX=nginx or "",
+        BENCH_PREFIX=str(work),
+    )
     return subprocess.Popen(
         [
             *argv,
@@ -112,9 +259,9 @@ def start_rosterd(work: Path, port: int) -> subprocess.Popen[bytes]:
             "--max-concurrency",
             "64",
         ],
-        stdout=log,
+        stdout=(work / "up.log").open("wb"),
         stderr=subprocess.STDOUT,
-        env=dict(os.environ, NO_COLOR="1"),
+        env=env,
     )
 
 
@@ -134,36 +281,128 @@ async def wait_ready(router: str, proc: subprocess.Popen[bytes]) -> str:
         return str(status["nodes"]["box"]["roles"]["bench"]["base_url"])
 
 
-async def one(client: httpx.AsyncClient, base: str, model: str, max_tokens: int) -> float:
-    body = {"model": model, "prompt": "Hello", "max_tokens": max_tokens, "temperature": 0.0}
+@contextlib.contextmanager
+def nginx_proxy(nginx: str, work: Path, upstream: str) -> Iterator[str]:
+    """nginx ``proxy_pass`` to ``upstream`` (``host:port``); yields its base URL."""
+    port = free_port()
+    conf = work / "proxy.conf"
+    conf.write_text(PROXY_CONF.format(prefix=work, upstream=upstream, port=port))
+    proc = subprocess.Popen(
+        [nginx, "-e", "stderr", "-p", str(work), "-c", str(conf), "-g", "daemon off;"],
+        stderr=(work / "proxy.log").open("wb"),
+    )
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # nginx's fast shutdown, master and its worker
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ---- the load ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measurement: requests per second, p50 and p99 in milliseconds, failed requests."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def wrk_run(wrk: str, script: Path, url: str, connections: int, duration_s: float) -> Run:
+    out = subprocess.run(
+        [
+            wrk,
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(duration_s))}s",
+            "--timeout",
+            "10s",
+            "-s",
+            str(script),
+            url + "/v1/completions",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+    requests, duration_us, p50_us, p99_us, errors = (int(x) for x in line.split()[1:])
+    return Run(requests / (duration_us / 1e6), p50_us / 1000, p99_us / 1000, errors)
+
+
+class _LoadConnection(asyncio.Protocol):
+    """One keep-alive connection of the asyncio load generator: one request at a time,
+    answers parsed by httptools (llhttp, a C parser: chunked and Content-Length bodies)."""
+
+    def __init__(self, request: bytes, latencies: list[float], deadline: float) -> None:
+        self.request = request
+        self.latencies = latencies
+        self.deadline = deadline
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.parser = httptools.HttpResponseParser(self)
+        self.errors = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self._send()
+
+    def _send(self) -> None:
+        self.sent = time.perf_counter()
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        if self.parser.get_status_code() != 200:
+            self.errors += 1
+        now = time.perf_counter()
+        self.latencies.append(now - self.sent)
+        if now < self.deadline:
+            self._send()
+        else:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def python_load(url: str, connections: int, duration_s: float) -> Run:
+    host, port = url.removeprefix("http://").split(":")
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(REQUEST_BODY), REQUEST_BODY)
+    )
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
     started = time.perf_counter()
-    response = await client.post(base + "/v1/completions", json=body)
-    response.raise_for_status()
-    response.json()
-    return time.perf_counter() - started
-
-
-async def latency(base: str, model: str, n: int, max_tokens: int) -> list[float]:
-    async with httpx.AsyncClient(trust_env=False, timeout=60) as client:
-        for _ in range(5):  # warm the connection and the server
-            await one(client, base, model, max_tokens)
-        return [await one(client, base, model, max_tokens) for _ in range(n)]
-
-
-async def throughput(base: str, model: str, n: int, concurrency: int, max_tokens: int) -> float:
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(trust_env=False, timeout=60, limits=limits) as client:
-        remaining = n
-
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                await one(client, base, model, max_tokens)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return n / (time.perf_counter() - started)
+    deadline = started + duration_s
+    conns = []
+    for _ in range(connections):
+        _, proto = await loop.create_connection(
+            lambda: _LoadConnection(request, latencies, deadline), host, int(port)
+        )
+        conns.append(proto)
+    await asyncio.gather(*(c.done for c in conns))
+    took = time.perf_counter() - started
+    return Run(
+        len(latencies) / took,
+        1000 * pct(latencies, 0.50),
+        1000 * pct(latencies, 0.99),
+        sum(c.errors for c in conns),
+    )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -171,60 +410,131 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(router: str, direct: str, args: argparse.Namespace) -> None:
-    """Alternate direct and routed rounds (the machine's load drifts), then pool them."""
-    n, c, t = args.requests, args.concurrency, args.max_tokens
-    sides = {"direct": (direct, "tiny-bench"), "router": (router, "bench")}
-    lat: dict[str, list[float]] = {name: [] for name in sides}
-    rps: dict[str, list[float]] = {name: [] for name in sides}
+def run(coro: object) -> None:
+    """``asyncio.run`` on uvloop where it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+    else:
+        uvloop.run(coro)  # type: ignore[arg-type]
+
+
+# ---- the run -------------------------------------------------------------------------------
+
+
+def measure(
+    sides: dict[str, str], args: argparse.Namespace, wrk: str | None, work: Path
+) -> dict[tuple[str, int], list[Run]]:
+    script = work / "bench.lua"
+    script.write_text(WRK_SCRIPT.format(body=REQUEST_BODY.decode()))
+
+    def once(url: str, c: int, duration_s: float) -> Run:
+        if wrk:
+            return wrk_run(wrk, script, url, c, duration_s)
+        result: list[Run] = []
+
+        async def go() -> None:
+            result.append(await python_load(url, c, duration_s))
+
+        run(go())
+        return result[0]
+
+    for url in sides.values():  # warm every path (connections, caches)
+        once(url, 8, 1.0)
+    runs: dict[tuple[str, int], list[Run]] = {}
+    names = list(sides)
     for round_no in range(args.rounds):
-        order = list(sides) if round_no % 2 == 0 else list(reversed(sides))
-        for name in order:
-            base, model = sides[name]
-            lat[name] += await latency(base, model, n, t)
-            rps[name].append(await throughput(base, model, n, c, t))
-    results = {
-        name: {
-            "p50_ms": 1000 * pct(lat[name], 0.50),
-            "p99_ms": 1000 * pct(lat[name], 0.99),
-            "mean_ms": 1000 * statistics.fmean(lat[name]),
-            "rps": statistics.median(rps[name]),
-        }
-        for name in sides
-    }
-    d, r = results["direct"], results["router"]
-    print(
-        f"{args.rounds} rounds x {n} requests per side, max_tokens {t}; "
-        f"throughput with {c} in flight (median of rounds)"
-    )
-    print(f"{'':8} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'req/s':>9}")
-    for name in sides:
-        x = results[name]
-        print(f"{name:8} {x['p50_ms']:9.2f} {x['p99_ms']:9.2f} {x['mean_ms']:9.2f} {x['rps']:9.1f}")
-    print(
-        f"added latency by the router: p50 {r['p50_ms'] - d['p50_ms']:+.2f} ms, "
-        f"p99 {r['p99_ms'] - d['p99_ms']:+.2f} ms"
-    )
-    print(
-        f"ratios router/direct: p50 {r['p50_ms'] / d['p50_ms']:.2f}x, "
-        f"p99 {r['p99_ms'] / d['p99_ms']:.2f}x, throughput {r['rps'] / d['rps']:.2f}x"
-    )
+        for c in args.connections:
+            shift = round_no % len(names)
+            for name in names[shift:] + names[:shift]:
+                result = once(sides[name], c, args.duration)
+                runs.setdefault((name, c), []).append(result)
+                print(
+                    f"  round {round_no + 1} c={c:<3} {name:8} {result.rps:9.0f} req/s "
+                    f"p50 {result.p50_ms:6.2f} ms p99 {result.p99_ms:6.2f} ms",
+                    file=sys.stderr,
+                )
+    return runs
+
+
+def report(runs: dict[tuple[str, int], list[Run]], args: argparse.Namespace, how: str) -> None:
+    def med(name: str, c: int, field: str) -> float:
+        return float(statistics.median(getattr(r, field) for r in runs[(name, c)]))
+
+    names = list(dict.fromkeys(name for name, _ in runs))
+    print(how)
+    print(f"{args.rounds} rounds x {args.duration:g} s per side; medians of the rounds")
+    print(f"{'path':10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    for c in args.connections:
+        for name in names:
+            errors = sum(r.errors for r in runs[(name, c)])
+            print(
+                f"{name:10} {c:5} {med(name, c, 'rps'):9.0f} {med(name, c, 'p50_ms'):8.2f} "
+                f"{med(name, c, 'p99_ms'):8.2f} {errors:6}"
+            )
+    for c in args.connections:
+        added = med("rosterd", c, "p50_ms") - med("direct", c, "p50_ms")
+        line = (
+            f"c={c}: rosterd adds {added:+.2f} ms at p50; req/s "
+            f"{med('rosterd', c, 'rps') / med('direct', c, 'rps'):.1%} of direct"
+        )
+        if "nginx" in names:
+            line += f", {med('rosterd', c, 'rps') / med('nginx', c, 'rps'):.1%} of nginx proxy_pass"
+        print(line)
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["upstream"]:
+        upstream_child(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--requests", type=int, default=100, help="requests per round")
-    parser.add_argument("--concurrency", type=int, default=8, help="in flight for throughput")
-    parser.add_argument("--max-tokens", type=int, default=4, help="tokens per completion")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="rotating rounds per side")
+    parser.add_argument(
+        "--connections",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 32],
+        help="comma-separated connection counts",
+    )
+    parser.add_argument("--loadgen", choices=["auto", "wrk", "python"], default="auto")
     args = parser.parse_args()
+    nginx = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None
+    )
+    wrk = shutil.which("wrk") if args.loadgen != "python" else None
+    if args.loadgen == "wrk" and not wrk:
+        raise SystemExit("wrk is not installed (apt-get install -y wrk)")
+    loop_name = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    how = (
+        "load: wrk, one thread"
+        if wrk
+        else f"load: this script's {loop_name} load generator (wrk not installed); its ceiling "
+        "is the direct row, so a side well below direct is not limited by it"
+    )
+    how += "; upstream: " + ("nginx return 200" if nginx else "asyncio fixed answer (no nginx)")
     with tempfile.TemporaryDirectory(prefix="rosterd-bench-") as tmp:
+        work = Path(tmp)
         port = free_port()
-        proc = start_rosterd(Path(tmp), port)
+        proc = start_rosterd(work, port, nginx)
         router = f"http://127.0.0.1:{port}"
         try:
-            direct = asyncio.run(wait_ready(router, proc))
-            asyncio.run(measure(router, direct, args))
+            holder: list[str] = []
+
+            async def ready() -> None:
+                holder.append(await wait_ready(router, proc))
+
+            asyncio.run(ready())
+            direct = holder[0]
+            sides = {"direct": direct, "rosterd": router}
+            with contextlib.ExitStack() as stack:
+                if nginx:
+                    upstream = direct.removeprefix("http://")
+                    sides["nginx"] = stack.enter_context(nginx_proxy(nginx, work, upstream))
+                else:
+                    print("nginx is not installed: no proxy_pass row (apt-get install -y nginx)")
+                runs = measure(sides, args, wrk, work)
+            report(runs, args, how)
         finally:
             proc.send_signal(signal.SIGINT)
             try:

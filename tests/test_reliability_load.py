@@ -23,6 +23,7 @@ import pytest
 from reliability_support import print_figures, raise_nofile, rss_and_fds, start_fake_up
 from rosterd.cli.up_runtime import open_files_wanted, raise_open_files_limit
 from rosterd.router.openai_errors import RouterError, upstream_errors
+from rosterd.router.upstream import UpstreamConnectError
 from rosterd.scheduler import SchedulerLimits
 from test_up_support import all_gone
 
@@ -117,12 +118,16 @@ def test_a_request_the_backend_fails_is_logged_with_its_cause(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The client sees 502; the operator's log says which role and why (here EMFILE)."""
+    # As the upstream client raises it when connect() fails with EMFILE.
+    cause = OSError(24, "Too many open files")
+    failed = UpstreamConnectError(f"cannot connect to the backend: {cause}")
+    failed.__cause__ = cause
     with (
         caplog.at_level(logging.WARNING, logger="rosterd.router"),
         pytest.raises(RouterError) as raised,
         upstream_errors("chat"),
     ):
-        raise httpx.ConnectError("[Errno 24] Too many open files")
+        raise failed
     assert raised.value.code == "backend_error"
     assert any(
         "chat" in r.getMessage() and "Too many open files" in r.getMessage() for r in caplog.records

@@ -1,8 +1,8 @@
 """The router's error table and mappings: what each error code answers (status, OpenAI type,
-Retry-After), and how scheduler refusals, revocations and upstream httpx failures map to them.
+Retry-After), and how scheduler refusals, revocations and upstream client failures map to them.
 
-No fakes: the errors are the scheduler's and httpx's own classes, and one upstream failure
-is a real connection refused by a port nobody listens on.
+No fakes: the errors are the scheduler's and the upstream client's own classes, and one
+upstream failure is a real connection refused by a port nobody listens on.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import asyncio
 import json
 import socket
 
-import httpx
 import pytest
 from starlette.types import Message
 
@@ -25,6 +24,14 @@ from rosterd.router.openai_errors import (
     sse_error_event,
     upstream_errors,
     upstream_status_error,
+)
+from rosterd.router.upstream import (
+    Upstream,
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
 )
 from rosterd.scheduler import (
     LoadBackoffError,
@@ -188,13 +195,13 @@ def test_a_revoked_request_gets_503_with_the_revocations_code(code: str) -> None
 @pytest.mark.parametrize(
     "exc",
     [
-        httpx.ConnectError("refused"),
-        httpx.ReadTimeout("slow"),
-        httpx.RemoteProtocolError("Server disconnected without sending a response."),
-        httpx.ReadError("reset"),
+        UpstreamConnectError("cannot connect to 127.0.0.1:9: [Errno 111] Connection refused"),
+        UpstreamTimeoutError("the backend sent nothing for 600 s"),
+        UpstreamClosedError("the backend closed the connection unanswered"),
+        UpstreamProtocolError("the backend closed the connection mid-answer"),
     ],
 )
-def test_upstream_httpx_errors_map_to_502_backend_error(exc: httpx.HTTPError) -> None:
+def test_upstream_client_errors_map_to_502_backend_error(exc: UpstreamError) -> None:
     with pytest.raises(RouterError) as caught, upstream_errors("chat"):
         raise exc
     err = caught.value
@@ -205,7 +212,7 @@ def test_upstream_httpx_errors_map_to_502_backend_error(exc: httpx.HTTPError) ->
 
 
 def test_an_upstream_failure_mid_stream_says_so() -> None:
-    exc = httpx.ReadError("reset")
+    exc = UpstreamProtocolError("reset")
     with pytest.raises(RouterError) as caught, upstream_errors("chat", mid_stream=True):
         raise exc
     assert caught.value.code == "backend_error"
@@ -213,8 +220,8 @@ def test_an_upstream_failure_mid_stream_says_so() -> None:
 
 
 def test_upstream_errors_lets_other_errors_through() -> None:
-    with pytest.raises(ValueError, match="httpx"), upstream_errors("chat"):
-        raise ValueError("not httpx's")
+    with pytest.raises(ValueError, match="upstream"), upstream_errors("chat"):
+        raise ValueError("not the upstream client's")
 
 
 def test_a_real_refused_connection_maps_to_backend_error() -> None:
@@ -223,15 +230,20 @@ def test_a_real_refused_connection_maps_to_backend_error() -> None:
         port = sock.getsockname()[1]  # closed again before the request: nobody listens
 
     async def call() -> None:
-        async with httpx.AsyncClient(trust_env=False) as client:
+        upstream = Upstream(connect_s=5.0, read_s=5.0, keepalive_s=2.0)
+        try:
             with upstream_errors("chat"):
-                await client.post(f"http://127.0.0.1:{port}/v1/completions", json={})
+                await upstream.post(f"http://127.0.0.1:{port}", "/v1/completions", b"{}", "*/*")
+        finally:
+            await upstream.close()
 
     with pytest.raises(RouterError) as caught:
         asyncio.run(call())
     assert caught.value.status == 502
-    assert caught.value.message.startswith("backend of role 'chat' failed: ConnectError: ")
-    assert isinstance(caught.value.__cause__, httpx.ConnectError)
+    assert caught.value.message.startswith(
+        "backend of role 'chat' failed: UpstreamConnectError: cannot connect to 127.0.0.1:"
+    )
+    assert isinstance(caught.value.__cause__, UpstreamConnectError)
 
 
 def test_a_backend_5xx_answer_maps_to_502_quoting_its_body() -> None:

@@ -1,15 +1,19 @@
 """The router (DESIGN.md layer 7): one OpenAI-compatible HTTP endpoint in front of every role.
 
-Starlette for routing and plain endpoints, uvicorn to serve it (``rosterd up``),
-httpx for the upstream side: all three are well kept, asyncio-native and
-stream without buffering. Modules:
+Starlette for routing the plain endpoints, uvicorn to serve it (``rosterd up``),
+and towards the backends a small keep-alive HTTP/1.1 client on httptools
+(``upstream`` says why not httpx or aiohttp: measured, they cost the router
+most of its time). A ``POST`` to a proxied path goes straight to its proxy,
+past Starlette's router. Modules:
 
 - ``app``: :func:`create_app`, every route and the lifespan;
 - ``routing``: :class:`RoleRoute`, :class:`RouterConfig`, the ``model`` names;
 - ``proxy``: forwarding, streaming pass-through, disconnects, revocation, the
   one retry on a pooled connection the backend closed;
+- ``upstream``: the client towards backends (pool, timeouts, typed errors);
 - ``openai_errors``: the error table, the OpenAI error body, the SSE error
-  event, ``Retry-After``, and the mapping of scheduler and httpx errors;
+  event, ``Retry-After``, and the mapping of scheduler and upstream errors;
+- ``liveness``: the per-request deadlines and the wait for a restarted backend;
 - ``auth``: the API-key gate; ``body``: the request body (size limit, strict JSON);
 - ``ui``: the live web page and its event stream; ``logs``: a role's backend
   log, tailed or followed; ``streams``: the signal that ends endless responses

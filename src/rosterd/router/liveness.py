@@ -25,15 +25,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import httpx
 from starlette.types import Message, Send
 
 from rosterd.errors import RosterdError
 from rosterd.router.openai_errors import RouterError, sse_error_event
+from rosterd.router.upstream import UpstreamClosedError, UpstreamConnectError
 
-#: Failures before any response byte that mean "the backend is not there" (it died, or
-#: dropped the connection unanswered), as opposed to an answer it gave.
-_UNREACHABLE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+#: Failures before any response byte that mean "the backend is not there": it could not be
+#: connected to (refused, unreachable, connect timeout), or it closed or reset the connection
+#: before any byte of its answer (it died with the request in flight).
+_UNREACHABLE = (UpstreamConnectError, UpstreamClosedError)
 
 #: How many times one request waits for a restarted backend before it gives up with 502.
 MAX_RESTART_WAITS = 2
@@ -124,5 +125,8 @@ async def end_stalled(stall: StalledError, *, started: bool, stream: bool, send:
 
 def backend_unreachable(err: RouterError) -> bool:
     """Whether ``err`` (raised before any response byte) means the backend could not be
-    reached or dropped the request unanswered, so it is worth waiting for its restart."""
+    reached or dropped the request unanswered, so it is worth waiting for its restart.
+
+    Looks at the upstream client's error that ``upstream_errors`` chained as the cause:
+    :class:`UpstreamConnectError` or :class:`UpstreamClosedError`."""
     return err.code == "backend_error" and isinstance(err.__cause__, _UNREACHABLE)

@@ -13,7 +13,7 @@ boundary (as httpx maps httpcore's errors in ``map_httpcore_exceptions``)::
          (mapped here from)
          ├── SchedulerError     scheduler_errors(): queue_full, queue_timeout, ...
          ├── Revocation         revoked_error(): evicted, shutting_down, backend_unhealthy
-         └── httpx.HTTPError    upstream_errors(role): backend_error
+         └── UpstreamError      upstream_errors(role): backend_error
 
 The shapes follow OpenAI's API: ``{"error": {"message", "type", "code",
 "param": null}}`` as the body, and ``data: {"error": {...}}`` as the last event
@@ -31,11 +31,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-import httpx
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from rosterd.errors import RosterdError
+from rosterd.router.upstream import UpstreamError
 from rosterd.scheduler import (
     LoadBackoffError,
     LoadFailedError,
@@ -227,14 +227,15 @@ def revoked_error(revocation: Revocation) -> RouterError:
 
 @contextlib.contextmanager
 def upstream_errors(role: str, *, mid_stream: bool = False) -> Iterator[None]:
-    """Raise an ``httpx.HTTPError`` inside the block as 502 ``backend_error`` naming ``role``.
+    """Raise an :class:`~rosterd.router.upstream.UpstreamError` (refused, closed unanswered,
+    timed out, invalid or cut answer) inside the block as 502 ``backend_error`` naming ``role``.
 
     ``mid_stream``: the response had started (the caller ends it with
     :func:`sse_error_event`), and the message says so.
     """
     try:
         yield
-    except httpx.HTTPError as exc:
+    except UpstreamError as exc:
         if mid_stream:
             message = f"backend of role {role!r} failed mid-stream: {exc}"
         else:

@@ -1,31 +1,38 @@
 """The proxy (DESIGN.md layer 7): one raw ASGI app per OpenAI path, forwarding to a backend.
 
-httpx sends the upstream request and streams the answer back unbuffered. The
-proxy is a raw ASGI app rather than a Starlette endpoint because it races the
-request against the client's ``http.disconnect``: a client that leaves cancels
-the handler at once, which closes the upstream connection (so llama-server
-stops generating and frees its slot) and gives the lease back. It also ends a
+:class:`~rosterd.router.upstream.Upstream` (keep-alive HTTP/1.1 on httptools)
+sends the upstream request; the answer comes back unbuffered when it is an event stream, in one
+piece when it is a plain answer that declares its length. The proxy is a raw
+ASGI app rather than a Starlette endpoint because it watches the client's
+``http.disconnect`` while it serves: a client that leaves cancels the request
+at once, which closes the upstream connection (so llama-server stops
+generating and frees its slot) and gives the lease back. It also ends a
 request at once when the scheduler revokes its lease, and sends a request once
 more on a fresh connection when the backend closed the pooled one unanswered.
 A backend that stalls (no byte within a deadline) or cannot be reached is
 handled by :mod:`~rosterd.router.liveness`: the request ends with 504 and the
 role is probed, or the request waits for the restarted backend.
 
+Both cuts cancel the request's own task (``_Cut``) rather than racing it
+against a second task with ``asyncio.wait``: a request costs one helper task
+(the disconnect watcher) and no extra scheduling round, which is what keeps
+the router's added latency a fraction of a millisecond.
+
 Errors are :class:`RouterError` values from ``openai_errors``; the scheduler's
-and httpx's errors are mapped there, at the ``with`` blocks around their calls.
+and the upstream client's errors are mapped there, at the ``with`` blocks around their calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from starlette.types import Message, Receive, Scope, Send
 
 from rosterd.errors import ClientGoneError
@@ -49,70 +56,95 @@ from rosterd.router.openai_errors import (
     upstream_status_error,
 )
 from rosterd.router.routing import PROXIED_PATHS, ModelNames, RoleRoute, RouterConfig
-from rosterd.scheduler import Lease, Scheduler
+from rosterd.router.upstream import Upstream, UpstreamClosedError, UpstreamResponse
+from rosterd.scheduler import Lease, Revocation, Scheduler
 
 log = logging.getLogger("rosterd.router")
-
-#: Upstream errors raised before any response byte on a reused connection: the backend
-#: closed it without reading the request, so it is sent again on a fresh connection.
-_RETRYABLE_UPSTREAM_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 #: nginx's "client closed request": the status counted in metrics for a client that left.
 CLIENT_CLOSED_STATUS = 499
 
+#: A plain (not event-stream) answer up to this size that declares its ``Content-Length`` is
+#: read whole and sent in one message with that length, bytes; a bigger one, or one
+#: without a length, is passed through chunk by chunk.
+WHOLE_ANSWER_MAX_BYTES = 8 * 2**20
 
-def upstream_clients(config: RouterConfig) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
-    """The two httpx clients towards backends: ``(pooled, fresh)``.
-
-    ``pooled`` keeps idle connections ``config.upstream_keepalive_s`` seconds;
-    ``fresh`` keeps none, so every request it sends goes on a new connection
-    (the one retry of :meth:`Proxy._send_upstream`). Neither reads proxy
-    settings from the environment: backends are local or on the lab's nodes.
-    """
-    # Our own deadlines (first byte, between chunks) come first; httpx's read timeout
-    # is only the backstop.
-    read_s = max(config.upstream_read_s, config.first_byte_timeout_s, config.chunk_timeout_s)
-    pooled = httpx.AsyncClient(
-        timeout=httpx.Timeout(
-            connect=config.upstream_connect_s,
-            read=read_s + 1.0,
-            write=config.upstream_connect_s,
-            pool=None,
-        ),
-        limits=httpx.Limits(
-            max_connections=None,
-            max_keepalive_connections=64,
-            keepalive_expiry=config.upstream_keepalive_s,
-        ),
-        trust_env=False,
-    )
-    fresh = httpx.AsyncClient(
-        timeout=pooled.timeout,
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
-        trust_env=False,
-    )
-    return pooled, fresh
+_END = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 @dataclass(frozen=True)
 class ProxyContext:
     """What every proxied path shares: the scheduler that grants leases, the routes and
-    names, the limits, the metrics and the two upstream clients (see :func:`upstream_clients`)."""
+    names, the limits, the metrics and the upstream client."""
 
     scheduler: Scheduler
     routes: Mapping[str, RoleRoute]
     names: ModelNames
     config: RouterConfig
     metrics: RosterdMetrics
-    client: httpx.AsyncClient
-    fresh_client: httpx.AsyncClient
+    upstream: Upstream
 
 
-def _is_event_stream(message: Message) -> bool:
-    return any(
-        k == b"content-type" and v.startswith(b"text/event-stream")
-        for k, v in message.get("headers", [])
-    )
+class _Answer:
+    """The client's side of one request: ``send``, remembering what was sent.
+
+    ``status``: the status sent (0: none yet); ``stream``: the answer is an
+    event stream; ``sse_open``: an event stream started and has not ended;
+    ``done``: the last body message was sent.
+    """
+
+    __slots__ = ("_send", "done", "sse_open", "status", "stream")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status = 0
+        self.stream = False
+        self.sse_open = False
+        self.done = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            self.stream = self.sse_open = any(
+                k == b"content-type" and v.startswith(b"text/event-stream")
+                for k, v in message.get("headers", ())
+            )
+        elif not message.get("more_body", False):
+            self.sse_open = False
+            self.done = True
+        await self._send(message)
+
+
+class _Cut:
+    """Cancels the request's task, once, when the client leaves or the lease is revoked.
+
+    ``why`` is ``None`` until then; then ``"client_left"`` or the
+    :class:`Revocation`. Disarmed once the request is over, so a callback
+    already scheduled for a later loop turn cannot cancel what runs after. A
+    disconnect once the whole answer was sent cuts nothing (uvicorn's
+    ``receive`` says ``http.disconnect`` as soon as the response is complete).
+    """
+
+    __slots__ = ("answer", "armed", "task", "why")
+
+    def __init__(self, task: asyncio.Task[Any], answer: _Answer) -> None:
+        self.task = task
+        self.answer = answer
+        self.why: str | Revocation | None = None
+        self.armed = True
+
+    def _cut(self, why: str | Revocation) -> None:
+        if self.armed and self.why is None:
+            self.why = why
+            self.task.cancel()
+
+    def client_left(self, watcher: asyncio.Task[None]) -> None:
+        if not watcher.cancelled() and watcher.exception() is None and not self.answer.done:
+            self._cut("client_left")
+
+    def revoked(self, revoked: asyncio.Future[Revocation]) -> None:
+        if not revoked.cancelled():
+            self._cut(revoked.result())
 
 
 class Proxy:
@@ -126,21 +158,14 @@ class Proxy:
         self.ctx = ctx
         self.path = path
         self.label = PROXIED_PATHS[path]
+        # (role, status) -> its counter and histogram children: labels() takes a lock and
+        # builds its key on every call. Bounded by the roles times the statuses sent.
+        self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         role = "-"
-        status = {"code": 0}
-        sse = {"open": False}  # an event stream has started and not ended
-
-        async def tracked_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = int(message["status"])
-                sse["open"] = _is_event_stream(message)
-            elif not message.get("more_body", False):
-                sse["open"] = False
-            await send(message)
-
+        answer = _Answer(send)
         try:
             config = self.ctx.config
             body = await read_body(
@@ -148,64 +173,80 @@ class Proxy:
             )
             payload = parse_json_object(body)
             role = self.ctx.names.resolve(requested_model(payload))
-            await self._race_disconnect(role, payload, receive, tracked_send)
+            await self._serve(role, payload, receive, answer)
         except ClientGoneError:
-            status["code"] = CLIENT_CLOSED_STATUS
+            answer.status = CLIENT_CLOSED_STATUS
         except asyncio.CancelledError:
             # uvicorn cancels the requests still running when the drain time at
             # shutdown is over. End the response so the client can tell it was cut
             # (a 503, or an SSE error event if a stream had started); not re-raised,
             # since the response is then complete and uvicorn has nothing left to do.
             with contextlib.suppress(Exception):
-                if status["code"] == 0:
+                if answer.status == 0:
                     err = RouterError("shutting_down", "rosterd is shutting down")
-                    await send_error(scope, receive, tracked_send, err)
-                elif sse["open"]:
+                    await send_error(scope, receive, answer.send, err)
+                elif answer.sse_open:
                     err = RouterError(
                         "shutting_down",
                         f"the stream from role {role!r} was cut: rosterd is shutting down "
                         "and the drain time is over",
                     )
-                    await tracked_send(sse_error_event(err))
+                    await answer.send(sse_error_event(err))
         except RouterError as err:
-            await send_error(scope, receive, tracked_send, err)
+            await send_error(scope, receive, answer.send, err)
+        except Exception as exc:
+            log.exception("unhandled error on %s", self.path)
+            if answer.status:
+                raise  # the answer started: uvicorn closes the connection
+            internal = RouterError("internal_error", f"internal error: {exc}")
+            await send_error(scope, receive, answer.send, internal)
         finally:
-            metrics = self.ctx.metrics
-            metrics.requests.labels(role=role, endpoint=self.label, code=str(status["code"])).inc()
-            metrics.request_duration.labels(role=role, endpoint=self.label).observe(
-                time.perf_counter() - started
-            )
+            counted = self._counted.get((role, answer.status))
+            if counted is None:
+                requests, durations = self.ctx.metrics.requests, self.ctx.metrics.request_duration
+                counted = (
+                    requests.labels(role=role, endpoint=self.label, code=str(answer.status)),
+                    durations.labels(role=role, endpoint=self.label),
+                )
+                self._counted[(role, answer.status)] = counted
+            counted[0].inc()
+            counted[1].observe(time.perf_counter() - started)
 
-    async def _race_disconnect(
-        self, role: str, payload: dict[str, Any], receive: Receive, send: Send
+    async def _serve(
+        self, role: str, payload: dict[str, Any], receive: Receive, answer: _Answer
     ) -> None:
-        """Serve the request unless the client leaves first; then cancel it at once."""
-        handler = asyncio.ensure_future(self._serve(role, payload, send))
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        """Serve the request (:meth:`_serve_leased`); cut it at once if the client leaves
+        (:class:`ClientGoneError`) or the scheduler revokes its lease (:meth:`_after_cut`)."""
+        task = asyncio.current_task()
+        assert task is not None
+        cut = _Cut(task, answer)
+        watcher = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
+        watcher.add_done_callback(cut.client_left)
         try:
-            done, _ = await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await self._serve_leased(role, payload, answer, cut)
+        except asyncio.CancelledError:
+            if cut.why is None:
+                raise  # not ours: uvicorn's, at the end of the drain time
+            task.uncancel()
+            await self._after_cut(role, cut.why, answer)
         finally:
-            if not handler.done():
-                handler.cancel()
+            cut.armed = False
+            watcher.remove_done_callback(cut.client_left)
             watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-            with contextlib.suppress(asyncio.CancelledError):
-                await handler
-        if handler in done:
-            handler.result()
-        else:
-            log.info("client left a %s request to %s; upstream closed", self.label, role)
-            raise ClientGoneError(f"the client left its {self.label} request to {role}")
 
-    async def _serve(self, role: str, payload: dict[str, Any], send: Send) -> None:
+    async def _serve_leased(
+        self, role: str, payload: dict[str, Any], answer: _Answer, cut: _Cut
+    ) -> None:
+        """Take a lease, forward, give the lease back; when the backend could not be reached
+        and nothing was sent yet, wait for its restart (a lease of a newer generation) and
+        forward again, at most ``MAX_RESTART_WAITS`` times."""
         scheduler = self.ctx.scheduler
         with scheduler_errors():
             lease = await scheduler.acquire(role)
         waits = 0
         while True:
             try:
-                await self._forward_unless_revoked(lease, payload, send)
+                await self._forward_unless_revoked(lease, payload, answer, cut)
                 return
             except RouterError as err:
                 if waits >= MAX_RESTART_WAITS or not backend_unreachable(err):
@@ -220,89 +261,52 @@ class Proxy:
                 lease = await scheduler.acquire(role, newer_than=lease.generation)
 
     async def _forward_unless_revoked(
-        self, lease: Lease, payload: dict[str, Any], send: Send
+        self, lease: Lease, payload: dict[str, Any], answer: _Answer, cut: _Cut
     ) -> None:
-        """Forward the request, but end it at once if the scheduler revokes the lease.
+        """Forward under the liveness deadlines, cut at once if the scheduler revokes the lease.
 
         The scheduler revokes the leases of a role it stops with requests still in
-        flight (evicted after ``--drain``, unloaded, shutdown): the upstream
-        request is closed here (llama-server keeps an open stream going through
-        SIGTERM), and the client gets the reason: an SSE error event if its
-        stream had started, else 503 with the revocation's code (``evicted``).
+        flight (evicted after ``--drain``, unloaded, shutdown, found unhealthy):
+        ``cut`` cancels the request's task, which closes the upstream request
+        (llama-server keeps an open stream going through SIGTERM), and the client
+        gets the reason (:meth:`_after_cut`). A backend that stalls is reported
+        to the scheduler (``Scheduler.suspect``), which probes the role, and the
+        request ends with 504 ``backend_timeout`` (or an SSE error event).
         """
-        response: dict[str, bool] = {"started": False, "stream": False}
-
-        async def tracked(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                response["started"] = True
-                response["stream"] = _is_event_stream(message)
-            await send(message)
-
-        deadlines = Deadlines(self.ctx.config.first_byte_timeout_s, self.ctx.config.chunk_timeout_s)
-        forward = asyncio.ensure_future(
-            forward_within_deadlines(
-                lambda out: self._forward(lease, payload, out), tracked, deadlines, lease.role
-            )
-        )
+        revoked = lease.revoked
+        if revoked is not None:
+            revoked.add_done_callback(cut.revoked)
+        config = self.ctx.config
+        deadlines = Deadlines(config.first_byte_timeout_s, config.chunk_timeout_s)
         try:
-            await self._race_revocation(lease, forward, response, send)
+            await forward_within_deadlines(
+                lambda out: self._forward(lease, payload, out), answer.send, deadlines, lease.role
+            )
         except StalledError as stall:
             log.warning("ended a %s request to %s: %s", self.label, lease.role, stall)
             self.ctx.scheduler.suspect(lease, str(stall))
             await end_stalled(
-                stall, started=response["started"], stream=response["stream"], send=send
+                stall, started=bool(answer.status), stream=answer.stream, send=answer.send
             )
-
-    async def _race_revocation(
-        self,
-        lease: Lease,
-        forward: asyncio.Future[None],
-        response: dict[str, bool],
-        send: Send,
-    ) -> None:
-        if lease.revoked is None:
-            await forward
-            return
-        try:
-            racing: set[asyncio.Future[Any]] = {forward, lease.revoked}
-            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not forward.done():
-                forward.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await forward
-        if not forward.cancelled():
-            forward.result()
-            return
-        err = revoked_error(lease.revoked.result())
-        log.info("ended a %s request to %s: %s", self.label, lease.role, err.message)
-        if not response["started"]:
+            if revoked is not None:
+                revoked.remove_done_callback(cut.revoked)
+
+    async def _after_cut(self, role: str, why: str | Revocation, answer: _Answer) -> None:
+        if not isinstance(why, Revocation):
+            log.info("client left a %s request to %s; upstream closed", self.label, role)
+            raise ClientGoneError(f"the client left its {self.label} request to {role}")
+        err = revoked_error(why)
+        log.info("ended a %s request to %s: %s", self.label, role, err.message)
+        if not answer.status:
             raise err
-        if response["stream"]:
-            await send(sse_error_event(err))
+        if answer.stream:
+            await answer.send(sse_error_event(err))
         else:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _send_upstream(self, request: httpx.Request, role: str) -> httpx.Response:
-        """Send ``request`` upstream (streamed), retrying once on a fresh connection when the
-        backend closed the pooled connection without answering.
-
-        Idle connections expire before the backend's keep-alive timeout
-        (``RouterConfig.upstream_keepalive_s``), but a backend may still close
-        one as the pool hands it out: the request then fails with "Server
-        disconnected without sending a response" before any response byte, so
-        the backend never took it and sending it again (on a new connection,
-        never a pooled one) is safe. Raises
-        ``httpx.HTTPError`` when the retry fails too, or for any other error.
-        """
-        try:
-            return await self.ctx.client.send(request, stream=True)
-        except _RETRYABLE_UPSTREAM_ERRORS as exc:
-            log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
-        return await self.ctx.fresh_client.send(request, stream=True)
+            await answer.send(_END)
 
     async def _forward(self, lease: Lease, payload: dict[str, Any], send: Send) -> None:
-        """Send the request to ``lease``'s backend and pass its answer through.
+        """Send the request to ``lease``'s backend and pass its answer through to ``send``.
 
         Raises :class:`RouterError` 502 ``backend_error`` while nothing was
         sent to the client yet; once the answer started, a failure or a stream
@@ -310,28 +314,30 @@ class Proxy:
         """
         role = lease.role
         upstream_body = self.ctx.routes[role].rewrite(payload, lease.endpoint.served_model)
-        request = self.ctx.client.build_request(
-            "POST",
-            lease.endpoint.base_url + self.path,
-            json=upstream_body,
-            headers={
-                "accept": "text/event-stream" if payload.get("stream") else "application/json"
-            },
-        )
+        body = json.dumps(
+            upstream_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        ).encode()
+        accept = "text/event-stream" if payload.get("stream") else "application/json"
         with upstream_errors(role):
-            upstream = await self._send_upstream(request, role)
+            upstream = await self._send_upstream(lease.endpoint.base_url, body, accept, role)
         try:
-            content_type = upstream.headers.get("content-type", "application/json")
-            if upstream.status_code >= 500:
+            content_type = upstream.content_type or "application/json"
+            if upstream.status >= 500:
                 with upstream_errors(role):
-                    text = (await upstream.aread()).decode(errors="replace")
-                raise upstream_status_error(role, upstream.status_code, text)
+                    text = (await upstream.read()).decode(errors="replace")
+                raise upstream_status_error(role, upstream.status, text)
             stream = content_type.startswith("text/event-stream")
-            headers = [(b"content-type", content_type.encode())]
+            length = upstream.content_length
+            if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
+                with upstream_errors(role):
+                    whole = await upstream.read()
+                await _send_whole(send, upstream.status, content_type, whole)
+                return
+            headers_out = [(b"content-type", content_type.encode())]
             if stream:
-                headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+                headers_out += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
             await send(
-                {"type": "http.response.start", "status": upstream.status_code, "headers": headers}
+                {"type": "http.response.start", "status": upstream.status, "headers": headers_out}
             )
             try:
                 with upstream_errors(role, mid_stream=True):
@@ -351,16 +357,47 @@ class Proxy:
                 )
                 await send(sse_error_event(cut))
                 return
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send(_END)
         finally:
-            await upstream.aclose()
+            # Back to the pool when the answer was read to its end; on a cut (the client
+            # left, the lease was revoked) or a failure the connection is closed.
+            upstream.close()
+
+    async def _send_upstream(
+        self, base_url: str, body: bytes, accept: str, role: str
+    ) -> UpstreamResponse:
+        """Send the request; once more on a new connection when the backend closed the pooled
+        one without answering.
+
+        Idle connections expire before the backend's keep-alive timeout
+        (``RouterConfig.upstream_keepalive_s``), but a backend may still close
+        one as the pool hands it out: the request then fails before any answer
+        byte, so the backend never took it and sending it again (on a new
+        connection, never a pooled one) is safe. Raises ``UpstreamError`` when
+        the retry fails too, or for any other failure.
+        """
+        upstream = self.ctx.upstream
+        try:
+            return await upstream.post(base_url, self.path, body, accept)
+        except UpstreamClosedError as exc:
+            log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
+        return await upstream.post(base_url, self.path, body, accept, fresh=True)
 
 
-async def _pass_body(upstream: httpx.Response, send: Send) -> bytes:
-    """Send ``upstream``'s body on chunk by chunk (response left open); returns its last
-    64 bytes, where a finished event stream has its ``data: [DONE]``."""
+async def _send_whole(send: Send, status: int, content_type: str, body: bytes) -> None:
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _pass_body(upstream: UpstreamResponse, send: Send) -> bytes:
+    """Send ``upstream``'s body on chunk by chunk as it arrives (response left open);
+    returns its last 64 bytes, where a finished event stream has its ``data: [DONE]``."""
     tail = b""
-    async for chunk in upstream.aiter_raw():
+    async for chunk in upstream.chunks():
         if chunk:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             tail = (tail + chunk)[-64:]

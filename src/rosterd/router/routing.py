@@ -43,7 +43,7 @@ class RouterConfig:
 
     ``api_keys``: accepted ``Authorization: Bearer`` keys (empty: no auth;
     ``/health`` is always open); ``max_body_bytes``: largest request body;
-    ``upstream_connect_s`` / ``upstream_read_s``: httpx timeouts towards the
+    ``upstream_connect_s`` / ``upstream_read_s``: timeouts towards the
     backend, seconds (read: between two chunks); ``upstream_keepalive_s``: how
     long an idle upstream connection is kept for reuse, seconds. It stays
     below llama-server's keep-alive timeout (5 s, cpp-httplib's default): with
