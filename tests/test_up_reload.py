@@ -274,3 +274,44 @@ async def test_a_missing_roster_is_refused_and_reported_and_nothing_changes(
     finally:
         up.stop()
         await asyncio.wait_for(run, 60)
+
+
+async def test_a_reload_checks_ports_as_the_start_does(tmp_path: Path) -> None:
+    """A role added on a port another role holds is unplaced by the reload, with a reason
+    naming both, instead of failing at its load (as ``plan`` and ``up`` do at start)."""
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18731)])
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml",
+        {
+            "tiny-a": {"path": str(MODELS / "tiny-a.gguf")},
+            "tiny-b": {"path": str(MODELS / "tiny-b.gguf")},
+        },
+    )
+    up = UpRun(
+        UpOptions(
+            roster_path=roster,
+            fleet_path=fleet,
+            port=pick_free_port(),
+            state_dir=tmp_path / "state",
+            warm_up=False,
+        ),
+        out=Console(file=io.StringIO()),
+        err=Console(file=io.StringIO()),
+    )
+    run = asyncio.create_task(up.run())
+    try:
+        url = await asyncio.wait_for(up.serving(), 60)
+        write_roster(
+            roster,
+            [llama_entry("tiny", "tiny-a", 0.1, 18731), llama_entry("other", "tiny-b", 0.1, 18731)],
+        )
+        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
+            reloaded = await client.post("/rosterd/reload")
+            assert reloaded.status_code == 200, reloaded.text
+            unplaced = dict((await client.get("/status")).json()["unplaced"])
+            assert "other" in unplaced
+            assert "port 18731" in unplaced["other"]
+            assert "tiny" in unplaced["other"]
+    finally:
+        up.stop()
+        await asyncio.wait_for(run, 60)

@@ -40,7 +40,13 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.adapters import WeightsSource, adapter_for
-from rosterd.cli.up_plan import first_by_role, is_local_address, role_routes, unserved_reasons
+from rosterd.cli.up_plan import (
+    check_ports,
+    first_by_role,
+    is_local_address,
+    role_routes,
+    unserved_reasons,
+)
 from rosterd.errors import InputError, RosterdError
 from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
 from rosterd.placement import Plan, plan
@@ -286,6 +292,8 @@ class ConfigReloader:
             result = await asyncio.to_thread(plan, specs, fleet, previous)
         finally:
             self._after_plan()
+        if not self.options.auto_backend_ports:  # the same port check as at start
+            result = check_ports(result, roster, fleet, router_port=self.options.port)
         served = self._serve_config(roster, fleet, result)
         old = self.served.weights
         restart = [r for r, w in served.weights.items() if r in old and old[r] != w]

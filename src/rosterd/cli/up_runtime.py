@@ -374,7 +374,8 @@ class UpRun:
                     supervisor,
                     auto_ports=options.auto_backend_ports,
                     out=self.out,
-                    memory=memory,
+                    # The files changed: every role's figures are gathered again.
+                    memory=gather_memory(roster, fleet, state_dir),
                 )
 
             served = served_config(

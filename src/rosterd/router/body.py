@@ -30,6 +30,8 @@ async def read_body(
     whole body did not arrive within ``timeout_s`` seconds (``None``: no limit),
     and :class:`ClientGoneError` when the client disconnects first.
     """
+    if timeout_s is None:
+        return await _read_body(scope, receive, limit_bytes)
     try:
         async with asyncio.timeout(timeout_s):
             return await _read_body(scope, receive, limit_bytes)
