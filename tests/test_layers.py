@@ -59,6 +59,8 @@ _PURE_STATE_MACHINE = (
     "rosterd.scheduler.state",
     "rosterd.scheduler.events",
     "rosterd.scheduler.replan",
+    "rosterd.scheduler.grants",
+    "rosterd.scheduler.liveness",
 )
 
 
