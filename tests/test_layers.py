@@ -27,6 +27,9 @@ LAYERS: dict[str, int] = {
     "rosterd.weights": 2,
     "rosterd.schemas": 2,
     "rosterd.model_facts": 2,
+    "rosterd.model_facts.facts": 2,
+    "rosterd.model_facts.gguf_file": 2,
+    "rosterd.model_facts.mlx_folder": 2,
     # 3. pure decisions
     "rosterd.residency": 3,
     "rosterd.placement": 3,
