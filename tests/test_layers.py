@@ -49,6 +49,8 @@ LAYERS: dict[str, int] = {
     "rosterd.scheduler.liveness": 6,
     "rosterd.scheduler.loop": 6,
     "rosterd.node_agent": 6,
+    "rosterd.node_agent.actor": 6,
+    "rosterd.node_agent.head": 6,
     "rosterd.ray_cluster": 6,
     "rosterd.memory_watch": 6,
     # 7. HTTP
