@@ -27,6 +27,9 @@ LAYERS: dict[str, int] = {
     "rosterd.weights": 2,
     "rosterd.schemas": 2,
     "rosterd.model_facts": 2,
+    "rosterd.model_facts.facts": 2,
+    "rosterd.model_facts.gguf_file": 2,
+    "rosterd.model_facts.mlx_folder": 2,
     # 3. pure decisions
     "rosterd.residency": 3,
     "rosterd.placement": 3,
@@ -42,7 +45,12 @@ LAYERS: dict[str, int] = {
     "rosterd.metrics": 6,
     "rosterd.backends": 6,
     "rosterd.scheduler": 6,
+    "rosterd.scheduler.grants": 6,
+    "rosterd.scheduler.liveness": 6,
+    "rosterd.scheduler.loop": 6,
     "rosterd.node_agent": 6,
+    "rosterd.node_agent.actor": 6,
+    "rosterd.node_agent.head": 6,
     "rosterd.ray_cluster": 6,
     "rosterd.memory_watch": 6,
     # 7. HTTP
@@ -50,6 +58,9 @@ LAYERS: dict[str, int] = {
     # 8. the command and the runtime of `rosterd up`
     "rosterd.up": 8,
     "rosterd.cli": 8,
+    "rosterd.cli.up_listen": 8,
+    "rosterd.cli.up_options": 8,
+    "rosterd.cli.up_progress": 8,
     "rosterd.__main__": 8,
 }
 
@@ -59,6 +70,8 @@ _PURE_STATE_MACHINE = (
     "rosterd.scheduler.state",
     "rosterd.scheduler.events",
     "rosterd.scheduler.replan",
+    "rosterd.scheduler.grants",
+    "rosterd.scheduler.liveness",
 )
 
 

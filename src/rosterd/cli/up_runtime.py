@@ -5,8 +5,8 @@ drain and stop every backend.
 :func:`run_up` is the whole process (SIGINT and SIGTERM stop it);
 :class:`UpRun` is one run inside a running event loop, stopped by its own
 handle (:meth:`UpRun.stop`), which is how tests run it without a subprocess or
-Typer. Both take an :class:`UpOptions` value; ``rosterd up`` only parses its
-options into one (:mod:`rosterd.cli.serve_cmd`).
+Typer. Both take an :class:`~rosterd.cli.up_options.UpOptions` value (re-exported
+here); ``rosterd up`` only parses its options into one (:mod:`rosterd.cli.serve_cmd`).
 
 It lives in the CLI layer, not beside the router, because it prints: the plan,
 each role it cannot serve, backend crashes and restarts, "serving", "stopped"
@@ -14,7 +14,9 @@ each role it cannot serve, backend crashes and restarts, "serving", "stopped"
 
 uvicorn serves the ASGI router in rosterd's own event loop (so the scheduler,
 supervisor and router share one loop); its signal capture is replaced by
-rosterd's, so Ctrl-C drains and stops the backends before the process exits.
+rosterd's, so Ctrl-C drains and stops the backends before the process exits
+(the socket, that server and the open-files limit: :mod:`rosterd.cli.up_listen`;
+backend events printed and the warm-up: :mod:`rosterd.cli.up_progress`).
 
 Errors: every failure a user can act on is a :class:`~rosterd.errors.RosterdError`
 (a bad roster, overlay or fleet, a port in use, a locked or unusable state
@@ -25,11 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import resource
 import signal
-import socket
-from collections.abc import Collection, Generator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +37,16 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.backends import SupervisorBackends
-from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT, default_state_dir
+from rosterd.cli import default_state_dir
 from rosterd.cli.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
+from rosterd.cli.up_listen import (
+    LISTEN_BACKLOG,
+    NoSignalServer,
+    bind_listener,
+    open_files_wanted,
+    raise_open_files_limit,
+)
+from rosterd.cli.up_options import UpOptions
 from rosterd.cli.up_plan import (
     check_ports,
     first_by_role,
@@ -48,14 +55,9 @@ from rosterd.cli.up_plan import (
     print_plan,
     role_routes,
     unserved_reasons,
-    warm_up_order,
 )
-from rosterd.cli.up_reload import (
-    ConfigReloader,
-    Served,
-    read_config,
-    served_config,
-)
+from rosterd.cli.up_progress import added_roles, print_backend_event, warm_up
+from rosterd.cli.up_reload import ConfigReloader, Served, read_config, served_config
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
 from rosterd.measured_peaks import MeasuredPeaks
@@ -66,96 +68,14 @@ from rosterd.role_memory import RosterMemory, gather_memory
 from rosterd.roster import ImportedRoster
 from rosterd.router import RouterConfig, RouteTable, create_app
 from rosterd.router.streams import LiveStreams
-from rosterd.scheduler import (
-    NodeConcurrency,
-    NodeConfig,
-    NodeScheduler,
-    Scheduler,
-    SchedulerError,
-    SchedulerLimits,
-)
-from rosterd.supervisor import BackendEvent, Supervisor, describe_exit, lock_state_dir
+from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler
+from rosterd.supervisor import BackendEvent, Supervisor, lock_state_dir
 
 if TYPE_CHECKING:
     from rosterd.cli.up_fleet import UpFleet
 
-#: The router's listen backlog: connections the kernel accepts before rosterd does (Linux
-#: caps it at ``net.core.somaxconn``, 4096 by default since 5.4). Both ``_bind`` and
-#: uvicorn (which calls ``listen`` again on the socket it is given) use it.
-LISTEN_BACKLOG = 4096
-
-#: Open files ``rosterd up`` needs beside its streams: logs, pipes, probes, the listener.
-BASE_OPEN_FILES = 256
-
-
-def open_files_wanted(limits: SchedulerLimits, roles: int) -> int:
-    """The open-files limit one ``up`` wants: two sockets per request it admits (the
-    client's and the backend's) for each role's ``max_concurrency + max_queue``, plus
-    ``BASE_OPEN_FILES``. Measured: at the usual soft limit of 1,024, 1,000 streams
-    through one role got 984 answers 502 (``connect`` to the backend failed with
-    EMFILE)."""
-    return BASE_OPEN_FILES + 2 * roles * (limits.max_concurrency + limits.max_queue)
-
-
-def raise_open_files_limit(wanted: int) -> str | None:
-    """When this process's soft ``RLIMIT_NOFILE`` is below ``wanted``, raise it to the hard
-    limit (idle and slow connections hold descriptors too); what to tell the operator
-    (raised, or still too low), or ``None`` when the limit was already enough."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= wanted:
-        return None
-    target = max(wanted, 2**20) if hard == resource.RLIM_INFINITY else hard
-    if target > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    if target >= wanted:
-        return f"raised the open-files limit from {soft} to {target} for the requests admitted"
-    return (
-        f"warning: the open-files limit is {target} (hard limit), below the {wanted} the "
-        "admitted requests may need (two sockets each); raise it (ulimit -Hn) or lower "
-        "--max-concurrency / --max-queue, or requests will fail with backend_error"
-    )
-
-
-@dataclass(frozen=True)
-class UpOptions:
-    """What one ``rosterd up`` serves and how (the command's options, parsed).
-
-    ``api_keys``: the keys requests must carry (empty: none, checked non-blank by
-    the caller); ``state_dir``: backend logs, pid records and the lock (``None``:
-    :func:`default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
-    ``max_body_bytes``: the largest request body; ``auto_backend_ports``: let the
-    OS choose backend ports; ``warm_up``: load interactive and sticky roles that
-    fit at start (and the roles a reload adds); ``watch``: reload when the roster,
-    overlay or fleet file changes; ``cors_origins``: browser origins allowed to call
-    the API; ``ray_address``: the Ray cluster to run the fleet's nodes on
-    (``HOST:PORT``, what ``rosterd.ray_cluster.ray_address`` gives from
-    ``--ray-address`` or ``RAY_ADDRESS``; ``None``: no Ray, this machine's nodes
-    only). With an explicit ``state_dir``, every node agent keeps its state under
-    ``<state_dir>/nodes/<node>`` on its node; without one, under that machine's
-    default. ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's deadlines
-    for its first byte and between chunks (then 504 and a probe);
-    ``request_read_timeout_s``: for a client's request headers and body (then
-    the connection is closed, or 408). Liveness probes are in ``limits``.
-    """
-
-    roster_path: Path
-    overlay_path: Path | None = None
-    fleet_path: Path | None = None
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    api_keys: tuple[str, ...] = ()
-    state_dir: Path | None = None
-    limits: SchedulerLimits = field(default_factory=SchedulerLimits)
-    grace_s: float = 10.0
-    max_body_bytes: int = 8 * 2**20
-    auto_backend_ports: bool = False
-    warm_up: bool = True
-    cors_origins: tuple[str, ...] = ()
-    watch: bool = False
-    ray_address: str | None = None
-    first_byte_timeout_s: float = 300.0
-    chunk_timeout_s: float = 120.0
-    request_read_timeout_s: float = 30.0
+#: What other modules import from here (``UpOptions`` and the open-files sizing moved).
+__all__ = ["UpOptions", "UpRun", "open_files_wanted", "raise_open_files_limit", "run_up"]
 
 
 def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
@@ -189,7 +109,7 @@ class UpRun:
         self._stop = asyncio.Event()
         self._serving = asyncio.Event()
         self._ended = asyncio.Event()
-        self._server: _Server | None = None
+        self._server: NoSignalServer | None = None
         #: The reload of this run, once it serves.
         self.reloader: ConfigReloader | None = None
         self._reloads: set[asyncio.Task[None]] = set()
@@ -314,7 +234,7 @@ class UpRun:
         raised = raise_open_files_limit(open_files_wanted(options.limits, len(result.placements)))
         if raised is not None:
             self.out.print(raised)
-        sock = _bind(options.host, options.port)
+        sock = bind_listener(options.host, options.port)
         loop = asyncio.get_running_loop()
         if self.stop_on_signals:
             # Only now, after the plan: OR-Tools' solver takes SIGINT over while it
@@ -323,7 +243,7 @@ class UpRun:
         scheduler: Scheduler | None = None
 
         def on_backend_event(event: BackendEvent) -> None:
-            self._print_backend_event(event)
+            print_backend_event(self.out, event)
             if scheduler is not None:  # crashes and restarts change what the scheduler serves
                 scheduler.backend_event(event)
 
@@ -413,8 +333,8 @@ class UpRun:
 
             def warm_up_added(served: Served, change: Mapping[str, object]) -> None:
                 if options.warm_up:
-                    added = _added_roles(change)
-                    task = asyncio.create_task(self._warm_up(running, served.nodes, added))
+                    added = added_roles(change)
+                    task = asyncio.create_task(warm_up(running, served.nodes, added, self.out))
                     background.append(task)
 
             reloader = self.reloader = ConfigReloader(
@@ -462,7 +382,7 @@ class UpRun:
                 # deadlines for slow clients (its module says why)
                 http=bounded_http_protocol(min(HEADER_TIMEOUT_S, options.request_read_timeout_s)),
             )
-            server = self._server = _Server(config)
+            server = self._server = NoSignalServer(config)
             if self._stop.is_set():
                 return
             serving = asyncio.create_task(server.serve(sockets=[sock]), name="rosterd-http")
@@ -476,7 +396,7 @@ class UpRun:
             if options.warm_up:
                 background.append(
                     asyncio.create_task(
-                        self._warm_up(scheduler, served.nodes, None), name="rosterd-warm-up"
+                        warm_up(scheduler, served.nodes, None, self.out), name="rosterd-warm-up"
                     )
                 )
             if options.watch:
@@ -551,53 +471,6 @@ class UpRun:
             recorders.append(recorder)
         return recorders
 
-    async def _warm_up(
-        self,
-        scheduler: Scheduler,
-        nodes: Mapping[str, NodeConfig],
-        only: Collection[str] | None,
-    ) -> None:
-        """Load each node's interactive, then sticky roles (those in ``only``, if given: the
-        roles a reload added), one by one, evicting nothing.
-
-        Progress is the scheduler's log (``loading``, ``loaded in N s``); a role
-        that does not fit (or fails) is named here and loads on demand later.
-        """
-        for node in nodes.values():
-            for role in warm_up_order(node.specs):
-                if only is not None and role not in only:
-                    continue
-                if role in node.unavailable:
-                    continue  # named at start; requests for it get 503 at once
-                try:
-                    await scheduler.load(role, no_evict=True)
-                except SchedulerError as exc:
-                    self.out.print(Text(f"not loaded at start: {role}: {exc}"))
-
-    def _print_backend_event(self, event: BackendEvent) -> None:
-        """Say when a backend dies by itself and how the supervisor restarts it."""
-        if event.kind == "exited":
-            code = event.exit_code
-            how = (
-                describe_exit(code)
-                if code is not None and code < 0
-                else f"exited by itself (code {code})"
-            )
-            self.out.print(Text(f"backend {event.name} {how}"))
-        elif event.kind == "restarting":
-            self.out.print(Text(f"restarting {event.name} in {event.delay_s or 0:.1f} s"))
-        elif event.kind == "restart_failed":
-            self.out.print(Text(f"restart of {event.name} failed: {event.detail}"))
-
-
-def _added_roles(change: Mapping[str, object]) -> set[str]:
-    """The roles a reload's change (``PlanChange.as_json``) added on some node."""
-    nodes = change.get("nodes")
-    added: set[str] = set()
-    for node in (nodes if isinstance(nodes, dict) else {}).values():
-        added.update(node.get("added") or ())
-    return added
-
 
 def _status_extra(reloader: ConfigReloader, ray: UpFleet | None) -> dict[str, object]:
     """What ``/status`` adds to the scheduler's view: unplaced roles, remote nodes, the
@@ -624,30 +497,3 @@ def _status_extra(reloader: ConfigReloader, ray: UpFleet | None) -> dict[str, ob
 def _os_message(exc: OSError) -> str:
     """``strerror: filename`` of an OSError, as the operator can act on it."""
     return f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture: ``rosterd up`` handles signals itself."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP,
-    # and without it small responses wait ~40 ms on the client's delayed ACK.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise RosterdError(
-            f"cannot listen on {host}:{port}: {exc.strerror}; "
-            "is another rosterd up running? choose another --port"
-        ) from None
-    sock.listen(LISTEN_BACKLOG)
-    sock.setblocking(False)
-    return sock

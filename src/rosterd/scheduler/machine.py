@@ -9,33 +9,29 @@ events give the same effects. The residency policy
 says when, keeping the rules of issue 5 and USERS.md: one shared load per role;
 one transition per node, memory free only at ``StopDone``; no eviction under a
 request, busy roles drain in arrival order (``hold_since``) and are revoked
-after ``drain_s``; an unload takes no new requests; minimum residency;
-exclusions yield when idle; idle TTL; crash restarts as ``restarting``;
-per-role and node-wide concurrency (oldest request first across the node's
-roles), a bounded queue and queue timeouts; warm-up never
-evicts; shutdown is an event. Liveness: a generation probe while idle and when a
-request stalls; a failed probe makes the role ``unhealthy``, revokes its leases
-and restarts it; failed loads back off; requests wait for a restarted backend
-(``Acquire.newer_than``); loads nobody waits for are cancelled; a minimum
-residency holds a role only against the role it displaced. A re-plan (a new
-capacity, a role added, retired or respecified) is kept by
-:class:`~rosterd.scheduler.replan.ReplanRules`, which this machine extends.
-``docs/scheduler.md`` states each rule and draws the
-state table.
+after ``drain_s``; an unload takes no new requests; minimum residency (held
+only against the role it displaced); exclusions yield when idle; idle TTL; a
+bounded queue; warm-up never evicts; shutdown is an event.
+
+This module keeps the event dispatch, the step after every event and the
+transition; the rest of the rules are in the halves it extends:
+:class:`~rosterd.scheduler.grants.GrantRules` (who gets a lease: per-role and
+node-wide concurrency, queue timeouts), :class:`~rosterd.scheduler.liveness.LivenessRules`
+(probes, ``unhealthy``, crash restarts, load backoff, cancelled loads, a lost
+node) and :class:`~rosterd.scheduler.replan.ReplanRules` (a new capacity, a
+role added, retired or respecified). ``docs/scheduler.md`` states each rule and
+draws the state table.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
 from collections.abc import Iterable
 
 from rosterd.errors import (
-    LoadBackoffError,
     LoadFailedError,
     QueueFullError,
-    QueueTimeoutError,
     RoleMovedError,
     RoleRefusedError,
     ShuttingDownError,
@@ -57,14 +53,11 @@ from rosterd.scheduler.events import (
     Event,
     FinishShutdown,
     FinishUnload,
-    GrantLease,
     LoadDone,
     LogNote,
     NodeLost,
-    ProbeBackend,
     ProbeDone,
     Release,
-    RestartBackend,
     RevokeLeases,
     Shutdown,
     StartBackend,
@@ -74,25 +67,21 @@ from rosterd.scheduler.events import (
     Tick,
     Unload,
 )
+from rosterd.scheduler.liveness import SEE_LOG, LivenessRules
 from rosterd.scheduler.replan import ReplanEvent, ReplanRules
-from rosterd.scheduler.state import RoleState, Transition, Waiter
+from rosterd.scheduler.state import Transition, Waiter
 from rosterd.scheduler.values import (
     Phase,
-    Revocation,
-    backoff_s,
     client_reason,
 )
 
 #: How long a stop waits for the router to end revoked requests, seconds.
 REVOKE_WAIT_S = 1.0
 
-#: Where a client whose request failed on a backend is pointed for the details.
-SEE_LOG = "see `rosterd ps` / the backend log"
-
 _SHUTTING_DOWN = "rosterd is shutting down"
 
 
-class NodeMachine(ReplanRules):
+class NodeMachine(LivenessRules, ReplanRules):
     """The pure scheduler of one node: ``handle(event) -> effects``.
 
     Built as ``NodeMachine(capacity_bytes, specs, limits, concurrency)`` (see ``MachineState``).
@@ -166,29 +155,6 @@ class NodeMachine(ReplanRules):
                 # seen: find out whether it is alive (a restart gives a new generation).
                 self._probe(ev.role, "a request could not reach its backend")
 
-    def _fail_backoff(self, ticket: int, role: str, now: float) -> None:
-        st = self._roles[role]
-        assert st.backoff_until is not None
-        left = st.backoff_until - now
-        message = (
-            f"role {role!r} failed to load {st.load_failures} time(s) in a row "
-            f"(last: {st.last_error}); the next load is tried in {left:.1f} s; {SEE_LOG}"
-        )
-        self._fail(ticket, LoadBackoffError, message, left)
-
-    def _on_cancel(self, ev: Cancel) -> None:
-        st = self._roles.get(ev.role)
-        if st is not None:
-            st.waiters = deque(w for w in st.waiters if w.ticket != ev.ticket)
-            self._gauges(ev.role)
-
-    def _on_release(self, ev: Release, now: float) -> None:
-        st = self._roles.get(ev.role)
-        if st is not None and ev.generation == st.generation and st.in_flight > 0:
-            st.in_flight -= 1
-            st.last_used = now
-            self._gauges(ev.role)
-
     def _on_unload(self, ev: Unload, now: float) -> None:
         st = self._roles.get(ev.role)
         if st is None:
@@ -197,65 +163,6 @@ class NodeMachine(ReplanRules):
         st.unload_tickets.append(ev.ticket)
         if st.unload_since is None:
             st.unload_since = now
-
-    def _on_backend_changed(self, ev: BackendChanged, now: float) -> None:
-        role = ev.role
-        st = self._roles.get(role)
-        if st is None:
-            return
-        restarting = (Phase.RESTARTING, Phase.UNHEALTHY)
-        if ev.kind in ("exited", "restarting") and st.phase is Phase.READY:
-            st.phase = Phase.RESTARTING
-            st.generation += 1  # leases of the dead process are void
-            st.in_flight = 0
-            st.probing = st.suspected = False
-            if st.endpoint is not None:  # same address and name; no live pid until it is back
-                st.endpoint = dataclasses.replace(st.endpoint, pid=None)
-            st.waiting_reason = "its backend crashed and is being restarted"
-            why = ev.exit_reason or "exited"
-            self._note_error(role, f"backend {why}", now)
-            self._record("crashed", role, f"backend pid {ev.pid} {why}; restarting")
-            self._gauges(role)
-        elif ev.kind == "ready" and st.phase in restarting and st.endpoint is not None:
-            st.phase = Phase.READY
-            pid = ev.pid if ev.pid_is_local else None  # never take a remote pid for ours
-            st.endpoint = dataclasses.replace(st.endpoint, pid=pid)
-            st.last_used = st.last_probe = now
-            st.waiting_reason = None
-            self._record("restarted", role, f"backend restarted as pid {ev.pid}")
-            self._grant(role, st, now)
-        elif ev.kind == "restart_failed" and st.phase in restarting:
-            if not ev.final:
-                st.waiting_reason = "its backend was restarted; that failed, trying again"
-                self._note_error(role, f"restart failed: {ev.detail}", now)
-                return
-            st.phase = Phase.STOPPED  # the supervisor gave up: no process is left
-            st.endpoint = None
-            st.loaded_at = None
-            self._note_error(role, f"restart given up: {ev.detail}", now)
-            message = f"backend for role {role!r} crashed and could not be restarted"
-            self._out.append(LogNote("warning", f"{message}: {ev.detail}"))
-            self._fail_waiters(role, LoadFailedError, f"{message}; {SEE_LOG}")
-            self._record("restart_failed", role, "the supervisor gave up restarting it")
-            self._gauges(role)
-
-    def _on_node_lost(self, ev: NodeLost) -> None:
-        if self.lost_reason is not None:
-            return
-        self.lost_reason = ev.reason
-        # Nothing of the node answers any more: a start or stop under way ends with it
-        # (its LoadDone/StopDone are then ignored), and no new one is asked for.
-        self._transition = None
-        for role, st in self._roles.items():
-            st.phase = Phase.LOST
-            st.endpoint = None
-            st.generation += 1  # leases of its processes are void
-            st.in_flight = 0
-            st.loaded_at = None
-            st.hold_since = None
-            st.waiting_reason = f"{ev.reason}; waiting for it to be served elsewhere"
-            self._record("lost", role, ev.reason)
-            self._gauges(role)
 
     def _on_load_done(self, ev: LoadDone, now: float) -> None:
         tr = self._transition
@@ -280,11 +187,7 @@ class NodeMachine(ReplanRules):
             short = ev.client_message or client_reason(error)
             message = f"backend for role {ev.role!r} failed to load: {short}; {SEE_LOG}"
             self._fail_waiters(ev.role, LoadFailedError, message)
-            # Back off as crash restarts do: a broken model is not reloaded by every request.
-            st.load_failures += 1
-            limits = self.limits
-            delay = backoff_s(st.load_failures, limits.load_backoff_s, limits.max_load_backoff_s)
-            st.backoff_until = now + delay
+            self._back_off(st, now)
             self._note_error(ev.role, f"load failed: {short}", now)
             self._record("load_failed", ev.role, error, duration_s=took)
             tr.step = "cleanup"  # a half-started process must not keep holding memory
@@ -325,56 +228,6 @@ class NodeMachine(ReplanRules):
             self._finish_abort(tr, now)
         else:
             self._finish_stop(tr, now)
-
-    def _on_suspect(self, ev: Suspect) -> None:
-        st = self._roles.get(ev.role)
-        if st is not None and st.generation == ev.generation and st.phase is Phase.READY:
-            self._probe(ev.role, ev.reason)
-            st.suspected = True  # no new request goes to it until the probe answered
-
-    def _on_probe_done(self, ev: ProbeDone, now: float) -> None:
-        st = self._roles.get(ev.role)
-        if st is None or ev.generation != st.generation:
-            return  # a probe of a process that is gone already
-        st.probing = st.suspected = False
-        if st.phase is not Phase.READY:
-            return
-        if ev.ok:
-            st.last_probe = now
-            for w in st.waiters:
-                w.newer_than = None  # alive after all: send those requests to it again
-            return
-        self._mark_unhealthy(ev.role, ev.detail or "the generation probe failed", now)
-
-    def _probe(self, role: str, reason: str) -> None:
-        """Run ``role``'s generation probe unless one is under way (ready roles only)."""
-        st = self._roles[role]
-        if st.phase is not Phase.READY or st.probing:
-            return
-        st.probing = True
-        self._out.append(LogNote("info", f"probing {role}: {reason}"))
-        self._out.append(ProbeBackend(role, st.generation, self.limits.probe_timeout_s))
-
-    def _mark_unhealthy(self, role: str, detail: str, now: float) -> None:
-        """``role``'s backend answers HTTP but does not generate: end its requests, restart it.
-
-        It keeps its memory (the same role comes back); waiters wait for the restart.
-        """
-        st = self._roles[role]
-        old = st.generation
-        st.phase = Phase.UNHEALTHY
-        st.generation += 1  # leases of the wedged process are void
-        st.in_flight = 0
-        if st.endpoint is not None:
-            st.endpoint = dataclasses.replace(st.endpoint, pid=None)
-        why = f"its generation probe failed ({detail})"
-        st.waiting_reason = f"its backend stopped generating ({detail}) and is being restarted"
-        self._note_error(role, f"unhealthy: {why}", now)
-        message = f"the backend of role {role} stopped generating ({detail}); it is being restarted"
-        self._out.append(RevokeLeases(role, old, Revocation("backend_unhealthy", message)))
-        self._record("unhealthy", role, f"{why}; restarting it")
-        self._out.append(RestartBackend(role))
-        self._gauges(role)
 
     def _on_shutdown(self, now: float) -> None:
         if self.shutting_down:
@@ -428,156 +281,6 @@ class NodeMachine(ReplanRules):
         if self._schedule_loads(now, holds):
             return
         self._schedule_idle(now)
-
-    def _schedule_probes(self, now: float) -> None:
-        """Probe each ready role idle for ``probe_interval_s`` (since its last request or probe)."""
-        interval = self.limits.probe_interval_s
-        if math.isinf(interval):
-            return
-        for role, st in self._roles.items():
-            if (
-                st.phase is Phase.READY
-                and not st.probing
-                and st.in_flight == 0
-                and not st.unload_tickets
-                and now - max(st.last_used, st.last_probe) >= interval
-            ):
-                self._probe(role, f"idle for {interval:g} s")
-
-    def _cancel_unwanted_load(self, now: float) -> None:
-        """Abort the load under way when nobody waits for it any more and a waiting request of
-        another role needs its room; otherwise the load finishes and the role stays."""
-        tr = self._transition
-        assert tr is not None
-        if tr.step != "loading" or self._roles[tr.role].waiters:
-            return
-        for role, st in self._roles.items():
-            if role == tr.role or st.phase is not Phase.STOPPED or not st.waiters:
-                continue
-            if all(w.no_evict for w in st.waiters):
-                continue  # a warm-up never evicts, nor cancels a load
-            state = self._node_state(now, ignore_in_flight=False, for_role=role)
-            decision = decide(state, role)
-            if isinstance(decision, Wait) and tr.role in decision.blocking:
-                cause = f"nobody waits for it any more and {role} needs its room"
-                self._record("load_cancelled", tr.role, cause)
-                tr.step, tr.pending, tr.abort_label = "aborting", {"load", "stop"}, "make_room"
-                self._out.append(StopBackend(tr.role))
-                return
-
-    def _expire(self, now: float) -> None:
-        for role, st in self._roles.items():
-            expired = [w for w in st.waiters if now - w.since >= w.timeout_s]
-            if not expired:
-                continue
-            st.waiters = deque(w for w in st.waiters if w not in expired)
-            why = st.waiting_reason or "still loading or busy"
-            for w in expired:
-                message = f"role {role!r} was not ready within {w.timeout_s:g} s ({why})"
-                self._fail(w.ticket, QueueTimeoutError, message, self._retry_after())
-            self._gauges(role)
-
-    def _grant(self, role: str, st: RoleState, now: float) -> int:
-        """Hand leases to waiters, oldest first, while the role is ready and has free slots;
-        how many were granted.
-
-        A waiter that needs a newer generation (its request failed on this backend)
-        keeps its place and lets the others pass. With a node-wide limit, a slot goes
-        to the oldest waiter of the node: a waiter defers to an older one of another
-        role that could take it now.
-        """
-        if st.phase is not Phase.READY or st.endpoint is None:
-            return 0
-        if st.unload_tickets or st.next_spec is not None:
-            st.waiting_reason = (
-                "it is being unloaded or restarted with a new configuration; it loads again after"
-            )
-            return 0  # an unload was asked: new requests wait and load the role again after it
-        st.waiting_reason = None
-        if st.suspected:
-            st.waiting_reason = "a request got no byte in time: its backend is being probed"
-            return 0
-        granted = 0
-        kept: deque[Waiter] = deque()
-        blocked = False  # a waiter that needs a slot or the room waits: so do those after it
-        while st.waiters:
-            waiter = st.waiters.popleft()
-            if blocked:
-                kept.append(waiter)
-                continue
-            if waiter.newer_than is not None and st.generation <= waiter.newer_than:
-                st.waiting_reason = "its backend failed a request; waiting for the restart"
-                kept.append(waiter)
-                continue
-            if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
-                n = self.limits.max_concurrency
-                st.waiting_reason = f"all {n} slot(s) are busy, --max-concurrency {n}"
-                blocked = True
-                kept.append(waiter)
-                continue
-            if waiter.take_slot and st.hold_since is not None and waiter.since >= st.hold_since:
-                # an older request waits for this role's room: let it drain
-                st.waiting_reason = "it drains for an older request of another role"
-                blocked = True
-                kept.append(waiter)
-                continue
-            if waiter.take_slot and not self._node_slot_free():
-                st.waiting_reason = (
-                    f"the node already runs {self.node_in_flight()} generations at once, "
-                    "its limit (the node's max_concurrency)"
-                )
-                blocked = True
-                kept.append(waiter)
-                continue
-            if waiter.take_slot and self._older_elsewhere(role, waiter.since):
-                st.waiting_reason = "an older request of another role takes the node's free slot"
-                blocked = True
-                kept.append(waiter)
-                continue
-            granted += 1
-            if waiter.take_slot:
-                st.in_flight += 1
-                st.last_used = now
-            waited = now - waiter.since
-            lease = GrantLease(
-                waiter.ticket, role, st.endpoint, st.generation, waited, waiter.take_slot
-            )
-            self._out.append(lease)
-        st.waiters = kept
-        self._gauges(role)
-        return granted
-
-    def _grantable(self, st: RoleState) -> bool:
-        """Whether ``st``'s oldest waiter can be granted now."""
-        if st.phase is not Phase.READY or st.endpoint is None or not st.waiters:
-            return False
-        if st.unload_tickets or st.next_spec is not None or st.suspected:
-            return False  # unloading, restarting or being probed: its requests wait
-        waiter = st.waiters[0]
-        if waiter.newer_than is not None and st.generation <= waiter.newer_than:
-            return False  # it waits for the restarted backend
-        if not waiter.take_slot:
-            return True
-        if st.in_flight >= self.limits.max_concurrency:
-            return False
-        if st.hold_since is not None and waiter.since >= st.hold_since:
-            return False  # an older request waits for this role's room: let it drain
-        return self._node_slot_free()
-
-    def _node_slot_free(self) -> bool:
-        limit = self.node_limit()
-        return limit is None or self.node_in_flight() < limit
-
-    def _older_elsewhere(self, role: str, since: float) -> bool:
-        """Whether, under a node-wide limit, another role's grantable request is older."""
-        if self.concurrency is None:
-            return False
-        for other, st in self._roles.items():
-            if other != role and self._grantable(st):
-                head = st.waiters[0]
-                if head.take_slot and head.since < since:
-                    return True
-        return False
 
     def _shutdown_step(self, now: float) -> None:
         if self._transition is not None or self._shut_down:

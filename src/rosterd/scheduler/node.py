@@ -1,17 +1,16 @@
-"""The node loop (DESIGN.md layer 6): one asyncio task per node applies its state machine.
+"""A node's scheduler (DESIGN.md layer 6): the public API of one node's loop.
 
 Callers never read the resident set and then act on it. They ask the node
-(:meth:`NodeScheduler.acquire`, ``release``, ``unload``, ``backend_event``,
-``shutdown``); each call becomes an event (:mod:`rosterd.scheduler.events`)
-stamped with the node's clock and put in the node's inbox. The loop hands
-events to the pure :class:`~rosterd.scheduler.machine.NodeMachine` one at a
-time and is the only place its effects are applied: it resolves the callers'
-futures, runs ``RoleBackends.start``/``stop`` as tasks whose results come back
-as ``LoadDone``/``StopDone`` events, sets revocation futures, updates the
-metrics (:mod:`rosterd.metrics`), logs (logger ``rosterd.scheduler``) and
-keeps the bounded event log (:attr:`NodeScheduler.events`). A tick every
-``tick_s`` lets the machine check its timers. A re-plan (:meth:`NodeScheduler.apply`)
-is events too, queued in one step with the swap of what the node serves.
+(:meth:`NodeScheduler.acquire`, ``release``, ``suspect``, ``unload``,
+``backend_event``, ``node_lost``, ``shutdown``); each call becomes an event
+(:mod:`rosterd.scheduler.events`) stamped with the node's clock and put in the
+node's inbox, and where it waits, it waits on a future the loop resolves. The
+loop, which hands events to the pure :class:`~rosterd.scheduler.machine.NodeMachine`
+and is the only place its effects are applied, is
+:class:`~rosterd.scheduler.loop.NodeLoop`, which ``NodeScheduler`` extends. A
+re-plan (:meth:`NodeScheduler.apply`) is events too, queued in one step with
+the swap of what the node serves. :meth:`NodeScheduler.snapshot` reads the
+machine for display only.
 
 Plain asyncio: scheduling is rosterd's own job.
 """
@@ -21,11 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import time
-from collections import deque
-from collections.abc import Callable, Collection, Coroutine, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
 
 from rosterd.backends import BackendEventSource, MeasuredBackends, RoleBackends
 from rosterd.errors import RoleUnavailableError, RosterdError, ShuttingDownError, UnknownRoleError
@@ -35,54 +31,32 @@ from rosterd.scheduler.events import (
     AddRole,
     BackendChanged,
     Cancel,
-    Effect,
     Event,
-    FailWaiter,
-    FinishShutdown,
-    FinishUnload,
-    ForgetRole,
-    GrantLease,
-    LoadDone,
-    LogNote,
     NodeLost,
-    ProbeBackend,
-    ProbeDone,
     RecordEvent,
     Release,
     ReplaceSpec,
-    RestartBackend,
     RetireRole,
-    RevokeLeases,
     SetCapacity,
     Shutdown,
-    StartBackend,
-    StopBackend,
-    StopDone,
     Suspect,
-    Tick,
     Unload,
-    UpdateGauges,
 )
+from rosterd.scheduler.loop import NodeLoop
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.replan import launch_changed
 from rosterd.scheduler.values import (
     Lease,
     NodeChange,
     NodeConcurrency,
-    Revocation,
-    SchedulerEvent,
     SchedulerLimits,
     client_reason,
 )
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, describe_exit
 
-log = logging.getLogger("rosterd.scheduler")
 
-_LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING}
-
-
-class NodeScheduler:
+class NodeScheduler(NodeLoop):
     """The owner of one node's resident set (one asyncio task, started by :meth:`start`).
 
     ``specs``: the roles placed on the node (role -> spec); ``capacity_bytes``:
@@ -122,35 +96,27 @@ class NodeScheduler:
         concurrency: NodeConcurrency | None = None,
         memory: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
-        self.name = name
+        limits = limits or SchedulerLimits()
+        machine = NodeMachine(capacity_bytes, dict(specs), limits, concurrency)
+        super().__init__(
+            name,
+            capacity_bytes,
+            machine,
+            backends,
+            limits=limits,
+            metrics=metrics,
+            clock=clock,
+            wall_clock=wall_clock,
+            event_log_size=event_log_size,
+            backend_events=backend_events,
+        )
         self.pids_are_local = pids_are_local
         self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
-        self.capacity_bytes = capacity_bytes
         self.specs = dict(specs)
-        self.limits = limits or SchedulerLimits()
-        self._backends = backends
-        self._started_by: dict[str, RoleBackends] = {}  # a role's stop goes where its start went
-        self._retiring: dict[str, InferenceSpec] = {}  # removed by a re-plan, still draining
-        self._backend_events = backend_events
-        self._metrics = metrics
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self._machine = NodeMachine(capacity_bytes, self.specs, self.limits, concurrency)
         self.memory = dict(memory or {})
-        self._inbox: asyncio.Queue[Event] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self._work: set[asyncio.Task[None]] = set()  # starts, stops, the event pump
         self._tickets = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Lease]] = {}
-        self._unloading: dict[int, asyncio.Future[None]] = {}
-        self._revocations: dict[str, tuple[int, asyncio.Future[Revocation]]] = {}
         self._shutting_down = False
-        self._shut_down: asyncio.Future[None] | None = None
-        self.events: deque[SchedulerEvent] = deque(maxlen=event_log_size)
-        self.listeners: list[Callable[[SchedulerEvent], None]] = []
-        if metrics is not None:
-            metrics.capacity_bytes.labels(node=name).set(capacity_bytes)
-            metrics.resident_bytes.labels(node=name).set(0)
 
     # ---- public API (any task) ------------------------------------------------
 
@@ -428,200 +394,3 @@ class NodeScheduler:
             "in_flight": self._machine.node_in_flight(),
             "max_concurrency": self._machine.node_limit(),
         }
-
-    # ---- the loop ------------------------------------------------------------------
-
-    def _post(self, event: Event) -> None:
-        self._inbox.put_nowait(event)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
-        self._work.add(task)
-        task.add_done_callback(self._work.discard)
-
-    async def _run(self) -> None:
-        while True:
-            event: Event
-            try:
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel
-                # that lands together with its timeout, and shutdown cancels this task.
-                async with asyncio.timeout(self.limits.tick_s):
-                    event = await self._inbox.get()
-            except TimeoutError:
-                event = Tick(self._clock())
-            self._handle(event)
-            while not self._inbox.empty():
-                self._handle(self._inbox.get_nowait())
-
-    def _handle(self, event: Event) -> None:
-        try:
-            effects = self._machine.handle(event)
-        except Exception:  # a bug here must not kill the node's task silently
-            log.exception("node %s: scheduling step failed on %s", self.name, event)
-            return
-        for effect in effects:
-            try:
-                self._apply(effect)
-            except Exception:
-                log.exception("node %s: applying %s failed", self.name, effect)
-
-    def _apply(self, effect: Effect) -> None:
-        if isinstance(effect, GrantLease):
-            self._grant(effect)
-        elif isinstance(effect, FailWaiter):
-            future = self._waiting.pop(effect.ticket, None)
-            if future is not None and not future.done():
-                future.set_exception(effect.error(effect.message, effect.retry_after_s))
-        elif isinstance(effect, RecordEvent):
-            self._record(effect)
-        elif isinstance(effect, UpdateGauges):
-            if self._metrics is not None:
-                self._metrics.in_flight.labels(role=effect.role).set(effect.in_flight)
-                self._metrics.queued.labels(role=effect.role).set(effect.queued)
-        elif isinstance(effect, StartBackend):
-            self._started_by[effect.role] = self._backends
-            self._spawn(self._start_backend(effect.role, self._backends))
-        elif isinstance(effect, StopBackend):
-            backends = self._started_by.get(effect.role, self._backends)
-            self._spawn(self._stop_backend(effect.role, backends))
-        elif isinstance(effect, ProbeBackend):
-            self._spawn(self._probe_backend(effect))
-        elif isinstance(effect, RestartBackend):
-            self._spawn(self._restart_backend(effect.role))
-        elif isinstance(effect, RevokeLeases):
-            held = self._revocations.get(effect.role)
-            if held is not None and held[0] == effect.generation and not held[1].done():
-                held[1].set_result(effect.revocation)
-        elif isinstance(effect, LogNote):
-            log.log(_LOG_LEVELS[effect.level], "node %s: %s", self.name, effect.message)
-        elif isinstance(effect, FinishUnload):
-            done = self._unloading.pop(effect.ticket, None)
-            if done is not None and not done.done():
-                done.set_result(None)
-        elif isinstance(effect, ForgetRole):
-            self._retiring.pop(effect.role, None)
-            self._started_by.pop(effect.role, None)
-            self._revocations.pop(effect.role, None)
-        else:
-            assert isinstance(effect, FinishShutdown)
-            if self._shut_down is not None and not self._shut_down.done():
-                self._shut_down.set_result(None)
-
-    def _grant(self, effect: GrantLease) -> None:
-        future = self._waiting.pop(effect.ticket, None)
-        if future is None or future.done():
-            # The waiter left in the same instant: the slot the machine counted goes back.
-            if effect.take_slot:
-                self._post(Release(self._clock(), effect.role, effect.generation))
-            return
-        held = self._revocations.get(effect.role)
-        if held is None or held[0] != effect.generation or held[1].done():
-            held = (effect.generation, asyncio.get_running_loop().create_future())
-            self._revocations[effect.role] = held
-        lease = Lease(
-            effect.role, self.name, effect.endpoint, effect.generation, effect.waited_s, held[1]
-        )
-        future.set_result(lease)
-        if self._metrics is not None and effect.take_slot:
-            self._metrics.queue_wait.labels(role=effect.role).observe(effect.waited_s)
-
-    async def _start_backend(self, role: str, backends: RoleBackends) -> None:
-        try:
-            endpoint = await backends.start(role)
-        except Exception as exc:
-            short = getattr(exc, "client_message", None)
-            self._post(
-                LoadDone(
-                    self._clock(),
-                    role,
-                    error=str(exc),
-                    client_message=short if isinstance(short, str) and short else None,
-                )
-            )
-            return
-        self._post(LoadDone(self._clock(), role, endpoint=endpoint))
-
-    async def _stop_backend(self, role: str, backends: RoleBackends) -> None:
-        error: str | None = None
-        try:
-            await backends.stop(role)
-        except Exception as exc:
-            error = str(exc) or type(exc).__name__
-        self._post(StopDone(self._clock(), role, error))
-
-    async def _probe_backend(self, effect: ProbeBackend) -> None:
-        role, timeout = effect.role, effect.timeout_s
-        try:
-            # The probe bounds itself; this bounds a backends boundary that does not.
-            async with asyncio.timeout(timeout + 5.0):
-                result = await self._backends.probe(role, timeout_s=timeout)
-            ok, detail = result.ok, result.detail
-        except TimeoutError:
-            ok, detail = False, f"no answer within {timeout:g} s"
-        except Exception as exc:
-            ok, detail = False, str(exc) or type(exc).__name__
-        if not ok:
-            log.warning("node %s: generation probe of %s failed: %s", self.name, role, detail)
-        self._post(ProbeDone(self._clock(), role, effect.generation, ok, detail))
-
-    async def _restart_backend(self, role: str) -> None:
-        try:
-            await self._backends.restart(role)
-        except Exception as exc:
-            log.exception("node %s: restarting %s failed", self.name, role)
-            with contextlib.suppress(Exception):
-                await self._backends.stop(role)  # no wedged process may keep its memory
-            self.backend_event(
-                BackendEvent(role, "restart_failed", detail=f"restart failed: {exc}", final=True)
-            )
-
-    async def _pump_backend_events(self) -> None:
-        assert self._backend_events is not None
-        while True:
-            for event in await self._backend_events.changes():
-                self.backend_event(event)
-
-    def _record(self, effect: RecordEvent) -> None:
-        duration = effect.duration_s
-        event = SchedulerEvent(
-            at=self._wall_clock(),
-            node=self.name,
-            kind=effect.kind,
-            role=effect.role,
-            cause=effect.cause,
-            resident=effect.resident,
-            resident_bytes=effect.resident_bytes,
-            duration_s=None if duration is None else round(duration, 3),
-        )
-        self.events.append(event)
-        took = f" in {duration:.2f} s" if duration is not None else ""
-        level = logging.WARNING if effect.kind in ("load_failed", "refused") else logging.INFO
-        log.log(
-            level,
-            "node %s: %s %s%s (%s); resident: %s (%.2f GiB of %.2f GiB)",
-            self.name,
-            effect.kind,
-            effect.role,
-            took,
-            effect.cause,
-            ", ".join(event.resident) or "none",
-            event.resident_bytes / 2**30,
-            self.capacity_bytes / 2**30,
-        )
-        metrics = self._metrics
-        if metrics is not None:
-            node, role = self.name, effect.role
-            if effect.kind == "loaded":
-                metrics.loads.labels(node=node, role=role, cause=effect.label or "load").inc()
-                metrics.load_duration.labels(node=node, role=role).observe(duration or 0.0)
-            elif effect.kind == "load_failed":
-                metrics.load_failures.labels(node=node, role=role).inc()
-            elif effect.kind == "stopped":
-                cause = effect.label or "unload"
-                metrics.evictions.labels(node=node, role=role, cause=cause).inc()
-            metrics.resident_bytes.labels(node=node).set(event.resident_bytes)
-        for listener in list(self.listeners):
-            try:
-                listener(event)
-            except Exception:
-                log.exception("scheduler event listener failed")

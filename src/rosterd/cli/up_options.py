@@ -1,0 +1,52 @@
+"""The options of one ``rosterd up`` (layer 8): :class:`UpOptions`, the command's options
+parsed into one value, which :mod:`rosterd.cli.up_runtime` runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
+from rosterd.scheduler import SchedulerLimits
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """What one ``rosterd up`` serves and how (the command's options, parsed).
+
+    ``api_keys``: the keys requests must carry (empty: none, checked non-blank by
+    the caller); ``state_dir``: backend logs, pid records and the lock (``None``:
+    :func:`default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
+    ``max_body_bytes``: the largest request body; ``auto_backend_ports``: let the
+    OS choose backend ports; ``warm_up``: load interactive and sticky roles that
+    fit at start (and the roles a reload adds); ``watch``: reload when the roster,
+    overlay or fleet file changes; ``cors_origins``: browser origins allowed to call
+    the API; ``ray_address``: the Ray cluster to run the fleet's nodes on
+    (``HOST:PORT``, what ``rosterd.ray_cluster.ray_address`` gives from
+    ``--ray-address`` or ``RAY_ADDRESS``; ``None``: no Ray, this machine's nodes
+    only). With an explicit ``state_dir``, every node agent keeps its state under
+    ``<state_dir>/nodes/<node>`` on its node; without one, under that machine's
+    default. ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's deadlines
+    for its first byte and between chunks (then 504 and a probe);
+    ``request_read_timeout_s``: for a client's request headers and body (then
+    the connection is closed, or 408). Liveness probes are in ``limits``.
+    """
+
+    roster_path: Path
+    overlay_path: Path | None = None
+    fleet_path: Path | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    api_keys: tuple[str, ...] = ()
+    state_dir: Path | None = None
+    limits: SchedulerLimits = field(default_factory=SchedulerLimits)
+    grace_s: float = 10.0
+    max_body_bytes: int = 8 * 2**20
+    auto_backend_ports: bool = False
+    warm_up: bool = True
+    cors_origins: tuple[str, ...] = ()
+    watch: bool = False
+    ray_address: str | None = None
+    first_byte_timeout_s: float = 300.0
+    chunk_timeout_s: float = 120.0
+    request_read_timeout_s: float = 30.0

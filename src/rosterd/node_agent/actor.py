@@ -1,0 +1,270 @@
+"""The node agent's body (beside DESIGN.md layer 5, the supervisor): one node's backends,
+run on that node.
+
+A fleet node that is not this machine is run by a :class:`NodeAgent`: a Ray
+actor pinned to the node's Ray node (see ``rosterd.ray_cluster``) that owns the
+node's :class:`~rosterd.supervisor.Supervisor` and starts, stops and measures
+the node's backends through the same adapters and weights resolution as the
+local backends (``rosterd.scheduler.SupervisorBackends``). Backends listen on
+the node's address, so the router reaches them over HTTP directly: control
+goes through Ray, request and stream bytes never do. A rosterd error raised on
+the node (``WeightsError``, ``PortInUseError``, ``BackendStartError`` ...)
+crosses Ray as a :class:`CarriedError`, which the head
+(:mod:`rosterd.node_agent.head`) raises as itself, same class and attributes.
+
+``NodeAgent`` does not import Ray: ``rosterd.ray_cluster`` makes it an actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, ParamSpec, TypeVar
+
+from rosterd.adapters import WeightsSource
+from rosterd.backends import Endpoint, SupervisorBackends
+from rosterd.errors import NodeAgentError, RosterdError
+from rosterd.fleet import Fleet
+from rosterd.spec import InferenceSpec
+from rosterd.supervisor import BackendEvent, ProbeResult, StateDirLock, Supervisor, lock_state_dir
+from rosterd.weights import resolve_for_fleet
+
+#: How long one pull of the agent's backend events waits for one to happen (seconds).
+EVENT_POLL_S: Final[float] = 5.0
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def default_state_root() -> Path:
+    """``$XDG_STATE_HOME/rosterd`` (default ``~/.local/state/rosterd``) on the machine that
+    calls it; an agent's state folder is ``<root>/nodes/<node>``. (Same rule as ``rosterd
+    up``'s ``--state-dir`` default, which lives in the CLI layer.)"""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "rosterd"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What a node agent needs to run one fleet node's roles (sent to the node as is).
+
+    ``node``: the fleet node's name; ``host``: the address its backends listen on
+    (the node's ``address``); ``specs``: role -> spec of the roles planned on it;
+    ``fleet``: its ``models``/``model_roots`` resolve the weights, on the node;
+    ``repos``: role -> the roster's Hugging Face repo; ``state_root``: the folder
+    under which the agent keeps ``nodes/<node>/`` (``None``: the node's
+    :func:`default_state_root`); ``auto_ports``, ``ready_timeout_s`` (seconds):
+    as ``SupervisorBackends``; ``grace_s``: SIGTERM to SIGKILL, seconds.
+    """
+
+    node: str
+    host: str
+    specs: Mapping[str, InferenceSpec]
+    fleet: Fleet
+    repos: Mapping[str, str | None] = field(default_factory=dict)
+    state_root: str | None = None
+    auto_ports: bool = False
+    ready_timeout_s: float | None = None
+    grace_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    """An opened agent: its ``node``, its process ``pid`` and ``state_dir`` on the node, and
+    the ``reaped`` pids of backends an earlier run had left there."""
+
+    node: str
+    pid: int
+    state_dir: str
+    reaped: tuple[int, ...]
+
+
+class CarriedError(RosterdError):
+    """A rosterd error on its way from a node agent to the head, kept whole.
+
+    Many rosterd errors take keyword arguments that plain exception pickling
+    loses; this carries the class, ``args`` and attributes and rebuilds the
+    same error with :meth:`unwrap`. Only :func:`map_ray_errors` sees it.
+    """
+
+    def __init__(self, error: RosterdError) -> None:
+        super().__init__(str(error))
+        self.error_type = type(error)
+        self.error_args = error.args
+        self.error_state = dict(vars(error))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_carried, (self.error_type, self.error_args, self.error_state))
+
+    def unwrap(self) -> RosterdError:
+        """The carried error: the same class, ``args`` and attributes."""
+        error = self.error_type.__new__(self.error_type)
+        error.args = self.error_args
+        error.__dict__.update(self.error_state)
+        return error
+
+
+def _rebuild_carried(
+    error_type: type[RosterdError], args: tuple[object, ...], state: dict[str, object]
+) -> CarriedError:
+    carried = CarriedError.__new__(CarriedError)
+    RosterdError.__init__(carried, *args)
+    carried.error_type, carried.error_args, carried.error_state = error_type, args, state
+    return carried
+
+
+def _carry_errors(
+    method: Callable[_P, Coroutine[Any, Any, _T]],
+) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """Raise a rosterd error of ``method`` as a :class:`CarriedError`, so it crosses Ray whole."""
+
+    @functools.wraps(method)
+    async def carrying(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await method(*args, **kwargs)
+        except CarriedError:
+            raise
+        except RosterdError as err:
+            raise CarriedError(err) from None
+
+    return carrying
+
+
+class NodeAgent:
+    """One fleet node's backends, run on that node (the body of the Ray actor).
+
+    Call :meth:`open` first (lock the state folder ``<state_root>/nodes/<node>``,
+    reap the backends an earlier run left there). :meth:`start`/:meth:`stop`
+    are ``SupervisorBackends``' on this node; every ``BackendEvent`` the
+    supervisor emits is kept until :meth:`next_events` hands it out. All
+    methods run on one event loop (the actor's), which lives as long as the
+    agent's process: the backends' parent-death signal is tied to it, so they
+    die with the agent. Errors: rosterd errors come out as :class:`CarriedError`.
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        root = Path(config.state_root) if config.state_root else default_state_root()
+        self.state_dir = root / "nodes" / config.node
+        self._events: list[BackendEvent] = []
+        self._arrived = asyncio.Event()
+        self._lock: StateDirLock | None = None
+        self._supervisor: Supervisor | None = None
+        self._backends: SupervisorBackends | None = None
+        self._reaped: tuple[int, ...] = ()
+
+    @_carry_errors
+    async def open(self) -> AgentInfo:
+        """Lock the state folder, reap leftovers, get ready to start backends (idempotent).
+
+        Raises (carried): ``StateDirLockedError`` when another rosterd runs this
+        node from the same folder.
+        """
+        if self._supervisor is None:
+            self._lock = lock_state_dir(self.state_dir)
+            self._supervisor = Supervisor(
+                self.state_dir, grace_s=self.config.grace_s, on_event=self._record
+            )
+            self._reaped = tuple(await self._supervisor.reap_leftovers())
+            self._backends = SupervisorBackends(
+                self._supervisor,
+                self.config.specs,
+                host=self.config.host,
+                resolve_weights=self._weights_for,
+                auto_ports=self.config.auto_ports,
+                ready_timeout_s=self.config.ready_timeout_s,
+                node=self.config.node,
+            )
+        return AgentInfo(self.config.node, os.getpid(), str(self.state_dir), self._reaped)
+
+    @_carry_errors
+    async def add_roles(self, specs: Mapping[str, InferenceSpec]) -> None:
+        """Run the roles ``specs`` (role -> spec) on this node too, from now on (a re-plan
+        moved them here); a role already known takes the new spec for its next start."""
+        self._opened().add_specs(specs)
+
+    @_carry_errors
+    async def start(self, role: str) -> Endpoint:
+        """Start ``role``'s backend on this node and return once it is ready.
+
+        Raises (carried): as ``SupervisorBackends.start`` (``WeightsError``,
+        ``PortInUseError``, ``BackendStartError`` ...).
+        """
+        return await self._opened().start(role)
+
+    @_carry_errors
+    async def stop(self, role: str) -> None:
+        """Stop ``role``'s backend; returns after its process exited (a start under way fails)."""
+        await self._opened().stop(role)
+
+    @_carry_errors
+    async def probe(self, role: str, timeout_s: float) -> ProbeResult:
+        """The adapter's generation probe against ``role``'s backend on this node."""
+        return await self._opened().probe(role, timeout_s=timeout_s)
+
+    @_carry_errors
+    async def restart(self, role: str) -> None:
+        """Kill ``role``'s backend on this node; its supervisor starts it again."""
+        await self._opened().restart(role)
+
+    @_carry_errors
+    async def close(self) -> None:
+        """Stop every backend (returns once all exited) and release the state folder."""
+        if self._supervisor is not None:
+            await self._supervisor.stop_all()
+        if self._lock is not None:
+            self._lock.release()
+
+    async def measured_bytes(self) -> dict[str, int]:
+        """Backend name -> resident memory (RSS, bytes) of it and its children, measured now."""
+        supervisor = self._supervisor
+        if supervisor is None:
+            return {}
+        measured = {name: supervisor.measured_bytes(name) for name in supervisor.names()}
+        return {name: rss for name, rss in measured.items() if rss is not None}
+
+    async def peak_rss_bytes(self) -> dict[str, int]:
+        """Role -> the largest peak RSS (bytes) of its backend on this node so far
+        (``rosterd.backends.PeakSource``)."""
+        if self._backends is None:
+            return {}
+        return await self._backends.peak_rss_bytes()
+
+    async def backend_pids(self) -> dict[str, int]:
+        """Backend name -> its current process id on this node."""
+        supervisor = self._supervisor
+        if supervisor is None:
+            return {}
+        backends = (supervisor.backend(name) for name in supervisor.names())
+        return {b.name: b.pid for b in backends if b is not None}
+
+    async def next_events(self, timeout_s: float = EVENT_POLL_S) -> list[BackendEvent]:
+        """The backend events since the last call, oldest first; waits up to ``timeout_s``
+        seconds for one when there is none (an empty list then)."""
+        if not self._events:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout_s)
+        events, self._events = self._events, []
+        self._arrived.clear()
+        return events
+
+    def _record(self, event: BackendEvent) -> None:
+        self._events.append(event)
+        self._arrived.set()
+
+    def _weights_for(self, spec: InferenceSpec) -> WeightsSource:
+        found = resolve_for_fleet(spec, self.config.fleet, repo=self.config.repos.get(spec.role))
+        if found is None:
+            raise RosterdError(f"role {spec.role}: its flavor keeps its own weights")
+        return found
+
+    def _opened(self) -> SupervisorBackends:
+        if self._backends is None:
+            node = self.config.node
+            raise NodeAgentError(node, f"the agent of node {node} is not open")
+        return self._backends

@@ -1,0 +1,154 @@
+"""Who gets a lease on one node (DESIGN.md layer 6, pure): the node machine's grant rules.
+
+:class:`GrantRules` hands the leases of a ready role to its waiters and keeps
+the queue: oldest request first; per-role concurrency (``max_concurrency``
+leases at once) and the node-wide limit (``NodeConcurrency``: a free slot goes
+to the oldest grantable request across the node's roles); a busy role draining
+for an older request of another role (``hold_since``) grants no lease to a
+newer one; a request that failed on a backend (``newer_than``) waits for a
+later generation and lets the others pass; queue timeouts (``QueueTimeoutError``);
+``Cancel`` and ``Release`` of a lease. :class:`~rosterd.scheduler.machine.NodeMachine`
+calls :meth:`_expire` and :meth:`_grant` in every step. No clock, no I/O, no
+logging: every event carries ``now`` and the rules return effects.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rosterd.errors import QueueTimeoutError
+from rosterd.scheduler.events import Cancel, GrantLease, Release
+from rosterd.scheduler.state import MachineState, RoleState, Waiter
+from rosterd.scheduler.values import Phase
+
+
+class GrantRules(MachineState):
+    """The lease-granting half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the
+    module); built as ``MachineState`` is."""
+
+    def _on_cancel(self, ev: Cancel) -> None:
+        st = self._roles.get(ev.role)
+        if st is not None:
+            st.waiters = deque(w for w in st.waiters if w.ticket != ev.ticket)
+            self._gauges(ev.role)
+
+    def _on_release(self, ev: Release, now: float) -> None:
+        st = self._roles.get(ev.role)
+        if st is not None and ev.generation == st.generation and st.in_flight > 0:
+            st.in_flight -= 1
+            st.last_used = now
+            self._gauges(ev.role)
+
+    def _expire(self, now: float) -> None:
+        for role, st in self._roles.items():
+            expired = [w for w in st.waiters if now - w.since >= w.timeout_s]
+            if not expired:
+                continue
+            st.waiters = deque(w for w in st.waiters if w not in expired)
+            why = st.waiting_reason or "still loading or busy"
+            for w in expired:
+                message = f"role {role!r} was not ready within {w.timeout_s:g} s ({why})"
+                self._fail(w.ticket, QueueTimeoutError, message, self._retry_after())
+            self._gauges(role)
+
+    def _grant(self, role: str, st: RoleState, now: float) -> int:
+        """Hand leases to waiters, oldest first, while the role is ready and has free slots;
+        how many were granted.
+
+        A waiter that needs a newer generation (its request failed on this backend)
+        keeps its place and lets the others pass. With a node-wide limit, a slot goes
+        to the oldest waiter of the node: a waiter defers to an older one of another
+        role that could take it now.
+        """
+        if st.phase is not Phase.READY or st.endpoint is None:
+            return 0
+        if st.unload_tickets or st.next_spec is not None:
+            st.waiting_reason = (
+                "it is being unloaded or restarted with a new configuration; it loads again after"
+            )
+            return 0  # an unload was asked: new requests wait and load the role again after it
+        st.waiting_reason = None
+        if st.suspected:
+            st.waiting_reason = "a request got no byte in time: its backend is being probed"
+            return 0
+        granted = 0
+        kept: deque[Waiter] = deque()
+        blocked = False  # a waiter that needs a slot or the room waits: so do those after it
+        while st.waiters:
+            waiter = st.waiters.popleft()
+            if blocked:
+                kept.append(waiter)
+                continue
+            if waiter.newer_than is not None and st.generation <= waiter.newer_than:
+                st.waiting_reason = "its backend failed a request; waiting for the restart"
+                kept.append(waiter)
+                continue
+            if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
+                n = self.limits.max_concurrency
+                st.waiting_reason = f"all {n} slot(s) are busy, --max-concurrency {n}"
+                blocked = True
+                kept.append(waiter)
+                continue
+            if waiter.take_slot and st.hold_since is not None and waiter.since >= st.hold_since:
+                # an older request waits for this role's room: let it drain
+                st.waiting_reason = "it drains for an older request of another role"
+                blocked = True
+                kept.append(waiter)
+                continue
+            if waiter.take_slot and not self._node_slot_free():
+                st.waiting_reason = (
+                    f"the node already runs {self.node_in_flight()} generations at once, "
+                    "its limit (the node's max_concurrency)"
+                )
+                blocked = True
+                kept.append(waiter)
+                continue
+            if waiter.take_slot and self._older_elsewhere(role, waiter.since):
+                st.waiting_reason = "an older request of another role takes the node's free slot"
+                blocked = True
+                kept.append(waiter)
+                continue
+            granted += 1
+            if waiter.take_slot:
+                st.in_flight += 1
+                st.last_used = now
+            waited = now - waiter.since
+            lease = GrantLease(
+                waiter.ticket, role, st.endpoint, st.generation, waited, waiter.take_slot
+            )
+            self._out.append(lease)
+        st.waiters = kept
+        self._gauges(role)
+        return granted
+
+    def _grantable(self, st: RoleState) -> bool:
+        """Whether ``st``'s oldest waiter can be granted now."""
+        if st.phase is not Phase.READY or st.endpoint is None or not st.waiters:
+            return False
+        if st.unload_tickets or st.next_spec is not None or st.suspected:
+            return False  # unloading, restarting or being probed: its requests wait
+        waiter = st.waiters[0]
+        if waiter.newer_than is not None and st.generation <= waiter.newer_than:
+            return False  # it waits for the restarted backend
+        if not waiter.take_slot:
+            return True
+        if st.in_flight >= self.limits.max_concurrency:
+            return False
+        if st.hold_since is not None and waiter.since >= st.hold_since:
+            return False  # an older request waits for this role's room: let it drain
+        return self._node_slot_free()
+
+    def _node_slot_free(self) -> bool:
+        limit = self.node_limit()
+        return limit is None or self.node_in_flight() < limit
+
+    def _older_elsewhere(self, role: str, since: float) -> bool:
+        """Whether, under a node-wide limit, another role's grantable request is older."""
+        if self.concurrency is None:
+            return False
+        for other, st in self._roles.items():
+            if other != role and self._grantable(st):
+                head = st.waiters[0]
+                if head.take_slot and head.since < since:
+                    return True
+        return False

@@ -1,0 +1,220 @@
+"""Whether a node's backends are alive (DESIGN.md layer 6, pure): the node machine's liveness rules.
+
+:class:`LivenessRules` keeps what happens when a backend stops serving:
+
+- **Crash restarts.** A ready role whose process exited is ``restarting``: it
+  keeps its memory, its leases are void, waiters wait for the ``ready`` of the
+  new process, or fail when the supervisor gives up (``BackendChanged``).
+- **Probes.** A ready role idle for ``probe_interval_s`` gets ``ProbeBackend``;
+  so does a role a request ``Suspect``s (no byte within its deadline). One probe
+  per role at a time; an answer for an older generation is ignored.
+- **Unhealthy.** A failed probe revokes the role's leases (``backend_unhealthy``)
+  and restarts it (``RestartBackend``); it keeps its memory.
+- **Waits for a restarted backend.** A request whose backend failed before
+  answering (``Acquire.newer_than``) is granted only a later generation; a probe
+  that passes makes the backend good for it again.
+- **Load backoff.** After a failed load the role refuses requests with
+  ``LoadBackoffError`` for ``load_backoff_s``, doubling per failure in a row up
+  to ``max_load_backoff_s``.
+- **Cancelled loads.** A load nobody waits for is aborted once a waiting
+  request of another role needs its room.
+- **A lost node** (``NodeLost``): every role is ``lost``, holding nothing.
+
+It builds on :class:`~rosterd.scheduler.grants.GrantRules` (a restarted backend
+grants its waiters at once); :class:`~rosterd.scheduler.machine.NodeMachine`
+extends it. No clock, no I/O, no logging: every event carries ``now`` and the
+rules return effects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from rosterd.errors import LoadBackoffError, LoadFailedError
+from rosterd.residency import Wait, decide
+from rosterd.scheduler.events import (
+    BackendChanged,
+    LogNote,
+    NodeLost,
+    ProbeBackend,
+    ProbeDone,
+    RestartBackend,
+    RevokeLeases,
+    StopBackend,
+    Suspect,
+)
+from rosterd.scheduler.grants import GrantRules
+from rosterd.scheduler.state import RoleState
+from rosterd.scheduler.values import Phase, Revocation, backoff_s
+
+#: Where a client whose request failed on a backend is pointed for the details.
+SEE_LOG = "see `rosterd ps` / the backend log"
+
+
+class LivenessRules(GrantRules):
+    """The liveness half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module);
+    built as ``MachineState`` is."""
+
+    def _back_off(self, st: RoleState, now: float) -> None:
+        """Count a failed load of ``st`` and refuse its requests for the backoff after it."""
+        # Back off as crash restarts do: a broken model is not reloaded by every request.
+        st.load_failures += 1
+        limits = self.limits
+        delay = backoff_s(st.load_failures, limits.load_backoff_s, limits.max_load_backoff_s)
+        st.backoff_until = now + delay
+
+    def _fail_backoff(self, ticket: int, role: str, now: float) -> None:
+        st = self._roles[role]
+        assert st.backoff_until is not None
+        left = st.backoff_until - now
+        message = (
+            f"role {role!r} failed to load {st.load_failures} time(s) in a row "
+            f"(last: {st.last_error}); the next load is tried in {left:.1f} s; {SEE_LOG}"
+        )
+        self._fail(ticket, LoadBackoffError, message, left)
+
+    def _on_backend_changed(self, ev: BackendChanged, now: float) -> None:
+        role = ev.role
+        st = self._roles.get(role)
+        if st is None:
+            return
+        restarting = (Phase.RESTARTING, Phase.UNHEALTHY)
+        if ev.kind in ("exited", "restarting") and st.phase is Phase.READY:
+            st.phase = Phase.RESTARTING
+            st.generation += 1  # leases of the dead process are void
+            st.in_flight = 0
+            st.probing = st.suspected = False
+            if st.endpoint is not None:  # same address and name; no live pid until it is back
+                st.endpoint = dataclasses.replace(st.endpoint, pid=None)
+            st.waiting_reason = "its backend crashed and is being restarted"
+            why = ev.exit_reason or "exited"
+            self._note_error(role, f"backend {why}", now)
+            self._record("crashed", role, f"backend pid {ev.pid} {why}; restarting")
+            self._gauges(role)
+        elif ev.kind == "ready" and st.phase in restarting and st.endpoint is not None:
+            st.phase = Phase.READY
+            pid = ev.pid if ev.pid_is_local else None  # never take a remote pid for ours
+            st.endpoint = dataclasses.replace(st.endpoint, pid=pid)
+            st.last_used = st.last_probe = now
+            st.waiting_reason = None
+            self._record("restarted", role, f"backend restarted as pid {ev.pid}")
+            self._grant(role, st, now)
+        elif ev.kind == "restart_failed" and st.phase in restarting:
+            if not ev.final:
+                st.waiting_reason = "its backend was restarted; that failed, trying again"
+                self._note_error(role, f"restart failed: {ev.detail}", now)
+                return
+            st.phase = Phase.STOPPED  # the supervisor gave up: no process is left
+            st.endpoint = None
+            st.loaded_at = None
+            self._note_error(role, f"restart given up: {ev.detail}", now)
+            message = f"backend for role {role!r} crashed and could not be restarted"
+            self._out.append(LogNote("warning", f"{message}: {ev.detail}"))
+            self._fail_waiters(role, LoadFailedError, f"{message}; {SEE_LOG}")
+            self._record("restart_failed", role, "the supervisor gave up restarting it")
+            self._gauges(role)
+
+    def _on_node_lost(self, ev: NodeLost) -> None:
+        if self.lost_reason is not None:
+            return
+        self.lost_reason = ev.reason
+        # Nothing of the node answers any more: a start or stop under way ends with it
+        # (its LoadDone/StopDone are then ignored), and no new one is asked for.
+        self._transition = None
+        for role, st in self._roles.items():
+            st.phase = Phase.LOST
+            st.endpoint = None
+            st.generation += 1  # leases of its processes are void
+            st.in_flight = 0
+            st.loaded_at = None
+            st.hold_since = None
+            st.waiting_reason = f"{ev.reason}; waiting for it to be served elsewhere"
+            self._record("lost", role, ev.reason)
+            self._gauges(role)
+
+    def _on_suspect(self, ev: Suspect) -> None:
+        st = self._roles.get(ev.role)
+        if st is not None and st.generation == ev.generation and st.phase is Phase.READY:
+            self._probe(ev.role, ev.reason)
+            st.suspected = True  # no new request goes to it until the probe answered
+
+    def _on_probe_done(self, ev: ProbeDone, now: float) -> None:
+        st = self._roles.get(ev.role)
+        if st is None or ev.generation != st.generation:
+            return  # a probe of a process that is gone already
+        st.probing = st.suspected = False
+        if st.phase is not Phase.READY:
+            return
+        if ev.ok:
+            st.last_probe = now
+            for w in st.waiters:
+                w.newer_than = None  # alive after all: send those requests to it again
+            return
+        self._mark_unhealthy(ev.role, ev.detail or "the generation probe failed", now)
+
+    def _probe(self, role: str, reason: str) -> None:
+        """Run ``role``'s generation probe unless one is under way (ready roles only)."""
+        st = self._roles[role]
+        if st.phase is not Phase.READY or st.probing:
+            return
+        st.probing = True
+        self._out.append(LogNote("info", f"probing {role}: {reason}"))
+        self._out.append(ProbeBackend(role, st.generation, self.limits.probe_timeout_s))
+
+    def _mark_unhealthy(self, role: str, detail: str, now: float) -> None:
+        """``role``'s backend answers HTTP but does not generate: end its requests, restart it.
+
+        It keeps its memory (the same role comes back); waiters wait for the restart.
+        """
+        st = self._roles[role]
+        old = st.generation
+        st.phase = Phase.UNHEALTHY
+        st.generation += 1  # leases of the wedged process are void
+        st.in_flight = 0
+        if st.endpoint is not None:
+            st.endpoint = dataclasses.replace(st.endpoint, pid=None)
+        why = f"its generation probe failed ({detail})"
+        st.waiting_reason = f"its backend stopped generating ({detail}) and is being restarted"
+        self._note_error(role, f"unhealthy: {why}", now)
+        message = f"the backend of role {role} stopped generating ({detail}); it is being restarted"
+        self._out.append(RevokeLeases(role, old, Revocation("backend_unhealthy", message)))
+        self._record("unhealthy", role, f"{why}; restarting it")
+        self._out.append(RestartBackend(role))
+        self._gauges(role)
+
+    def _schedule_probes(self, now: float) -> None:
+        """Probe each ready role idle for ``probe_interval_s`` (since its last request or probe)."""
+        interval = self.limits.probe_interval_s
+        if math.isinf(interval):
+            return
+        for role, st in self._roles.items():
+            if (
+                st.phase is Phase.READY
+                and not st.probing
+                and st.in_flight == 0
+                and not st.unload_tickets
+                and now - max(st.last_used, st.last_probe) >= interval
+            ):
+                self._probe(role, f"idle for {interval:g} s")
+
+    def _cancel_unwanted_load(self, now: float) -> None:
+        """Abort the load under way when nobody waits for it any more and a waiting request of
+        another role needs its room; otherwise the load finishes and the role stays."""
+        tr = self._transition
+        assert tr is not None
+        if tr.step != "loading" or self._roles[tr.role].waiters:
+            return
+        for role, st in self._roles.items():
+            if role == tr.role or st.phase is not Phase.STOPPED or not st.waiters:
+                continue
+            if all(w.no_evict for w in st.waiters):
+                continue  # a warm-up never evicts, nor cancels a load
+            state = self._node_state(now, ignore_in_flight=False, for_role=role)
+            decision = decide(state, role)
+            if isinstance(decision, Wait) and tr.role in decision.blocking:
+                cause = f"nobody waits for it any more and {role} needs its room"
+                self._record("load_cancelled", tr.role, cause)
+                tr.step, tr.pending, tr.abort_label = "aborting", {"load", "stop"}, "make_room"
+                self._out.append(StopBackend(tr.role))
+                return
