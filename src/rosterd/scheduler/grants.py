@@ -14,6 +14,7 @@ logging: every event carries ``now`` and the rules return effects.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from rosterd.errors import QueueTimeoutError
@@ -40,8 +41,17 @@ class GrantRules(MachineState):
             self._gauges(ev.role)
 
     def _expire(self, now: float) -> None:
+        """Fail every waiter whose ``timeout_s`` passed. Runs at every step, so it costs
+        nothing until the earliest deadline (``_next_expiry``) is due: a request's
+        acquire and release stay O(1) in the number of waiting requests."""
+        if now < self._next_expiry:
+            return
+        self._next_expiry = math.inf
         for role, st in self._roles.items():
             expired = [w for w in st.waiters if now - w.since >= w.timeout_s]
+            for w in st.waiters:
+                if now - w.since < w.timeout_s:
+                    self._expires_at(w)
             if not expired:
                 continue
             st.waiters = deque(w for w in st.waiters if w not in expired)

@@ -149,6 +149,7 @@ class NodeMachine(LivenessRules, ReplanRules):
         else:
             waiter = Waiter(ev.ticket, now, ev.timeout_s, ev.take_slot, ev.no_evict, ev.newer_than)
             st.waiters.append(waiter)
+            self._expires_at(waiter)
             self._gauges(ev.role)
             if ev.newer_than is not None and st.generation <= ev.newer_than:
                 # The request failed on this backend before it answered, but no crash was

@@ -186,7 +186,9 @@ class ReplanRules(MachineState):
                 if st.restart_after and not self.shutting_down:
                     ticket = next(self._restart_tickets)
                     timeout = self.limits.queue_timeout_s
-                    st.waiters.append(Waiter(ticket, now, timeout, False, True))
+                    restart_waiter = Waiter(ticket, now, timeout, False, True)
+                    st.waiters.append(restart_waiter)
+                    self._expires_at(restart_waiter)
                     self._gauges(role)
                 st.restart_after = False
 

@@ -125,6 +125,9 @@ class MachineState:
         self._transition: Transition | None = None
         self._shutdown_since: float | None = None
         self._shut_down = False
+        # The earliest deadline of a waiter (seconds, the events' clock): ``_expire``
+        # looks at the queues only once it is due.
+        self._next_expiry = math.inf
         #: Why the node is lost (``NodeLost``), ``None`` while it is not.
         self.lost_reason: str | None = None
         self._load_seconds: deque[float] = deque(maxlen=20)
@@ -292,6 +295,13 @@ class MachineState:
 
     def _retry_after(self) -> float:
         return max(1.0, self.typical_load_s())
+
+    def _expires_at(self, waiter: Waiter) -> None:
+        """Note ``waiter``'s deadline: ``_expire`` looks again once the earliest is due.
+
+        The deadline is taken a hair early so that float rounding can never make the
+        look come after the ``now - since >= timeout_s`` it must catch."""
+        self._next_expiry = min(self._next_expiry, waiter.since + waiter.timeout_s - 1e-9)
 
     def _fail(
         self,
