@@ -47,10 +47,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import httptools
 import httpx
@@ -410,14 +410,16 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(coro: object) -> None:
-    """``asyncio.run`` on uvloop where it is installed."""
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run``, on uvloop's event loop where uvloop is installed (it is no
+    dependency of rosterd; the bench's own clients go faster on it)."""
     try:
-        import uvloop
+        uvloop = importlib.import_module("uvloop")
     except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
-    else:
-        uvloop.run(coro)  # type: ignore[arg-type]
+        asyncio.run(coro)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(coro)
 
 
 # ---- the run -------------------------------------------------------------------------------
