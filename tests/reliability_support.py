@@ -115,7 +115,15 @@ def start_fake_up(
     wrapper = fake_llama_server_wrapper(tmp / "bin")
     roster = write_roster(tmp / "roster.yaml", [llama_entry("chat", "fake-a", 0.1, 18640)])
     fleet = tmp / "fleet.yaml"
-    node = {"name": "box", "memory_gb": 4, "reserved_gb": 1, "platform": "linux-x86_64"}
+    # The stand-in generates any number of answers at once, so the node-wide limit (by
+    # default the roles' slots, 1 here) is lifted as an operator would for such a backend.
+    node = {
+        "name": "box",
+        "memory_gb": 4,
+        "reserved_gb": 1,
+        "platform": "linux-x86_64",
+        "max_concurrency": 100_000,
+    }
     models = {"fake-a": {"path": str(gguf)}}
     fleet.write_text(
         json.dumps({"nodes": [node], "models": models, "model_roots": [str(gguf.parent)]})
