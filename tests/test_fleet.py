@@ -424,3 +424,22 @@ def test_node_max_concurrency_is_read_and_checked() -> None:
         parse_fleet(
             "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64, max_concurrency: 0}\n"
         )
+
+
+@pytest.mark.parametrize(
+    ("key", "entry"),
+    [
+        ("models.m.path", "models:\n  m: {path: ~nosuchuserhere/m.gguf}\n"),
+        ("models.m", "models:\n  m: ~nosuchuserhere/m.gguf\n"),
+        ("model_roots[0]", "model_roots: [~nosuchuserhere/models]\n"),
+    ],
+)
+def test_a_home_folder_of_no_user_is_a_fleet_error(tmp_path: Path, key: str, entry: str) -> None:
+    """``~user`` with no such user: Path.expanduser raises RuntimeError, which the fuzzer
+    found escaping the reader; it is a FleetError naming the field."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text("nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64}\n" + entry)
+    with pytest.raises(FleetError) as raised:
+        load_fleet(path)
+    assert key in str(raised.value)
+    assert "'~nosuchuserhere' names no user here" in str(raised.value)

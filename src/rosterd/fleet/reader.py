@@ -213,8 +213,20 @@ class _FleetReader:
             raise self.fail(node, path, f"expected {what}, found {self.found(node)}")
         return list(node.value)
 
-    def resolve(self, raw: str) -> Path:
-        candidate = Path(raw).expanduser()
+    def path_at(self, node: yaml.Node, path: str, what: str) -> Path:
+        """The path text at ``node``, ``~`` expanded and relative to the fleet file's folder.
+
+        Raises:
+            FleetError: not a path, or ``~user`` names no user of this machine (found by
+                fuzzing: ``Path.expanduser`` raises ``RuntimeError`` for it).
+        """
+        raw = self.text(node, path, what)
+        try:
+            candidate = Path(raw).expanduser()
+        except RuntimeError:
+            raise self.fail(
+                node, path, f"expected {what}; {raw.split('/')[0]!r} names no user here"
+            ) from None
         return candidate if candidate.is_absolute() else (self.base / candidate)
 
     # -- the file --------------------------------------------------------------
@@ -250,7 +262,7 @@ class _FleetReader:
         if "model_roots" in top:
             roots_node = top["model_roots"][1]
             roots = tuple(
-                self.resolve(self.text(entry, f"model_roots[{i}]", "a folder path"))
+                self.path_at(entry, f"model_roots[{i}]", "a folder path")
                 for i, entry in enumerate(
                     self.sequence(roots_node, "model_roots", "a list of paths")
                 )
@@ -386,12 +398,12 @@ class _FleetReader:
         ).items():
             path = f"models.{key}"
             if isinstance(value_node, yaml.ScalarNode):
-                models[key] = ModelSource(path=self.resolve(self.text(value_node, path, "a path")))
+                models[key] = ModelSource(path=self.path_at(value_node, path, "a path"))
                 continue
             fields = self.mapping(value_node, path, _MODEL_KEYS, "a path or a mapping with `path:`")
             if "path" not in fields:
                 raise self.fail(value_node, f"{path}.path", "missing required key 'path'")
-            source_path = self.resolve(self.text(fields["path"][1], f"{path}.path", "a path"))
+            source_path = self.path_at(fields["path"][1], f"{path}.path", "a path")
             ctx_size = parallel = None
             if "ctx_size" in fields:
                 ctx_size = self.positive_int(fields["ctx_size"][1], f"{path}.ctx_size")
