@@ -8,11 +8,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from rosterd.backends import RoleBackends
 from rosterd.errors import MeasuredPeaksError
 from rosterd.measured_peaks import MeasuredPeaks
+from rosterd.memory_watch import PeakRecorder
+from rosterd.scheduler import NodeScheduler
 from rosterd.supervisor import process_tree_peak_rss_bytes
 
 
@@ -113,3 +117,41 @@ def test_peak_of_a_process_tree_counts_its_high_water_mark() -> None:
         if proc.stdout is not None:
             proc.stdout.close()
     assert process_tree_peak_rss_bytes(proc.pid) is None
+
+
+class _Peaks:
+    """A node's backends as the recorder sees them (``PeakSource``): role -> peak bytes."""
+
+    def __init__(self, peaks: dict[str, int]) -> None:
+        self.peaks = peaks
+
+    async def peak_rss_bytes(self) -> dict[str, int]:
+        return dict(self.peaks)
+
+
+async def test_after_a_reload_each_peak_is_stored_under_the_settings_it_ran_with(
+    tmp_path: Path,
+) -> None:
+    node = NodeScheduler("box", 2**30, {}, cast(RoleBackends, object()))
+    store = MeasuredPeaks(tmp_path)
+    before = _Peaks({"chat": 400, "voice": 100})
+    recorder = PeakRecorder(node, before, store, {"chat": "ctx4096", "voice": "v1"})
+    await recorder.record()
+    # A reload raised chat's ctx_size: new backends, a new fingerprint. Until the new
+    # backends start chat, its old run (still going) is stored under the old settings.
+    after = _Peaks({})
+    recorder.add_source(after, {"chat": "ctx8192", "voice": "v1"})
+    before.peaks["chat"] = 450
+    await recorder.record()
+    assert store.peak_bytes("box", "chat", fingerprint="ctx4096") == 450
+    # The old run stopped; the new backends started chat: the newest run counts, under
+    # its own settings, even when it is smaller.
+    after.peaks["chat"] = 300
+    await recorder.record()
+    fresh = MeasuredPeaks(tmp_path)
+    assert fresh.peak_bytes("box", "chat", fingerprint="ctx8192") == 300
+    assert fresh.peak_bytes("box", "chat", fingerprint="ctx4096") is None
+    # voice kept its settings: the largest of this up, whichever backends ran it.
+    after.peaks["voice"] = 80
+    await recorder.record()
+    assert MeasuredPeaks(tmp_path).peak_bytes("box", "voice", fingerprint="v1") == 100

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from rosterd.scheduler import NodeConcurrency, QueueTimeoutError, SchedulerLimits
-from rosterd.scheduler.events import GrantLease
+from rosterd.scheduler.events import GrantLease, SetConcurrency
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.spec import InferenceSpec
 from test_scheduler import LIMITS, Bench, assert_failed, spec
@@ -131,3 +131,37 @@ def test_a_request_waiting_on_the_node_limit_times_out_saying_so() -> None:
     bench.at(3.0)
     message = assert_failed(bench, waiting, QueueTimeoutError)
     assert "max_concurrency" in message
+
+
+def test_a_reload_that_raises_the_node_limit_lets_waiters_in_at_once() -> None:
+    bench = LimitedBench(
+        [spec("a", 100), spec("b", 100)],
+        1000,
+        NodeConcurrency(max_concurrency=1, slots={"a": 4, "b": 4}),
+    )
+    both_ready(bench)
+    bench.now = 1.0
+    running = bench.acquire("a")
+    waiting = [bench.acquire("a"), bench.acquire("b")]
+    assert bench.granted()[-1] == running
+    assert not any(bench.answered(t) for t in waiting)
+    # The fleet's max_concurrency is removed: the limit is the roles' slots (8).
+    bench.send(SetConcurrency(2.0, NodeConcurrency(None, {"a": 4, "b": 4})))
+    assert bench.granted()[-2:] == waiting
+    assert bench.in_flight() == 3
+
+
+def test_a_reload_that_lowers_the_node_limit_lets_running_leases_finish() -> None:
+    bench = LimitedBench([spec("a", 100)], 1000, NodeConcurrency(max_concurrency=2, slots={"a": 4}))
+    both_ready_a = bench.acquire("a", take_slot=False)
+    bench.settle()
+    assert bench.lease(both_ready_a) is not None
+    bench.now = 1.0
+    first, second = bench.acquire("a"), bench.acquire("a")
+    bench.send(SetConcurrency(2.0, NodeConcurrency(max_concurrency=1, slots={"a": 4})))
+    assert bench.in_flight() == 2  # nothing is cut
+    third = bench.acquire("a")
+    bench.release(first)
+    assert not bench.answered(third)  # still one over the new limit of one
+    bench.release(second)
+    assert bench.granted()[-1] == third

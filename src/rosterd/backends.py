@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 import httpx
 
 from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
+from rosterd.errors import RosterdError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import (
     Backend,
@@ -141,10 +142,11 @@ class PeakSource(Protocol):
     async def peak_rss_bytes(self) -> dict[str, int]:
         """Role -> the largest peak RSS (bytes) of its backend's process tree seen so far.
 
-        Contract: a running backend is sampled now; a stopped one keeps the peak
-        sampled just before its stop (so it is not lost with the process); roles
-        never started are absent, and so are roles of a shared server (ollama),
-        which is no process of its own.
+        Contract: only roles these backends started; a running backend is sampled
+        now; a stopped one keeps the peak sampled just before its stop (so it is not
+        lost with the process); roles never started are absent. A role of a shared
+        server (ollama) is no process of its own: its figure is the size the server
+        reports holding for its model (ollama's ``/api/ps`` ``size``), the largest seen.
         """
         ...
 
@@ -178,7 +180,9 @@ class SupervisorBackends:
 
     It is also a :class:`BackendEventSource`: hand it the supervisor's events
     with :meth:`notice` and :meth:`changes` gives back those of its roles; and a
-    :class:`PeakSource`: each role's peak RSS, sampled before every stop.
+    :class:`PeakSource`: the peak RSS of each role it started, sampled before every
+    stop (for a shared server's role, the size the server reports for its model,
+    read after the load, before the unload and whenever peaks are asked for).
     """
 
     def __init__(
@@ -204,6 +208,7 @@ class SupervisorBackends:
         self._shared_lock = asyncio.Lock()
         self._changes: asyncio.Queue[BackendEvent] = asyncio.Queue()
         self._peaks: dict[str, int] = {}
+        self._started: set[str] = set()  # whose peaks are this instance's to report
 
     def add_specs(self, specs: Mapping[str, InferenceSpec]) -> None:
         """Run the roles ``specs`` (role -> spec) too, from now on (a re-plan moved them
@@ -224,6 +229,7 @@ class SupervisorBackends:
         shared = adapter.shared_server
         if shared is not None:
             return await self._load_shared(spec, shared)
+        self._started.add(role)
         source = self.resolve_weights(spec)
         port = spec.serve.port
         if self.auto_ports or port is None:
@@ -279,17 +285,24 @@ class SupervisorBackends:
 
     async def peak_rss_bytes(self) -> dict[str, int]:
         """Role -> its backend's largest peak RSS (bytes) so far (see :class:`PeakSource`)."""
-        for role in self.specs:
+        for role in self._started:
             self._sample_peak(role)
+        await self._sample_shared_sizes()
         return dict(self._peaks)
 
     def _sample_peak(self, role: str) -> None:
+        if role not in self._started:
+            return
         backend = self.supervisor.backend(role)
         if backend is None:
             return
         peak = process_tree_peak_rss_bytes(backend.pid)
         if peak:
             self._peaks[role] = max(self._peaks.get(role, 0), peak)
+
+    def _note_size(self, role: str, size: int) -> None:
+        if size > 0:
+            self._peaks[role] = max(self._peaks.get(role, 0), size)
 
     def notice(self, event: BackendEvent) -> bool:
         """Take a supervisor event (wire to ``Supervisor(on_event=...)``); whether it is
@@ -329,7 +342,39 @@ class SupervisorBackends:
         timeout = self.ready_timeout_s or ready_timeout_for(spec.memory.weights_bytes)
         async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
             await shared.load(client, model, timeout_s=timeout)
+            self._started.add(spec.role)
+            # What the server holds for the model is its measured figure (ollama's /api/ps).
+            resident = await self._resident_or_none(client, shared)
+        if resident is not None:
+            self._note_size(spec.role, resident.get(model, 0))
         return Endpoint(server.base_url, model, None)
+
+    async def _resident_or_none(
+        self, client: httpx.AsyncClient, shared: SharedServer
+    ) -> dict[str, int] | None:
+        """The shared server's models and their sizes, or ``None`` when it cannot say now
+        (a figure is evidence only: its absence never fails a load or a stop)."""
+        try:
+            return await shared.resident(client, timeout_s=5.0)
+        except RosterdError:
+            return None
+
+    async def _sample_shared_sizes(self) -> None:
+        """Note the size each shared server reports for the loaded models of its roles."""
+        by_flavor: dict[InferFlavor, list[InferenceSpec]] = {}
+        for role in self._started:
+            spec = self.specs.get(role)
+            if spec is not None and self.adapters(spec.flavor).shared_server is not None:
+                by_flavor.setdefault(spec.flavor, []).append(spec)
+        for flavor, specs in by_flavor.items():
+            shared = self.adapters(flavor).shared_server
+            server = self.supervisor.backend(self._shared_name(flavor))
+            if shared is None or server is None:
+                continue
+            async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+                resident = await self._resident_or_none(client, shared)
+            for spec in specs:
+                self._note_size(spec.role, (resident or {}).get(spec.model or spec.role, 0))
 
     async def _unload_shared(self, spec: InferenceSpec, shared: SharedServer) -> None:
         server = self.supervisor.backend(self._shared_name(spec.flavor))
@@ -337,6 +382,9 @@ class SupervisorBackends:
             return  # no server: nothing is loaded
         model = spec.model or spec.role
         async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+            if spec.role in self._started:  # its figure, before the memory is given back
+                resident = await self._resident_or_none(client, shared)
+                self._note_size(spec.role, (resident or {}).get(model, 0))
             await shared.unload(client, model, timeout_s=_SHARED_UNLOAD_S)
             # ollama frees memory asynchronously: free means "no longer listed".
             async with asyncio.timeout(_SHARED_FREE_S):

@@ -11,6 +11,10 @@ boundary sampled the peak just before it), every ``interval_s`` while serving
 
 What is stored is the largest peak of the role during this ``up``: the last
 run's figure replaces an earlier run's, as ``rosterd.memory_count`` wants it.
+A reload gives a node new backends and new fingerprints (:meth:`PeakRecorder.add_source`):
+the backends of before keep reporting the roles they started (they stop them), and
+a role's figure comes from the newest backends that started it, under their
+fingerprint, so a peak measured with old settings is never stored under new ones.
 A peak that cannot be stored is said once through ``on_error`` and the run
 goes on: the figure only ever adds evidence.
 """
@@ -52,16 +56,29 @@ class PeakRecorder:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node
-        self.source = source
         self.peaks = peaks
-        self.fingerprints = dict(fingerprints)
+        # (backends, role -> fingerprint), oldest first: one per configuration served
+        self._sources: list[tuple[PeakSource, dict[str, str]]] = [(source, dict(fingerprints))]
         self.interval_s = interval_s
         self._on_error = on_error
         self._wall_clock = wall_clock
-        self._recorded: dict[str, int] = {}
+        self._recorded: dict[str, tuple[str, int]] = {}
         self._failed = False
         self._task: asyncio.Task[None] | None = None
         self._after_stop: set[asyncio.Task[dict[str, int]]] = set()
+
+    @property
+    def fingerprints(self) -> dict[str, str]:
+        """Role -> the run fingerprint of the configuration served now."""
+        return self._sources[-1][1]
+
+    def add_source(self, source: PeakSource, fingerprints: Mapping[str, str]) -> None:
+        """A reload gave the node ``source`` (its new backends) and ``fingerprints`` (role ->
+        run fingerprint): roles it starts are recorded under these from now on."""
+        if source is self._sources[-1][0]:
+            self._sources[-1] = (source, dict(fingerprints))
+        else:
+            self._sources.append((source, dict(fingerprints)))
 
     def start(self) -> None:
         """Record after every stop of a backend and every ``interval_s`` (on the running loop)."""
@@ -82,17 +99,26 @@ class PeakRecorder:
 
     async def record(self) -> dict[str, int]:
         """Ask the boundary for its peaks and store those that changed; role -> peak bytes."""
-        try:
-            found = await self.source.peak_rss_bytes()
-        except Exception as exc:  # a node that cannot answer now is asked again later
-            log.warning("node %s: cannot read the backends' peaks: %s", self.node.name, exc)
-            return {}
+        found: dict[str, int] = {}
+        fingerprint_of: dict[str, str | None] = {}
+        for source, fingerprints in self._sources:  # oldest first: the newest run wins
+            try:
+                peaks = await source.peak_rss_bytes()
+            except Exception as exc:  # a node that cannot answer now is asked again later
+                log.warning("node %s: cannot read the backends' peaks: %s", self.node.name, exc)
+                continue
+            for role, peak in peaks.items():
+                fingerprint = fingerprints.get(role)
+                if role in found and fingerprint_of[role] == fingerprint:
+                    peak = max(peak, found[role])  # the same settings: the largest of this up
+                found[role] = peak
+                fingerprint_of[role] = fingerprint
         for role, peak in found.items():
-            fingerprint = self.fingerprints.get(role)
+            fingerprint = fingerprint_of[role]
             view = self.node.memory.get(role)
             if view is not None:
                 self.node.memory[role] = {**view, "run_peak_bytes": peak}
-            if fingerprint is None or self._recorded.get(role) == peak:
+            if fingerprint is None or self._recorded.get(role) == (fingerprint, peak):
                 continue
             try:
                 self.peaks.record(
@@ -107,7 +133,7 @@ class PeakRecorder:
                     self._on_error(str(exc))
                 self._failed = True
                 continue
-            self._recorded[role] = peak
+            self._recorded[role] = (fingerprint, peak)
         return found
 
     def _on_event(self, event: SchedulerEvent) -> None:

@@ -17,8 +17,10 @@ the largest peak measured on any node) and :meth:`RosterMemory.node_specs` for
 one node's scheduler (that node's peak). A role whose weights or facts cannot
 be read keeps the roster's figure (and the measured peak); why is in
 :attr:`RoleMemory.estimate_note`. ollama roles have no facts to read: ollama
-reports its size only once loaded, so before that the roster's figure stands
-(``estimate_ollama``) and nothing is estimated.
+reports its size only once loaded (``/api/ps``), so before a role's first load
+the roster's figure stands and nothing is estimated; once it was loaded, the
+size ollama reported is kept as its measured figure (the backends boundary reads
+it, ``rosterd.memory_watch`` stores it) and is its estimate too (``estimate_ollama``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from rosterd.memory_count import (
     show_declared,
     show_gb,
 )
-from rosterd.memory_estimate import MemoryEstimate, estimate_memory
+from rosterd.memory_estimate import MemoryEstimate, estimate_memory, estimate_ollama
 from rosterd.model_facts import ModelFacts, read_model_facts
 from rosterd.roster import ImportedRoster, ImportedSpec
 from rosterd.spec import InferenceSpec, InferFlavor
@@ -257,6 +259,9 @@ def _role_memory(
             peak = peaks.peak_bytes(node.name, spec.role, fingerprint=fingerprint)
             if peak is not None:
                 measured[node.name] = peak
+    if spec.flavor is InferFlavor.OLLAMA and measured:
+        estimate = estimate_ollama(max(measured.values()), spec.memory.weights_bytes)
+        note = "the size ollama reported (/api/ps) when it last held the model"
     _, slots, _ = serving_settings(weights or _fleet_source(fleet, imported))
     return RoleMemory(
         role=spec.role,

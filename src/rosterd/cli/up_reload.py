@@ -53,7 +53,7 @@ from rosterd.placement import Plan, plan
 from rosterd.role_memory import RosterMemory
 from rosterd.roster import ImportedRoster, load_roster
 from rosterd.router import RouteTable
-from rosterd.scheduler import NodeConfig, Scheduler, SupervisorBackends
+from rosterd.scheduler import NodeConcurrency, NodeConfig, Scheduler, SupervisorBackends
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import Supervisor
 from rosterd.weights import resolve_for_fleet
@@ -71,8 +71,9 @@ WATCH_INTERVAL_S = 1.0
 class Served:
     """What one configuration gives this process: the ``roster``, the ``fleet``, the
     ``plan`` (``result``), the fleet nodes that are this machine (``local_nodes``),
-    each one's :class:`NodeConfig` (``nodes``) and each role's weights (``weights``:
-    role -> where they are; ``None`` for a flavor that keeps its own, or missing)."""
+    each one's :class:`NodeConfig` (``nodes``), each role's weights (``weights``:
+    role -> where they are; ``None`` for a flavor that keeps its own, or missing)
+    and the memory figures gathered for it (``memory``; ``None``: the specs' own)."""
 
     roster: ImportedRoster
     fleet: Fleet
@@ -80,6 +81,13 @@ class Served:
     local_nodes: tuple[Node, ...]
     nodes: Mapping[str, NodeConfig]
     weights: Mapping[str, WeightsSource | None]
+    memory: RosterMemory | None = None
+
+    def fingerprints(self) -> dict[str, str]:
+        """Role -> its run fingerprint (``RoleMemory.fingerprint``), for the peak recorders."""
+        if self.memory is None:
+            return {}
+        return {role: m.fingerprint for role, m in self.memory.roles.items()}
 
 
 def read_config(options: UpOptions) -> tuple[ImportedRoster, Fleet]:
@@ -160,8 +168,23 @@ def served_config(
             auto_ports=auto_ports,
             node=node.name,
         )
-        nodes[node.name] = NodeConfig(node.name, node.capacity_bytes, specs, backends, unavailable)
-    return Served(roster, fleet, result, local_nodes, nodes, weights)
+        figures = (
+            {r: memory.roles[r].as_json(node.name) for r in specs if r in memory.roles}
+            if memory is not None
+            else {}
+        )
+        nodes[node.name] = NodeConfig(
+            node.name,
+            node.capacity_bytes,
+            specs,
+            backends,
+            unavailable,
+            memory=figures,
+            concurrency=NodeConcurrency(
+                node.max_concurrency, memory.slots() if memory is not None else {}
+            ),
+        )
+    return Served(roster, fleet, result, local_nodes, nodes, weights, memory)
 
 
 def error_json(exc: RosterdError, at: float) -> dict[str, object]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -269,14 +269,11 @@ class UpRun:
                     metrics=metrics,
                     unavailable=config.unavailable,
                     backend_events=config.backend_events,
-                    concurrency=NodeConcurrency(
+                    concurrency=config.concurrency
+                    or NodeConcurrency(
                         node.max_concurrency if node is not None else None, memory.slots()
                     ),
-                    memory={
-                        r: memory.roles[r].as_json(config.name)
-                        for r in config.specs
-                        if r in memory.roles
-                    },
+                    memory=config.memory,
                 )
 
             def serve_config(roster: ImportedRoster, fleet: Fleet, result: Plan) -> Served:
@@ -314,7 +311,7 @@ class UpRun:
                 for name, c in served.nodes.items()
                 if isinstance(c.backends, SupervisorBackends)
             }
-            recorders = self._peak_recorders(nodes, memory, state_dir)
+            recorders = self._follow_peaks(nodes, [], served.fingerprints(), state_dir)
             if ray is not None:
                 nodes |= await ray.node_schedulers(
                     {role: s.spec for role, s in first_by_role(roster).items()},
@@ -332,6 +329,18 @@ class UpRun:
             running = scheduler
 
             def warm_up_added(served: Served, change: Mapping[str, object]) -> None:
+                # The new backends report the peaks of what they start, under the new
+                # settings' fingerprints; a node the reload added gets its recorder.
+                self._backends.update(
+                    {
+                        name: c.backends
+                        for name, c in served.nodes.items()
+                        if isinstance(c.backends, SupervisorBackends)
+                    }
+                )
+                recorders.extend(
+                    self._follow_peaks(running.nodes, recorders, served.fingerprints(), state_dir)
+                )
                 if options.warm_up:
                     added = added_roles(change)
                     task = asyncio.create_task(warm_up(running, served.nodes, added, self.out))
@@ -447,16 +456,25 @@ class UpRun:
             self._reloads.add(task)
             task.add_done_callback(self._reloads.discard)
 
-    def _peak_recorders(
-        self, nodes: Mapping[str, NodeScheduler], memory: RosterMemory, state_dir: Path
+    def _follow_peaks(
+        self,
+        nodes: Mapping[str, NodeScheduler],
+        recorders: Sequence[PeakRecorder],
+        fingerprints: Mapping[str, str],
+        state_dir: Path,
     ) -> list[PeakRecorder]:
-        """One recorder per node: its backends' peaks go to the state folder (started now)."""
+        """Each node's backends' peaks go to the state folder under ``fingerprints``: a
+        node with a recorder among ``recorders`` records its current backends from now
+        on too; the new recorders of the other nodes (started now) are returned."""
+        following = {r.node.name: r for r in recorders}
         peaks = MeasuredPeaks(state_dir)
-        fingerprints = {role: m.fingerprint for role, m in memory.roles.items()}
-        recorders = []
+        added = []
         for name, node in nodes.items():
             backends = self._backends.get(name)
             if backends is None:
+                continue
+            if name in following:
+                following[name].add_source(backends, fingerprints)
                 continue
             recorder = PeakRecorder(
                 node,
@@ -468,8 +486,8 @@ class UpRun:
                 ),
             )
             recorder.start()
-            recorders.append(recorder)
-        return recorders
+            added.append(recorder)
+        return added
 
 
 def _status_extra(reloader: ConfigReloader, ray: UpFleet | None) -> dict[str, object]:

@@ -16,7 +16,7 @@ from typing import Literal
 
 from rosterd.backends import Endpoint
 from rosterd.errors import SchedulerError
-from rosterd.scheduler.values import Revocation
+from rosterd.scheduler.values import NodeConcurrency, Revocation
 from rosterd.spec import InferenceSpec
 
 # --------------------------------------------------------------------------- events in
@@ -163,8 +163,8 @@ class Shutdown:
     now: float
 
 
-# A re-plan (a reload, a lost node) reaches a node as these four events, posted together
-# in this order: SetCapacity, RetireRole..., ReplaceSpec..., AddRole...
+# A re-plan (a reload, a lost node) reaches a node as these events, posted together
+# in this order: SetCapacity, SetConcurrency, RetireRole..., ReplaceSpec..., AddRole...
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +174,16 @@ class SetCapacity:
 
     now: float
     capacity_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetConcurrency:
+    """The node-wide limit on generations at once is ``concurrency`` from now on (``None``:
+    only the per-role limit): waiters a larger limit lets in are granted; leases already
+    given over a smaller one run to their end."""
+
+    now: float
+    concurrency: NodeConcurrency | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +240,7 @@ Event = (
     | Tick
     | Shutdown
     | SetCapacity
+    | SetConcurrency
     | RetireRole
     | ReplaceSpec
     | AddRole

@@ -17,7 +17,7 @@ from typing import Final
 from rosterd.backends import BackendEventSource, RoleBackends
 from rosterd.errors import RoleMovedError, UnknownRoleError
 from rosterd.scheduler.node import NodeScheduler
-from rosterd.scheduler.values import Lease, NodeChange, SchedulerEvent
+from rosterd.scheduler.values import Lease, NodeChange, NodeConcurrency, SchedulerEvent
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 
@@ -29,8 +29,11 @@ MAX_MOVES: Final[int] = 3
 class NodeConfig:
     """What a plan gives one node: its ``name``, budget (``capacity_bytes``), the roles
     placed on it (``specs``: role -> spec), the ``backends`` that start and stop them,
-    the roles it cannot serve (``unavailable``: role -> why) and, for a node whose
-    backends are not in this process, where their events come from (``backend_events``).
+    the roles it cannot serve (``unavailable``: role -> why), for a node whose
+    backends are not in this process, where their events come from (``backend_events``),
+    each role's memory figures as ``/status`` shows them (``memory``: role ->
+    ``RoleMemory.as_json``) and the node-wide limit on generations at once
+    (``concurrency``; ``None``: a node kept keeps its own, a new one has none).
     """
 
     name: str
@@ -39,6 +42,8 @@ class NodeConfig:
     backends: RoleBackends
     unavailable: Mapping[str, str] = field(default_factory=dict)
     backend_events: BackendEventSource | None = None
+    memory: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    concurrency: NodeConcurrency | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,8 @@ class Scheduler:
                 unavailable=config.unavailable,
                 restart=restart,
                 moved={role: placed[role] for role in node.specs if placed.get(role, name) != name},
+                memory=config.memory,
+                concurrency=config.concurrency,
             )
         drained = sorted(set(self.nodes) - set(nodes))
         for name in drained:

@@ -38,6 +38,7 @@ from rosterd.scheduler.events import (
     ReplaceSpec,
     RetireRole,
     SetCapacity,
+    SetConcurrency,
     Shutdown,
     Suspect,
     Unload,
@@ -114,6 +115,7 @@ class NodeScheduler(NodeLoop):
         self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
         self.specs = dict(specs)
         self.memory = dict(memory or {})
+        self.concurrency = concurrency
         self._task: asyncio.Task[None] | None = None
         self._tickets = itertools.count(1)
         self._shutting_down = False
@@ -276,6 +278,8 @@ class NodeScheduler(NodeLoop):
         unavailable: Mapping[str, str] | None = None,
         restart: Collection[str] = (),
         moved: Mapping[str, str] | None = None,
+        memory: Mapping[str, Mapping[str, object]] | None = None,
+        concurrency: NodeConcurrency | None = None,
     ) -> NodeChange:
         """Serve ``specs`` within ``capacity_bytes`` from now on (a re-plan); what changes.
 
@@ -290,7 +294,9 @@ class NodeScheduler(NodeLoop):
         starts every role from now on; a role is stopped by the backends that
         started it. ``moved``: role -> the node a retired role moved to; its waiters
         this node does not serve fail with ``RoleMovedError`` (to be queued there).
-        See ``docs/scheduler.md`` (re-plan).
+        ``memory``: role -> its memory figures for :meth:`snapshot` (replacing those
+        given before for the same roles). ``concurrency``: the node-wide limit from now
+        on (``None``: the one in force stays). See ``docs/scheduler.md`` (re-plan).
         """
         old = dict(self.specs)
         now = self._clock()
@@ -298,6 +304,9 @@ class NodeScheduler(NodeLoop):
         before = self.capacity_bytes
         if capacity_bytes != before:
             events.append(SetCapacity(now, capacity_bytes))
+        if concurrency is not None and concurrency != self.concurrency:
+            self.concurrency = concurrency
+            events.append(SetConcurrency(now, concurrency))
         retired = sorted(set(old) - set(specs))
         added = sorted(set(specs) - set(old))
         restarted: list[str] = []
@@ -321,6 +330,8 @@ class NodeScheduler(NodeLoop):
         self.capacity_bytes = capacity_bytes
         self._backends = backends
         self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
+        if memory:
+            self.memory.update(memory)
         if self._metrics is not None:
             self._metrics.capacity_bytes.labels(node=self.name).set(capacity_bytes)
         for event in events:

@@ -1,5 +1,5 @@
 """A re-plan on one node (DESIGN.md layer 6, pure): the node machine's rules for
-``SetCapacity``, ``RetireRole``, ``ReplaceSpec`` and ``AddRole``.
+``SetCapacity``, ``SetConcurrency``, ``RetireRole``, ``ReplaceSpec`` and ``AddRole``.
 
 A reload of the roster, overlay or fleet, or a node of the fleet lost, changes
 what a node serves while it serves. The change reaches the node's machine as
@@ -22,6 +22,8 @@ under the machine's own rules: one transition per node, memory free only at
   evicted to fit (:func:`rosterd.residency.fit_to_capacity`: idle ones first,
   in the policy's eviction order); busy ones drain (no new leases to newer
   requests) and are cut after ``drain_s``.
+- **A new node-wide concurrency limit** (the fleet's ``max_concurrency`` or the
+  roles' slots changed) applies to the next grant; leases already given run on.
 
 Evictions of a re-plan count under the metric label ``replan``. No clock, no
 I/O, no logging: every event carries ``now`` and the rules return effects.
@@ -43,13 +45,14 @@ from rosterd.scheduler.events import (
     ReplaceSpec,
     RetireRole,
     SetCapacity,
+    SetConcurrency,
     UpdateGauges,
 )
 from rosterd.scheduler.state import MachineState, RoleState, Waiter
 from rosterd.scheduler.values import HOLDS_MEMORY, NodeConcurrency, Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec, LatencyClass, MemorySpec
 
-ReplanEvent = SetCapacity | RetireRole | ReplaceSpec | AddRole
+ReplanEvent = SetCapacity | SetConcurrency | RetireRole | ReplaceSpec | AddRole
 
 
 def launch_changed(old: InferenceSpec, new: InferenceSpec) -> bool:
@@ -72,7 +75,7 @@ REPLAN_LABEL = "replan"
 class ReplanRules(MachineState):
     """The re-plan half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module).
 
-    ``NodeMachine`` calls :meth:`_on_replan` for the four events,
+    ``NodeMachine`` calls :meth:`_on_replan` for the five events,
     :meth:`_settle_replan` early in every step and :meth:`_schedule_replan`
     when no transition is under way; it provides ``_begin_transition``.
     """
@@ -114,6 +117,8 @@ class ReplanRules(MachineState):
             if self.resident_bytes() > self.capacity_bytes and self._over_since is None:
                 self._over_since = now
             self._out.append(LogNote("info", f"capacity is now {gib(event.capacity_bytes)}"))
+        elif isinstance(event, SetConcurrency):
+            self.concurrency = event.concurrency
         elif isinstance(event, RetireRole):
             self._on_retire(event.role, event.moved_to, now)
         elif isinstance(event, ReplaceSpec):
