@@ -30,6 +30,7 @@ from rich.console import Console
 from backend_helpers import gone, pick_free_port
 from ray_helpers import HEAD_IP, SPARE_IP, needs_ray
 from rosterd.cli.up_runtime import UpOptions, UpRun
+from rosterd.measured_peaks import MeasuredPeaks
 from rosterd.scheduler import SchedulerLimits
 from test_up_support import rosterd_argv
 
@@ -163,8 +164,12 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
                 node = nodes[name]
                 assert node["connected"] is True
                 assert node["connection"].startswith("on Ray: Ray node ")
+                # One roles' slot each, as on this machine (no max_concurrency set).
+                assert node["max_concurrency"] == len(node["roles"])
                 for info in node["roles"].values():
                     assert info["phase"] == "ready"
+                    # Its figures, counted on its node, as for a role on this machine.
+                    assert info["memory"]["counted_bytes"] == info["resident_bytes"]
                     assert info["base_url"].startswith(f"http://{address}:")
                     assert info["pid"] is None  # a process of the node, not of this machine
                     server = listener_of(info["base_url"])
@@ -242,6 +247,11 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
             cluster.remove_node(spare)
     for _, server in servers:
         assert await eventually(lambda s=server: _gone(s.pid), 30.0)
+    # The head node's agent measured its roles' peaks there; they are kept here, for
+    # the next up and plan to count.
+    kept = MeasuredPeaks(tmp_path / "state")
+    for role in (r for r, n in served_on.items() if n == "head"):
+        assert (kept.peak_bytes("head", role) or 0) > 10 * 2**20
     said = printed(out)
     assert (
         "node absent is not connected to the Ray cluster: "
@@ -325,6 +335,7 @@ async def test_a_lost_nodes_role_moves_to_the_remaining_node_and_its_request_is_
             assert sorted(head["roles"]) == ["chat", "code"]
             assert head["roles"]["code"]["phase"] == "ready"
             assert head["roles"]["code"]["base_url"].startswith(f"http://{HEAD_IP}:")
+            assert head["roles"]["code"]["memory"] is not None  # its figures moved with it
             assert status["nodes"]["spare"]["roles"] == {}
     finally:
         up.stop()

@@ -48,7 +48,8 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.node_agent import AgentBackends
 from rosterd.placement import Plan, plan
 from rosterd.ray_cluster import NodeLost, RayFleet, connect_fleet, disconnect
-from rosterd.scheduler import NodeConfig, NodeScheduler, Scheduler
+from rosterd.role_memory import RosterMemory
+from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 
@@ -87,6 +88,7 @@ class UpFleet:
         self.scheduler: Scheduler | None = None
         self.served: ServedPlan | None = None
         self.lost: dict[str, str] = {}  # node -> why it is lost
+        self.memory: RosterMemory | None = None  # the figures each role counts, per node
         self._local = {n.name for n in self.fleet.nodes if is_local_address(n.address)}
         self._watch: asyncio.Task[None] | None = None
         self._replans: set[asyncio.Task[None]] = set()
@@ -232,11 +234,15 @@ class UpFleet:
         options: UpOptions,
         metrics: RosterdMetrics,
         state_root: str | None,
+        memory: RosterMemory | None = None,
     ) -> dict[str, NodeScheduler]:
         """Start the agents (:meth:`start_agents`) and give each agent node its scheduler,
         over that agent's backends boundary, for the roles the served plan puts there.
 
-        ``specs``: role -> spec; ``options``: the run's limits, ports and grace.
+        ``specs``: role -> spec; ``options``: the run's limits, ports and grace;
+        ``memory``: each role then counts its figure on its node
+        (``RosterMemory.node_specs``), ``/status`` shows the figures, and the node's
+        ``max_concurrency`` (default: its roles' slots) holds, as on this machine.
         Weights are resolved on the node when a role starts (a missing file is that
         load's error): this machine's files say nothing of another machine's.
         """
@@ -244,6 +250,9 @@ class UpFleet:
         specs_of: dict[str, dict[str, InferenceSpec]] = {}
         for role, name in self.served.plan.placements.items():
             specs_of.setdefault(name, {})[role] = specs[role]
+        self.memory = memory
+        if memory is not None:
+            specs_of = {name: memory.node_specs(s, name) for name, s in specs_of.items()}
         agents = await self.start_agents(
             specs_of,
             repos=repos,
@@ -252,6 +261,7 @@ class UpFleet:
             auto_ports=options.auto_backend_ports,
             grace_s=options.grace_s,
         )
+        slots = memory.slots() if memory is not None else {}
         return {
             name: NodeScheduler(
                 name,
@@ -261,6 +271,14 @@ class UpFleet:
                 limits=options.limits,
                 metrics=metrics,
                 pids_are_local=False,
+                concurrency=NodeConcurrency(self.fleet.node(name).max_concurrency, slots),
+                memory={
+                    role: memory.roles[role].as_json(name)
+                    for role in specs_of.get(name, {})
+                    if role in memory.roles
+                }
+                if memory is not None
+                else None,
             )
             for name, backends in agents.items()
         }
@@ -360,11 +378,17 @@ class UpFleet:
             if to is None and was not in self.lost:
                 to = was  # not placed any more (a role of a node lost before): leave it
             placements[role] = to if to is not None else was  # unplaced: stays lost there
+        memory = self.memory
+
+        def node_specs(name: str, roles: Sequence[str]) -> dict[str, InferenceSpec]:
+            specs = {r: served.specs[r] for r in roles}
+            return memory.node_specs(specs, name) if memory is not None else specs
+
         wanted: dict[str, dict[str, InferenceSpec]] = {}
         for role, name in placements.items():
             if name in self.lost or scheduler.nodes[name].specs.get(role) is not None:
                 continue
-            wanted.setdefault(name, {})[role] = served.specs[role]
+            wanted.setdefault(name, {}).update(node_specs(name, [role]))
         for name, added in wanted.items():
             backends = scheduler.nodes[name].backends
             if isinstance(backends, AgentBackends):
@@ -373,12 +397,16 @@ class UpFleet:
                 backends.add_specs(added)
         configs: dict[str, NodeConfig] = {}
         for name, current in scheduler.nodes.items():
+            roles = [r for r, n in placements.items() if n == name]
             configs[name] = NodeConfig(
                 name,
                 current.capacity_bytes,
-                {r: served.specs[r] for r, n in placements.items() if n == name},
+                {r: current.specs.get(r) or spec for r, spec in node_specs(name, roles).items()},
                 current.backends,
                 current.unavailable,
+                memory={r: memory.roles[r].as_json(name) for r in roles if r in memory.roles}
+                if memory is not None
+                else {},
             )
         change = scheduler.apply_plan(configs)  # one step: requests follow their roles
         self.replanned_at[node] = time.monotonic()

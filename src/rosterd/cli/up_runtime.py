@@ -36,7 +36,7 @@ import uvicorn
 from rich.console import Console
 from rich.text import Text
 
-from rosterd.backends import SupervisorBackends
+from rosterd.backends import PeakSource, SupervisorBackends
 from rosterd.cli import default_state_dir
 from rosterd.cli.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
 from rosterd.cli.up_listen import (
@@ -113,7 +113,9 @@ class UpRun:
         #: The reload of this run, once it serves.
         self.reloader: ConfigReloader | None = None
         self._reloads: set[asyncio.Task[None]] = set()
-        self._backends: dict[str, SupervisorBackends] = {}  # node -> its backends boundary
+        # node -> where its backends' peaks are measured (this machine's supervisor,
+        # or a node agent on its node)
+        self._backends: dict[str, PeakSource] = {}
 
     def stop(self) -> None:
         """Stop serving: in-flight requests get ``limits.drain_s``, then every backend stops.
@@ -320,7 +322,11 @@ class UpRun:
                     options=options,
                     metrics=metrics,
                     state_root=str(state_dir) if options.state_dir is not None else None,
+                    memory=memory,
                 )
+                # An agent measures its node's backends there; the peaks are kept here.
+                self._backends.update(ray.agents)
+                recorders += self._follow_peaks(nodes, recorders, served.fingerprints(), state_dir)
             scheduler = Scheduler(nodes, new_node=new_node)
             routes = RouteTable(
                 role_routes(scheduler.roles, roster, result),
