@@ -77,7 +77,7 @@ def ram_bytes(value: object) -> int | None:
     """Weight bytes for a ``ram_gb`` value (as roster.rs ``ram_bytes``), or ``None``.
 
     A number, or a string trimmed of whitespace and of every leading ``~`` then
-    read by Rust's ``f64`` grammar; finite and within 0..=4096 GB; bytes are
+    read by Rust's ``f64`` grammar; finite and within 0..=4096 GiB; bytes are
     ``trunc(gb * 2^30)``.
     """
     if isinstance(value, Number):
@@ -97,7 +97,7 @@ def ram_bytes(value: object) -> int | None:
 def is_unmeasured_ram_gb(value: object) -> bool:
     """Whether a roster ``ram_gb`` value is a guess: a string whose trimmed text starts with ``~``.
 
-    The import reads ``"~10"`` as 10 GB (:func:`ram_bytes` strips every leading
+    The import reads ``"~10"`` as 10 GiB (:func:`ram_bytes` strips every leading
     ``~``, as roster.rs does); this keeps the mark it drops, so views can show the
     figure as unmeasured.
     """

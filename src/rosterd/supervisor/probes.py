@@ -35,7 +35,7 @@ from rosterd.tokens import GB
 
 #: Readiness deadline for a backend whose weights size is unknown (seconds).
 READY_BASE_S: Final[float] = 30.0
-#: Extra readiness time per GB (2^30 bytes) of weights (seconds): loading reads them from disk.
+#: Extra readiness time per GiB (2^30 bytes) of weights (seconds): loading reads them from disk.
 READY_PER_GB_S: Final[float] = 30.0
 #: Upper bound of the computed readiness deadline (seconds).
 READY_MAX_S: Final[float] = 3600.0
