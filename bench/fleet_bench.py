@@ -9,7 +9,7 @@ at 127.0.0.3, standing for another machine) and ``rosterd up --ray-address``
 (a subprocess, as users run it) on a fleet of two nodes: ``local`` at
 127.0.0.1 (no Ray node there: this machine's supervisor runs it) and
 ``remote`` at 127.0.0.3 (run by its node agent on that Ray node). Two
-interactive roles of the tiny GGUF (0.3 GB each) are planned one per node, and
+interactive roles of the tiny GGUF (0.3 GiB each) are planned one per node, and
 both fit on ``local`` alone. Then, alternating over
 ``--rounds`` (a shared machine's load drifts), ``N`` sequential
 ``/v1/completions`` to each role through the router and straight to its

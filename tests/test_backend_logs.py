@@ -15,7 +15,7 @@ import pytest
 
 from backend_helpers import gone
 from rosterd.supervisor import logs as backend_logs
-from rosterd.supervisor.process import output_tail, spawn_logged
+from rosterd.supervisor.process import REASON_CHARS, failure_reason, output_tail, spawn_logged
 
 #: A child that writes ``N`` numbered lines of about 100 bytes each, then exits.
 WRITER = (
@@ -101,3 +101,31 @@ async def test_a_start_error_quotes_the_last_lines_at_once(tmp_path: Path) -> No
         await proc.wait()
         assert output_tail(log, offset)[-2:] == ("loading", "bad magic")
     await _settled(log)
+
+
+def test_the_reason_of_a_failed_start_is_the_first_error_lines_bounded() -> None:
+    """llama.cpp's error-level lines, first (the cause) and once each, without time stamps."""
+    magic = "invalid magic characters: 'x\x1b[2J', expected 'GGUF'"
+    llama = (
+        "0.00.000.751 I srv  llama_server: initializing ...",
+        "0.00.003.329 I srv    load_model: loading model 'tests_that_fail/model.gguf'",
+        f"0.00.003.444 E gguf_init_from_reader: {magic}",
+        "0.00.003.622 E llama_model_load: error loading model: failed to load model",
+        f"0.00.003.671 E gguf_init_from_reader: {magic}",
+        "0.00.003.683 E srv    load_model: failed to load model, 'model.gguf'",
+        "0.00.003.955 E srv  llama_server: exiting due to model loading error",
+    )
+    assert failure_reason(llama) == (
+        "gguf_init_from_reader: invalid magic characters: 'x?[2J', expected 'GGUF'; "
+        "llama_model_load: error loading model: failed to load model; "
+        "srv load_model: failed to load model, 'model.gguf'"
+    )
+    # Output without levels: the lines with an error word; else the last line.
+    traceback = ("Traceback (most recent call last):", '  File "x.py"', "ValueError: no weights")
+    assert failure_reason(traceback) == "ValueError: no weights"
+    assert failure_reason(("starting", "listening on 8080", "")) == "listening on 8080"
+    assert failure_reason(()) == ""
+    long = failure_reason(tuple(f"error {i}: " + "x" * 200 for i in range(5)))
+    assert len(long) == REASON_CHARS
+    assert long.startswith("error 0: ")
+    assert long.endswith("…")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
+import re
 import signal
 import time
 from pathlib import Path
@@ -28,6 +30,7 @@ from backend_helpers import (
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import BackendStartError, Supervisor
+from rosterd.supervisor.process import REASON_CHARS
 from rosterd.tokens import GB
 from rosterd.weights import ResolvedWeights
 
@@ -134,6 +137,31 @@ async def test_llama_server_exit_during_load_reports_its_stderr(
     assert err.output_tail, "the error quotes llama-server's last lines"
     assert "model" in "\n".join(err.output_tail).lower()
     assert gone(err.pid)
+
+
+async def test_a_corrupt_gguf_fails_with_llama_servers_reason_in_the_first_line(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    corrupt = tmp_path / "model.gguf"
+    corrupt.write_bytes(random.Random(7).randbytes(4096))  # not a GGUF at all
+    adapter = LlamaCppAdapter(server_binary=llama_server_binary)
+    launch = adapter.launch(
+        tiny_spec(),
+        ResolvedWeights(path=corrupt, extra_args=THREADS),
+        host="127.0.0.1",
+        port=free_port,
+    )
+    sup = Supervisor(tmp_path / "state")
+    with pytest.raises(BackendStartError) as info:
+        await sup.start("voice-lite", launch, ready_timeout_s=60)
+    # The first line is what `rosterd up` prints and a client's 503 quotes: it says why.
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("backend voice-lite exited with code 1 before it was ready: ")
+    reason = first.removeprefix("backend voice-lite exited with code 1 before it was ready: ")
+    assert "invalid magic" in reason
+    assert "failed to load model" in reason
+    assert len(reason) <= REASON_CHARS
+    assert not re.search(r"\d+\.\d+\.\d+\.\d+ E ", reason)  # no llama.cpp time stamps
 
 
 async def test_no_llama_server_survives_kill_9_of_rosterd(

@@ -51,8 +51,8 @@ def test_unmeasured_marker_follows_the_roster_text() -> None:
     assert not is_unmeasured_ram_gb("10")
     assert not is_unmeasured_ram_gb(10)
     assert ram_bytes("~10") == 10 * GB  # the import reads the same number
-    assert show_declared(10 * GB, True) == "~10.00 GB (unmeasured)"
-    assert show_declared(10 * GB, False) == "10.00 GB"
+    assert show_declared(10 * GB, True) == "~10.00 GiB (unmeasured)"
+    assert show_declared(10 * GB, False) == "10.00 GiB"
 
 
 def test_warning_past_twenty_percent_names_both_numbers() -> None:
@@ -61,13 +61,13 @@ def test_warning_past_twenty_percent_names_both_numbers() -> None:
     far = count_memory(8 * GB, 12 * GB, None, declared_unmeasured=True)
     text = memory_warning("chat", far)
     assert text == (
-        "role chat: counts 12.00 GB (estimate) where the roster's ram_gb says "
-        "~8.00 GB (unmeasured), 50 % more; placement and residency use 12.00 GB"
+        "role chat: counts 12.00 GiB (estimate) where the roster's ram_gb says "
+        "~8.00 GiB (unmeasured), 50 % more; placement and residency use 12.00 GiB"
     )
     measured = memory_warning("voice", count_memory(GB, None, 2 * GB))
     assert measured is not None
-    assert "2.00 GB (measured)" in measured
-    assert "1.00 GB" in measured
+    assert "2.00 GiB (measured)" in measured
+    assert "1.00 GiB" in measured
     assert memory_warning("x", count_memory(None, 5 * GB, None)) is None
 
 

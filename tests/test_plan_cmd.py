@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
 from rosterd.tokens import GB
+from test_up_support import prepare_example_models
 
 _register()
 
@@ -219,3 +221,46 @@ def test_json_keeps_stdout_one_document_and_warns_on_stderr(
     assert "placements" in json.loads(out)
     assert "chat-smal" in err
     assert err.startswith("warning:")
+
+
+def _readme_plan_samples() -> list[str]:
+    """The ``text`` blocks of the README's "Planning" section: the samples of `rosterd plan`."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Planning\n", 1)[1].split("\n## ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split("```text\n")[1:3]]
+
+
+def _node_tables(text: str) -> list[str]:
+    """The lines of ``text`` from the first node's line to the last before ``unplaced roles``."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    first = next(i for i, line in enumerate(lines) if re.match(r"\S+ \((macos|linux)-", line))
+    end = lines.index("unplaced roles") if "unplaced roles" in lines else len(lines)
+    while end > first and not lines[end - 1]:
+        end -= 1
+    return lines[first:end]
+
+
+def test_readme_plan_samples_are_what_plan_prints(tmp_path: Path) -> None:
+    """The README's two samples, node tables with every memory column, from real runs on the
+    bundled example (an empty state folder: nothing measured yet)."""
+    prepare_example_models()  # the local fleet's estimates read the example's models
+    lab, local = _readme_plan_samples()
+    for sample, fleet in ((lab, "fleet-lab.yaml"), (local, "fleet.yaml")):
+        result = CliRunner().invoke(
+            app,
+            [
+                "plan",
+                str(EXAMPLES / "roster.yaml"),
+                "--overlay",
+                str(EXAMPLES / "overlay.yaml"),
+                "--fleet",
+                str(EXAMPLES / fleet),
+                "--state-dir",
+                str(tmp_path / "state"),
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        got = _node_tables(result.stdout)
+        header = [cell.strip() for cell in got[2].split("┃")[1:-1]]
+        assert header[-4:] == ["ram_gb", "estimate", "measured", "counts"]
+        assert _node_tables(sample) == got, fleet

@@ -209,6 +209,48 @@ def test_up_prints_the_import_warnings(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
+def test_roster_typos_get_a_did_you_mean_in_import_and_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # the temporary path must not fold mid-word
+    roster = tmp_path / "roster.yaml"
+    roster.write_text(
+        "roster:\n"
+        "  - {id: chat, backend: lama.cpp, ram_gb: 0.1, port: 18301}\n"
+        "  - id: big\n    backend: llama.cpp\n    ramgb: 4\n    port: 18302\n",
+        encoding="utf-8",
+    )
+    key_hint = (
+        f'warning: {roster}:5: roster[1] (id "big", line 3): unknown key "ramgb" is ignored; '
+        "did you mean `ram_gb`?"
+    )
+    backend_hint = (
+        f'warning: {roster}:2: roster[0] (id "chat", line 2): backend "lama.cpp" names no '
+        "inference adapter, so the entry is skipped; did you mean `llama.cpp`?"
+    )
+    code, out, _ = run(str(roster))
+    assert code == 0
+    flat = " ".join(out.split())
+    assert key_hint in flat
+    assert backend_hint in flat
+    code, out, _ = run(str(roster), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [role for role, _ in doc["skipped"]] == ["chat", "big"]  # skipped as the reference
+    assert [f"warning: {w}" for w in doc["warnings"]] == [key_hint, backend_hint]
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "nodes:\n  - {name: far, memory_gb: 4, platform: linux-x86_64, address: 192.0.2.1}\n",
+        encoding="utf-8",
+    )
+    _register()
+    result = CliRunner().invoke(app, ["plan", str(roster), "--fleet", str(fleet)])
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.stderr.split())
+    assert key_hint in flat
+    assert backend_hint in flat
+
+
 # --- the README's roster format ------------------------------------------------------------
 
 

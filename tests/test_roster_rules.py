@@ -522,6 +522,43 @@ def test_alias_with_the_same_name_does_not_warn() -> None:
     assert result.warnings == ()
 
 
+def test_a_key_close_to_a_missing_field_warns_did_you_mean_and_changes_nothing() -> None:
+    text = roster(
+        base(id="a", ram_gb="1"),
+        entry(id="big", backend="llama.cpp", ramgb="4", port="8302"),
+        entry(id="caps", backend="ollama", RAM_GB="3", ram_gb="3", notes="x", model="m"),
+    )
+    result = one(text)
+    assert [s.spec.role for s in result.specs] == ["a", "caps"]
+    assert result.skipped == (("big", "ram_gb is missing or not a number"),)
+    # The file, the key's line, the entry (index, id, its line) and the key.
+    assert result.warnings == (
+        'roster.yaml:9: roster[1] (id "big", line 7): unknown key "ramgb" is ignored; '
+        "did you mean `ram_gb`?",
+    )  # "RAM_GB" sits beside a given `ram_gb`; `notes` and `model` are close to nothing
+    plain = one(text.replace("ramgb", "ram_gb").replace("RAM_GB", "notes2"))
+    assert plain.warnings == ()
+
+
+def test_a_backend_close_to_a_known_name_warns_did_you_mean() -> None:
+    text = roster(
+        entry(id="chat", backend="lama.cpp", ram_gb="1", port="8301"),
+        entry(id="vision", backend="mlx-vlm", ram_gb="2"),  # no adapter on purpose: no hint
+        entry(id="talk", backend="Olama (local)", ram_gb="2"),
+    )
+    result = one(text)
+    assert result.specs == ()
+    assert [role for role, _ in result.skipped] == ["chat", "vision", "talk"]
+    assert result.warnings == (
+        'roster.yaml:3: roster[0] (id "chat", line 2): backend "lama.cpp" names no inference '
+        "adapter, so the entry is skipped; did you mean `llama.cpp`?",
+        'roster.yaml:10: roster[2] (id "talk", line 9): backend "Olama (local)" names no '
+        "inference adapter, so the entry is skipped; did you mean `ollama`?",
+    )
+    unnamed = import_roster(text)  # no file name: the entry alone
+    assert unnamed.warnings[0].startswith('roster[0] (id "chat", line 2): backend "lama.cpp"')
+
+
 # --- reasons, flavors, latency -------------------------------------------------------------
 
 

@@ -115,7 +115,7 @@ async def test_measured_peak_counts_on_the_next_up_and_in_plan(tmp_path: Path) -
         statuses[1]["nodes"]["box"]["roles"]["tiny"]["resident_bytes"] == (second["counted_bytes"])
     )
     assert second_err.count("role tiny: counts") == 1  # once per role, with both numbers
-    assert "where the roster's ram_gb says 0.00 GB" in second_err
+    assert "where the roster's ram_gb says 0.00 GiB" in second_err
     latest = MeasuredPeaks(state).peak_bytes("box", "tiny")  # the second run's own peak
     assert latest is not None
 
@@ -138,7 +138,7 @@ async def test_measured_peak_counts_on_the_next_up_and_in_plan(tmp_path: Path) -
     assert role == "tiny"
     counted = doc["memory"]["tiny"]["counted_bytes"]
     assert f"{counted / GB:.2f} GiB ({counted} bytes)" in reason
-    assert "the roster's ram_gb says 0.00 GB" in reason
+    assert "the roster's ram_gb says 0.00 GiB" in reason
     assert "role tiny: counts" in result.stderr
 
 

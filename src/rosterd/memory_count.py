@@ -109,12 +109,12 @@ def counted_memory_spec(counted: CountedMemory, estimate: MemoryEstimate | None)
 
 
 def show_gb(n_bytes: int) -> str:
-    """Bytes as GB (2^30) with two decimals: ``1.25 GB``."""
-    return f"{n_bytes / GB:.2f} GB"
+    """Bytes as GiB (2^30, the unit of the roster's ``ram_gb``) with two decimals: ``1.25 GiB``."""
+    return f"{n_bytes / GB:.2f} GiB"
 
 
 def show_declared(declared_bytes: int, unmeasured: bool) -> str:
-    """The roster figure as shown everywhere: ``~10.00 GB (unmeasured)`` for a ``"~N"`` value."""
+    """The roster figure as shown everywhere: ``~10.00 GiB (unmeasured)`` for a ``"~N"`` value."""
     if unmeasured:
         return f"~{show_gb(declared_bytes)} (unmeasured)"
     return show_gb(declared_bytes)
@@ -124,8 +124,8 @@ def memory_warning(role: str, counted: CountedMemory) -> str | None:
     """The once-per-role warning when the counted figure is > 20 % away from ``ram_gb``, else None.
 
     Names both numbers and where the counted one came from, e.g. ``role chat:
-    counts 12.40 GB (estimate) where the roster's ram_gb says ~8.00 GB
-    (unmeasured), 55 % more; placement and residency use 12.40 GB``.
+    counts 12.40 GiB (estimate) where the roster's ram_gb says ~8.00 GiB
+    (unmeasured), 55 % more; placement and residency use 12.40 GiB``.
     """
     if not counted.differs_from_declared or counted.declared_bytes is None:
         return None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
-#: One gigabyte as the roster's ``ram_gb`` means it: 2^30 bytes (as roster.rs ``residency::GB``).
+#: The unit of the roster's ``ram_gb``: 2^30 bytes, a GiB (as roster.rs ``residency::GB``).
+#: The name follows the reference; every figure shown to people says "GiB".
 GB: Final[int] = 1 << 30
 
 _TOKEN_REST: Final[frozenset[str]] = frozenset(

@@ -4,8 +4,9 @@
 structs do: the top-level ``roster`` list and, per entry, the known fields
 ``id role name repo ram_gb backend port status`` (unknown keys ignored, their
 values never read). It notes, as warnings, what the reference silently
-accepts: a file without a ``roster:`` key or without entries, and a merge key
-(``<<``), which YAML 1.2 and the reference do not apply.
+accepts: a file without a ``roster:`` key or without entries, a merge key
+(``<<``), which YAML 1.2 and the reference do not apply, and an unknown key
+close to a missing known one (``ramgb`` for ``ram_gb``: "did you mean").
 """
 
 from __future__ import annotations
@@ -41,10 +42,15 @@ class RawEntry:
     port: int | None
     status: str
     line: int
+    backend_line: int | None = None  # where ``backend`` was written, for warnings
 
 
-def read_roster(reader: DocumentReader, document: Document) -> tuple[list[RawEntry], list[str]]:
+def read_roster(
+    reader: DocumentReader, document: Document, *, file: str | None = None
+) -> tuple[list[RawEntry], list[str]]:
     """The roster's entries in file order, and the warnings found while reading them.
+
+    ``file`` names the file in the warnings about an entry's keys.
 
     Raises:
         LocatedError: the file is rejected (the root is not a mapping, ``roster``
@@ -84,7 +90,7 @@ def read_roster(reader: DocumentReader, document: Document) -> tuple[list[RawEnt
     entries: list[RawEntry] = []
     warnings: list[str] = []
     for index, item in enumerate(items):
-        entries.append(_read_entry(reader, item, f"roster[{index}]", warnings))
+        entries.append(_read_entry(reader, item, f"roster[{index}]", warnings, file))
     return entries, warnings
 
 
@@ -115,7 +121,21 @@ def _no_roster_key_warning(keys: list[tuple[str, int]]) -> str:
     )
 
 
-def _read_entry(reader: DocumentReader, item: Item, path: str, warnings: list[str]) -> RawEntry:
+def entry_where(file: str | None, line: int | None, path: str, raw: RawEntry) -> str:
+    """Where a warning about entry ``raw`` (at ``path``, e.g. ``roster[2]``) points:
+    ``FILE:LINE: roster[2] (id "x", line N)``, with ``LINE`` the line of the key
+    concerned and ``N`` the entry's; ``FILE:LINE: `` only when the file is known."""
+    at = "" if file is None else f"{file}: " if line is None else f"{file}:{line}: "
+    return f"{at}{path} (id {rust_debug_str(raw.id)}, line {raw.line})"
+
+
+#: How close an unknown key must be to a known field for a "did you mean" (difflib's ratio).
+_KEY_CUTOFF: Final = 0.75
+
+
+def _read_entry(
+    reader: DocumentReader, item: Item, path: str, warnings: list[str], file: str | None
+) -> RawEntry:
     try:
         pairs = reader.read_struct(item, "an entry (a mapping with at least `id:`)")
     except ReadError as err:
@@ -123,9 +143,12 @@ def _read_entry(reader: DocumentReader, item: Item, path: str, warnings: list[st
     node = item.target if isinstance(item, Alias) else item
     values: dict[str, object] = {}
     merge_line: int | None = None
+    unknown: list[tuple[str, int]] = []  # (key, line) of keys the reference ignores
+    lines: dict[str, int] = {}
     for key, value in pairs:
         name = key_text(reader, key, path)
         if name not in _ENTRY_FIELDS:
+            unknown.append((name, key_mark(key).line))
             key_node = key.target if isinstance(key, Alias) else key
             if (
                 name == "<<"
@@ -141,6 +164,7 @@ def _read_entry(reader: DocumentReader, item: Item, path: str, warnings: list[st
                 field_path,
                 key_mark(key),
             )
+        lines[name] = key_mark(key).line
         try:
             if name == "ram_gb":
                 values[name] = reader.read_value(value, _RAM_GB_DEPTH)
@@ -164,6 +188,7 @@ def _read_entry(reader: DocumentReader, item: Item, path: str, warnings: list[st
         port=_int_or_none(values.get("port")),
         status=str(values.get("status", "")),
         line=node.mark.line,
+        backend_line=lines.get("backend"),
     )
     if merge_line is not None:
         warnings.append(
@@ -171,6 +196,14 @@ def _read_entry(reader: DocumentReader, item: Item, path: str, warnings: list[st
             "not applied (YAML 1.2 has no merge keys); the entry lacks the fields it would "
             "inherit"
         )
+    missing = [name for name in _ENTRY_FIELDS if name not in values]
+    for name, line in unknown:
+        close = difflib.get_close_matches(name.lower(), missing, n=1, cutoff=_KEY_CUTOFF)
+        if close:
+            warnings.append(
+                f"{entry_where(file, line, path, raw)}: unknown key {rust_debug_str(name)} is "
+                f"ignored; did you mean `{close[0]}`?"
+            )
     return raw
 
 

@@ -6,11 +6,13 @@ as roster.rs ``import_roster``: a plain-token id, a backend with an adapter
 (:func:`flavor_for_backend`), not an alias of an earlier entry, a ``ram_gb``
 (:func:`ram_bytes`), then ``InferenceSpec::validate``. :func:`load_roster`
 reads the files first. An alias whose ``name`` differs from its target's gets
-a warning.
+a warning, and so does an entry skipped for a backend close to a known name
+(``lama.cpp``: "did you mean `llama.cpp`?"; difflib, as for the other hints).
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final
@@ -32,7 +34,7 @@ from rosterd.roster.document import (
     parse_document,
     read_file,
 )
-from rosterd.roster.entries import RawEntry, read_roster
+from rosterd.roster.entries import RawEntry, entry_where, read_roster
 from rosterd.roster.overlay import RosterOverlay, overlay_warnings
 from rosterd.roster.result import ImportedRoster, ImportedSpec
 from rosterd.rust_debug import rust_debug_str
@@ -40,6 +42,14 @@ from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec, S
 from rosterd.tokens import GB, valid_token
 
 _MAX_RAM_GB: Final = 4096.0
+#: The backend names ``flavor_for_backend`` knows (first word, lowercased).
+_BACKEND_NAMES: Final = ("mlx_lm", "mlx-lm", "llamacpp", "llama.cpp", "llama-server", "ollama")
+#: Backends a lab lists that have no adapter on purpose: no "did you mean" for them.
+_NOT_SERVED: Final = frozenset(
+    f"mlx{sep}{kind}" for sep in "-_" for kind in ("vlm", "embeddings", "whisper", "audio")
+)
+#: How close an unknown backend must be to a known name for a "did you mean" (difflib's ratio).
+_BACKEND_CUTOFF: Final = 0.8
 
 
 def flavor_for_backend(backend: str) -> InferFlavor | None:
@@ -67,7 +77,7 @@ def ram_bytes(value: object) -> int | None:
     """Weight bytes for a ``ram_gb`` value (as roster.rs ``ram_bytes``), or ``None``.
 
     A number, or a string trimmed of whitespace and of every leading ``~`` then
-    read by Rust's ``f64`` grammar; finite and within 0..=4096 GB; bytes are
+    read by Rust's ``f64`` grammar; finite and within 0..=4096 GiB; bytes are
     ``trunc(gb * 2^30)``.
     """
     if isinstance(value, Number):
@@ -87,7 +97,7 @@ def ram_bytes(value: object) -> int | None:
 def is_unmeasured_ram_gb(value: object) -> bool:
     """Whether a roster ``ram_gb`` value is a guess: a string whose trimmed text starts with ``~``.
 
-    The import reads ``"~10"`` as 10 GB (:func:`ram_bytes` strips every leading
+    The import reads ``"~10"`` as 10 GiB (:func:`ram_bytes` strips every leading
     ``~``, as roster.rs does); this keeps the mark it drops, so views can show the
     figure as unmeasured.
     """
@@ -113,14 +123,14 @@ def import_roster(
     document = parse_document(data, file=file)
     reader = DocumentReader(document)
     try:
-        raws, warnings = read_roster(reader, document)
+        raws, warnings = read_roster(reader, document, file=file)
     except LocatedError as err:
         raise err.to_error(file) from None
     except ReadError as err:
         raise located(err, "roster").to_error(file) from None
     warnings += overlay.warnings
     warnings += overlay_warnings(overlay, [raw.id for raw in raws])
-    return _import_entries(raws, overlay, warnings)
+    return _import_entries(raws, overlay, warnings, file)
 
 
 def load_roster(path: Path, overlay_path: Path | None = None) -> ImportedRoster:
@@ -157,8 +167,28 @@ def _alias_name_warning(index: int, alias: RawEntry, target: RawEntry) -> str:
     )
 
 
+def _backend_warning(file: str | None, index: int, raw: RawEntry) -> str | None:
+    """A "did you mean" for an entry skipped for its ``backend``, when the backend's first
+    word is close to a name the import knows (``lama.cpp`` for ``llama.cpp``), else ``None``.
+    Backends known to have no adapter (``mlx-vlm`` ...) get none."""
+    words = rust_split_whitespace(raw.backend)
+    if not words:
+        return None
+    first = rust_ascii_lowercase(words[0])
+    if first in _NOT_SERVED:
+        return None
+    close = difflib.get_close_matches(first, _BACKEND_NAMES, n=1, cutoff=_BACKEND_CUTOFF)
+    if not close:
+        return None
+    where = entry_where(file, raw.backend_line, f"roster[{index}]", raw)
+    return (
+        f"{where}: backend {rust_debug_str(raw.backend)} names no inference adapter, so the "
+        f"entry is skipped; did you mean `{close[0]}`?"
+    )
+
+
 def _import_entries(
-    raws: list[RawEntry], overlay: RosterOverlay, warnings: list[str]
+    raws: list[RawEntry], overlay: RosterOverlay, warnings: list[str], file: str | None
 ) -> ImportedRoster:
     specs: list[ImportedSpec] = []
     skipped: list[tuple[str, str]] = []
@@ -176,6 +206,9 @@ def _import_entries(
             skipped.append(
                 (raw.id, f"backend {rust_debug_str(raw.backend)} has no inference adapter")
             )
+            hint = _backend_warning(file, index, raw)
+            if hint is not None:
+                warnings.append(hint)
             continue
         key = (flavor.id, raw.port, raw.repo)
         first = seen.get(key)

@@ -30,12 +30,12 @@ import httpx
 
 from rosterd.adapters.base import HttpProbe, Launch
 from rosterd.errors import BackendNotReadyError, BackendStartError, BackendStoppedError
-from rosterd.supervisor.process import describe_exit, output_tail
+from rosterd.supervisor.process import describe_exit, failure_reason, output_tail
 from rosterd.tokens import GB
 
 #: Readiness deadline for a backend whose weights size is unknown (seconds).
 READY_BASE_S: Final[float] = 30.0
-#: Extra readiness time per GB (2^30 bytes) of weights (seconds): loading reads them from disk.
+#: Extra readiness time per GiB (2^30 bytes) of weights (seconds): loading reads them from disk.
 READY_PER_GB_S: Final[float] = 30.0
 #: Upper bound of the computed readiness deadline (seconds).
 READY_MAX_S: Final[float] = 3600.0
@@ -132,7 +132,9 @@ async def wait_ready(
     true means a stop asked for the backend, and ``stop_requested`` (set by the
     stop) ends the wait at once, even inside a probe. The process is left
     running on every outcome: the caller stops it.
-    Each error quotes the output written to ``log_path`` after ``log_offset``.
+    Each error quotes the output written to ``log_path`` after ``log_offset``; the
+    first line of a start or readiness failure ends with the lines of it that say
+    why (``failure_reason``), so the short form clients get keeps the cause.
 
     Raises:
         BackendStartError: the process exited before it was ready.
@@ -143,12 +145,15 @@ async def wait_ready(
     def failed(
         message: str, exit_code: int | None, error: type[BackendStartError] = BackendStartError
     ) -> BackendStartError:
+        tail = output_tail(log_path, log_offset)
+        # The first line is what `rosterd up` and a client see: it says why, not just how.
+        reason = failure_reason(tail) if error is not BackendStoppedError else ""
         return error(
-            message,
+            f"{message}: {reason}" if reason else message,
             name=name,
             pid=proc.pid,
             exit_code=exit_code,
-            output_tail=output_tail(log_path, log_offset),
+            output_tail=tail,
             log_path=log_path,
         )
 

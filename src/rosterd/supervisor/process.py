@@ -27,6 +27,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -40,6 +41,18 @@ from rosterd.supervisor.logs import drain_log, open_backend_log
 
 #: Lines of a backend's output quoted in a start error.
 TAIL_LINES: Final[int] = 20
+#: At most this many lines of a backend's output say why it failed (``failure_reason``).
+REASON_LINES: Final[int] = 3
+#: At most this many characters of them (``failure_reason``); one line is cut to fit.
+REASON_CHARS: Final[int] = 240
+
+# llama.cpp's time stamp and level ("0.00.003.444 E "; E is an error), and runs of blanks.
+_STAMP = re.compile(r"^\d+(?:\.\d+)+ ([A-Z]) ")
+# A line that says why, in output without levels: an error word ("ValueError:" too).
+_ERROR_WORD = re.compile(
+    r"error\b|\bfail(?:s|ed|ure)?\b|\binvalid\b|\bunable\b|\bcannot\b|\bnot found\b", re.I
+)
+_BLANKS = re.compile(r"\s+")
 log = logging.getLogger("rosterd.supervisor")
 
 #: How long to wait for a killed group's last processes to disappear (seconds).
@@ -222,6 +235,43 @@ def output_tail(path: Path, offset: int, lines: int = TAIL_LINES) -> tuple[str, 
         return ()
     text = data.decode("utf-8", errors="replace").splitlines()
     return tuple(line.rstrip() for line in text[-lines:])
+
+
+def failure_reason(tail: Sequence[str]) -> str:
+    """The few lines of a backend's output ``tail`` that say why it failed, as one line.
+
+    The first ``REASON_LINES`` distinct lines that say why: those of error level
+    when the output has llama.cpp's levels (``0.00.003.444 E ...``; it prints the
+    cause first, e.g. ``invalid magic characters``, and repeats itself), else
+    those with an error word ("error", "failed", "invalid", ...); without the
+    time stamp and level, joined by ``"; "``. The last non-blank line when no
+    line says why; ``""`` for no output. Control characters become
+    ``?``, and the result is at most ``REASON_CHARS`` characters (cut with
+    ``…``).
+    """
+    lines = [line for line in map(_clean, tail) if line]
+    levels = [_STAMP.match(line) for line in lines]
+    if any(levels):  # llama.cpp says which lines are errors
+        telling = [
+            line for line, level in zip(lines, levels, strict=True) if level and level[1] == "E"
+        ]
+    else:
+        telling = [line for line in lines if _ERROR_WORD.search(line)]
+    picked: list[str] = []
+    for line in telling or lines[-1:]:
+        text = _STAMP.sub("", line)
+        if text not in picked:
+            picked.append(text)
+        if len(picked) == REASON_LINES:
+            break
+    reason = "; ".join(picked)
+    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
+
+
+def _clean(line: str) -> str:
+    """``line`` with control characters as ``?`` and runs of blanks as one space."""
+    shown = "".join(c if c.isprintable() or c.isspace() else "?" for c in line)
+    return _BLANKS.sub(" ", shown).strip()
 
 
 def tree_rss_bytes(pid: int) -> int | None:
