@@ -16,6 +16,7 @@ from starlette.types import Message
 
 from rosterd.router import ERROR_KINDS, RouterError, error_body
 from rosterd.router.openai_errors import (
+    LIMIT_OPTIONS,
     retry_after_header,
     revoked_error,
     scheduler_error,
@@ -59,6 +60,7 @@ TABLE: dict[str, tuple[int, str, str | None]] = {
     "method_not_allowed": (405, "invalid_request_error", None),
     "request_timeout": (408, "invalid_request_error", None),
     "body_too_large": (413, "invalid_request_error", None),
+    "not_supported": (400, "invalid_request_error", None),
     "invalid_config": (422, "invalid_request_error", None),
     "queue_full": (429, "rate_limit_error", None),
     "internal_error": (500, "server_error", None),
@@ -163,7 +165,9 @@ def test_scheduler_refusals_map_to_their_code(
     with pytest.raises(RouterError) as caught, scheduler_errors():
         raise exc
     err = caught.value
-    assert (err.code, err.status, err.message) == (code, status, str(exc))
+    option = LIMIT_OPTIONS.get(code)
+    said = f"{exc}; rosterd up's {option} sets the limit" if option else str(exc)
+    assert (err.code, err.status, err.message) == (code, status, said)
     assert err.headers().get("Retry-After") == retry_after
     assert err.__cause__ is exc
 
