@@ -254,3 +254,24 @@ def test_a_backend_5xx_answer_maps_to_502_quoting_its_body() -> None:
     err = upstream_status_error("chat", 500, "x" * 2000)
     assert (err.status, err.err_type, err.code) == (502, "upstream_error", "backend_error")
     assert err.message == f"backend of role 'chat' answered 500: {'x' * 500}"
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_a_genuine_backend_failure_stays_502(status: int) -> None:
+    err = upstream_status_error("chat", status, '{"error": {"message": "boom"}}', endpoint="chat")
+    assert (err.status, err.code) == (502, "backend_error")
+
+
+def test_a_backend_501_is_400_not_supported_saying_how_to_enable_embeddings() -> None:
+    body = (
+        '{"error": {"code": 501, "message": "no embeddings here", "type": "not_supported_error"}}'
+    )
+    err = upstream_status_error("emb", 501, body, endpoint="embeddings")
+    assert (err.status, err.err_type, err.code) == (400, "invalid_request_error", "not_supported")
+    assert err.message.startswith(
+        "the backend of role 'emb' does not serve embeddings (it answered 501: no embeddings "
+        "here); to enable them, add --embeddings to extra_args"
+    )
+    other = upstream_status_error("chat", 501, "not here", endpoint="completions")
+    assert other.code == "not_supported"
+    assert "does not serve completions (it answered 501: not here)" in other.message

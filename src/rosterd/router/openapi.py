@@ -2,8 +2,8 @@
 at ``GET /openapi.json``.
 
 The document is built from the router's own tables, so it cannot drift from
-them: the proxied paths from ``PROXIED_PATHS`` and every error code from
-``ERROR_KINDS`` (an error answer is always the OpenAI envelope of
+them: the proxied paths from ``PROXIED_PATHS``, the page's from ``ui``, and every
+error code from ``ERROR_KINDS`` (an error answer is always the OpenAI envelope of
 :func:`~rosterd.router.openai_errors.error_body`). It describes what rosterd
 checks itself (a JSON object with a ``model`` string); the rest of an OpenAI
 request is the backend's to judge. A plain dict, not a framework's generator:
@@ -111,6 +111,7 @@ _PROXY_CODES = (
     "model_missing",
     "model_not_found",
     "body_too_large",
+    "not_supported",
     "backend_error",
     *_ADMIN_CODES[2:],
     "evicted",
