@@ -146,17 +146,16 @@ def test_embeddings_on_a_real_llama_server_without_the_flag_say_how_to_enable_th
         f"model_roots: [{tiny_gguf.parent}]\n"
     )
     up = start_up([str(roster), "--fleet", str(fleet), "--no-warm-up"], tmp_path, pick_free_port())
-    sent: list[str] = []
     try:
-        http_client = httpx.Client(
-            trust_env=False, event_hooks={"request": [lambda r: sent.append(r.url.path)]}
-        )
-        with openai.OpenAI(
-            base_url=f"{up.url}/v1", api_key="unused", http_client=http_client
-        ) as client:
+        with openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused") as client:
             with pytest.raises(openai.BadRequestError) as refused:
                 client.embeddings.create(model="chatter", input=["hello"])
-            assert sent == ["/v1/embeddings"]  # the client did not retry
+            counted = httpx.get(f"{up.url}/metrics", trust_env=False, timeout=10).text
+            # One request, answered 400: the client (max_retries 2) did not retry.
+            assert (
+                'rosterd_requests_total{code="400",endpoint="embeddings",role="chatter"} 1.0'
+                in counted
+            ), counted
             assert refused.value.code == "not_supported"
             message = refused.value.message
             assert "role 'chatter' does not serve embeddings (it answered 501" in message
