@@ -16,7 +16,7 @@ import uvicorn
 from backend_helpers import NoLiveness, pick_free_port
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.router.streams import LiveStreams
-from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler
+from rosterd.scheduler import Endpoint, NodeScheduler, RoleBackends, Scheduler
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 
 MIB = 2**20
@@ -42,15 +42,24 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(tmp_path: Path, *, config: RouterConfig | None = None) -> AsyncIterator[Served]:
-    """Serve :data:`ROLES` (model names ``<role>-m``) with logs in ``tmp_path/logs``."""
+async def serve(
+    tmp_path: Path,
+    *,
+    config: RouterConfig | None = None,
+    backends: RoleBackends | None = None,
+    capacity_bytes: int = 100 * MIB,
+) -> AsyncIterator[Served]:
+    """Serve :data:`ROLES` (model names ``<role>-m``, 1 MiB each) with logs in
+    ``tmp_path/logs``, on one node ``n1`` of ``capacity_bytes`` whose roles
+    ``backends`` start (default :class:`NoBackends`)."""
     specs = {
         r: InferenceSpec(
             role=r, flavor=InferFlavor.LLAMACPP, model=f"{r}-m", memory=MemorySpec(MIB)
         )
         for r in ROLES
     }
-    scheduler = Scheduler({"n1": NodeScheduler("n1", 100 * MIB, specs, NoBackends())})
+    node = NodeScheduler("n1", capacity_bytes, specs, backends or NoBackends())
+    scheduler = Scheduler({"n1": node})
     logs = tmp_path / "logs"
     logs.mkdir()
     streams = LiveStreams()

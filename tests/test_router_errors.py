@@ -16,6 +16,7 @@ from starlette.types import Message
 
 from rosterd.router import ERROR_KINDS, RouterError, error_body
 from rosterd.router.openai_errors import (
+    LIMIT_OPTIONS,
     retry_after_header,
     revoked_error,
     scheduler_error,
@@ -59,6 +60,7 @@ TABLE: dict[str, tuple[int, str, str | None]] = {
     "method_not_allowed": (405, "invalid_request_error", None),
     "request_timeout": (408, "invalid_request_error", None),
     "body_too_large": (413, "invalid_request_error", None),
+    "not_supported": (400, "invalid_request_error", None),
     "invalid_config": (422, "invalid_request_error", None),
     "queue_full": (429, "rate_limit_error", None),
     "internal_error": (500, "server_error", None),
@@ -163,7 +165,9 @@ def test_scheduler_refusals_map_to_their_code(
     with pytest.raises(RouterError) as caught, scheduler_errors():
         raise exc
     err = caught.value
-    assert (err.code, err.status, err.message) == (code, status, str(exc))
+    option = LIMIT_OPTIONS.get(code)
+    said = f"{exc}; rosterd up's {option} sets the limit" if option else str(exc)
+    assert (err.code, err.status, err.message) == (code, status, said)
     assert err.headers().get("Retry-After") == retry_after
     assert err.__cause__ is exc
 
@@ -250,3 +254,24 @@ def test_a_backend_5xx_answer_maps_to_502_quoting_its_body() -> None:
     err = upstream_status_error("chat", 500, "x" * 2000)
     assert (err.status, err.err_type, err.code) == (502, "upstream_error", "backend_error")
     assert err.message == f"backend of role 'chat' answered 500: {'x' * 500}"
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_a_genuine_backend_failure_stays_502(status: int) -> None:
+    err = upstream_status_error("chat", status, '{"error": {"message": "boom"}}', endpoint="chat")
+    assert (err.status, err.code) == (502, "backend_error")
+
+
+def test_a_backend_501_is_400_not_supported_saying_how_to_enable_embeddings() -> None:
+    body = (
+        '{"error": {"code": 501, "message": "no embeddings here", "type": "not_supported_error"}}'
+    )
+    err = upstream_status_error("emb", 501, body, endpoint="embeddings")
+    assert (err.status, err.err_type, err.code) == (400, "invalid_request_error", "not_supported")
+    assert err.message.startswith(
+        "the backend of role 'emb' does not serve embeddings (it answered 501: no embeddings "
+        "here); to enable them, add --embeddings to extra_args"
+    )
+    other = upstream_status_error("chat", 501, "not here", endpoint="completions")
+    assert other.code == "not_supported"
+    assert "does not serve completions (it answered 501: not here)" in other.message

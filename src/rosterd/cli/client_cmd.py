@@ -2,9 +2,10 @@
 talk to a running ``rosterd up`` over HTTP (layer 8).
 
 ``--url`` (default ``http://127.0.0.1:8400``) says where it listens; ``--api-key``
-or ``ROSTERD_API_KEY`` when it requires one. Nothing answering is exit 3
-(:class:`~rosterd.cli.edge.NotRunningError`); a refusal (unknown role, wrong key,
-a load that failed) is exit 2 with rosterd up's message.
+or ``ROSTERD_API_KEY`` when it requires one (a trailing ``/v1``, the OpenAI base
+URL, is taken as the same place). Nothing answering is exit 3
+(:class:`~rosterd.cli.edge.NotRunningError`); a refusal (unknown role, a missing
+or wrong key, a load that failed) is exit 2 with rosterd up's message.
 
 The HTTP client is the standard library's ``http.client``: one request and one
 JSON answer need nothing more, and it imports in a few milliseconds where httpx
@@ -40,6 +41,9 @@ KeyOption = Annotated[
 def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
     """An HTTP connection to ``url``'s host and the path prefix of ``url`` (no slash at end).
 
+    A trailing ``/v1`` (or ``/v1/``) is dropped: it is the OpenAI clients' base URL
+    of the same ``rosterd up``, whose own paths (``/rosterd/...``) are beside it.
+
     Raises:
         RosterdError: ``url`` is not ``http://HOST[:PORT][/PREFIX]`` (or https).
     """
@@ -58,7 +62,33 @@ def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection,
     conn_type = (
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
-    return conn_type(parts.hostname, port, timeout=timeout_s), parts.path.rstrip("/")
+    prefix = parts.path.rstrip("/").removesuffix("/v1")
+    return conn_type(parts.hostname, port, timeout=timeout_s), prefix
+
+
+def refusal(status: int, body: bytes, api_key: str | None) -> RosterdError:
+    """The error of rosterd up's 4xx/5xx answer ``body``: its OpenAI message after the
+    status. A 401 says how to give the key (``--api-key``, ``ROSTERD_API_KEY``), or that
+    the one given (``api_key``) is not accepted."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    said = message or text[:300]
+    if status == 401:
+        if api_key:
+            return RosterdError(
+                f"401: rosterd up does not accept the API key given (--api-key or "
+                f"ROSTERD_API_KEY); pass one of the keys it was started with ({said})"
+            )
+        return RosterdError(
+            f"401: rosterd up requires an API key: pass --api-key KEY or set "
+            f"ROSTERD_API_KEY ({said})"
+        )
+    return RosterdError(f"{status}: {said}")
 
 
 def call(method: str, url: str, path: str, api_key: str | None, timeout_s: float) -> Any:
@@ -88,16 +118,15 @@ def call(method: str, url: str, path: str, api_key: str | None, timeout_s: float
         ) from None
     finally:
         connection.close()
+    if response.status >= 400:
+        raise refusal(response.status, body, api_key)
     text = body.decode("utf-8", errors="replace")
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except ValueError:
-        data = {"error": {"message": text[:300]}}
-    if response.status >= 400:
-        error = data.get("error") if isinstance(data, dict) else None
-        message = error.get("message") if isinstance(error, dict) else None
-        raise RosterdError(f"{response.status}: {message or text[:300]}")
-    return data
+        raise RosterdError(
+            f"rosterd up at {url} answered {path} with no JSON: {text[:300]!r}"
+        ) from None
 
 
 def role_path(action: str, role: str) -> str:
@@ -225,9 +254,12 @@ def load_cmd(
     """Make ROLE resident now (evicting idle roles if the policy allows)."""
     started = time.monotonic()
     data = call("POST", url, role_path("load", role), api_key, 3600.0)
+    # ``evicted`` is missing from an older rosterd up's answer: nothing is said then.
+    evicted = data.get("evicted") or []
+    made_room = f"; evicted {', '.join(evicted)} to make room" if evicted else ""
     _say(
         f"{data['role']} is resident on {data['node']} at {data['base_url']} "
-        f"({time.monotonic() - started:.1f} s)"
+        f"({time.monotonic() - started:.1f} s){made_room}"
     )
 
 

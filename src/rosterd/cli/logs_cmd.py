@@ -9,14 +9,13 @@ wrote them. Like ``ps``, it talks ``http.client`` and imports nothing heavy.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated
 
 import typer
 
 from rosterd.cli import DEFAULT_URL, app
-from rosterd.cli.client_cmd import KeyOption, UrlOption, _connection, role_path
+from rosterd.cli.client_cmd import KeyOption, UrlOption, _connection, refusal, role_path
 from rosterd.errors import NotRunningError, RosterdError
 
 #: Seconds to wait for ``rosterd up`` to connect and answer (a followed log then waits forever).
@@ -25,18 +24,6 @@ ANSWER_TIMEOUT_S = 30.0
 MAX_LINES = 10_000
 #: Bytes copied to stdout per read.
 COPY_BLOCK_BYTES = 64 * 1024
-
-
-def _refusal(status: int, body: bytes) -> RosterdError:
-    """The error of a 4xx/5xx answer: its OpenAI message after the status."""
-    text = body.decode("utf-8", errors="replace")
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    error = data.get("error") if isinstance(data, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    return RosterdError(f"{status}: {message or text[:300]}")
 
 
 def _line_count(given: str) -> int:
@@ -84,7 +71,7 @@ def logs_cmd(
                 "`rosterd up ROSTER` or pass --url"
             ) from None
         if response.status >= 400:
-            raise _refusal(response.status, response.read())
+            raise refusal(response.status, response.read(), api_key)
         if follow and connection.sock is not None:
             connection.sock.settimeout(None)  # a quiet backend writes nothing for a long time
         try:

@@ -31,7 +31,8 @@ Endpoints:
 - ``GET /health``, ``GET /status`` (JSON: nodes, resident roles, memory, queue),
   ``GET /metrics`` (Prometheus).
 - ``GET /rosterd/ps``, ``GET /rosterd/events``, ``POST /rosterd/load/{role}``,
-  ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to;
+  ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to (a load
+  answers ``evicted``: the roles stopped to make room for it);
   ``{role}`` must be a plain token of at most 64 bytes (else 400 ``invalid_role``).
 - ``GET /rosterd/logs/{role}`` (``?lines=N``, ``?follow=1``): the role's backend log.
 - ``GET /`` and ``/ui`` (the page, its files under ``/ui/static/``; no key needed:
@@ -43,7 +44,8 @@ Every error is OpenAI-shaped: ``{"error": {"message", "type", "code"}}``, with
 404 for an unknown model (naming the known ones, and why a known role is not
 served here), 413 for a body over the
 limit, 401 for a missing or wrong API key, 429 (queue full) and 503 (queue
-timeout, shutting down) with ``Retry-After``, 502 when the backend fails. A
+timeout, shutting down) with ``Retry-After``, 502 when the backend fails, 400
+``not_supported`` when it answers 501 (it does not serve the endpoint). A
 stream cut after it started (the backend stopped or failed, or the drain time
 at shutdown ran out) ends with an SSE error event, ``data: {"error": {...}}``.
 """

@@ -41,7 +41,7 @@ from rosterd.router.routing import (
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
-from rosterd.scheduler import Scheduler
+from rosterd.scheduler import Scheduler, SchedulerEvent
 from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.router")
@@ -191,11 +191,18 @@ def create_app(
         try:
             with scheduler_errors():
                 role = admin_role(request)
+                before = scheduler.events()
                 lease = await scheduler.load(role)
         except RouterError as err:
             return error_response(err)
         return JSONResponse(
-            {"role": role, "node": lease.node, "base_url": lease.endpoint.base_url, "ready": True}
+            {
+                "role": role,
+                "node": lease.node,
+                "base_url": lease.endpoint.base_url,
+                "ready": True,
+                "evicted": evicted_for(role, lease.node, before, scheduler.events()),
+            }
         )
 
     async def unload(request: Request) -> Response:
@@ -291,6 +298,24 @@ def create_app(
         expose_headers=["Retry-After"],
         max_age=600,
     )
+
+
+def evicted_for(
+    role: str, node: str, before: Sequence[SchedulerEvent], after: Sequence[SchedulerEvent]
+) -> list[str]:
+    """The roles stopped on ``node`` to make room for ``role`` (for the policy or an
+    exclusion) among the events of ``after`` not in ``before`` (two reads of
+    ``Scheduler.events()``, around a load), in the order they stopped."""
+    seen = {id(event) for event in before}  # ``before`` keeps them alive: ids stay unique
+    prefix = f"evicted for {role}:"
+    return [
+        event.role
+        for event in after
+        if id(event) not in seen
+        and event.node == node
+        and event.kind == "stopped"
+        and event.cause.startswith(prefix)
+    ]
 
 
 class ProxyFirst:

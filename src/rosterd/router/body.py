@@ -68,7 +68,9 @@ async def _read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
 
 def _too_large(limit_bytes: int) -> RouterError:
     return RouterError(
-        "body_too_large", f"request body is larger than the limit of {limit_bytes} bytes"
+        "body_too_large",
+        f"request body is larger than the limit of {limit_bytes} bytes "
+        "(rosterd up's --max-body sets it)",
     )
 
 

@@ -91,6 +91,9 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         # The client did not send its headers or body within --request-read-timeout.
         "request_timeout": ErrorKind(408, INVALID_REQUEST, headers=(("Connection", "close"),)),
         "body_too_large": ErrorKind(413, INVALID_REQUEST),
+        # The role's backend does not serve this endpoint (llama-server's 501 for embeddings
+        # without --embeddings): the request's fault, not worth a retry.
+        "not_supported": ErrorKind(400, INVALID_REQUEST),
         # A reload refused: the files are invalid (file, line, column in the message).
         "invalid_config": ErrorKind(422, INVALID_REQUEST),
         "queue_full": ErrorKind(429, RATE_LIMIT),  # Retry-After: the scheduler's estimate
@@ -203,11 +206,22 @@ SCHEDULER_CODES: Mapping[type[SchedulerError], str] = MappingProxyType(
 )
 
 
+#: Error code -> the option of ``rosterd up`` that sets the limit it hit, named in its message.
+LIMIT_OPTIONS: Mapping[str, str] = MappingProxyType(
+    {"queue_timeout": "--queue-timeout", "queue_full": "--max-queue"}
+)
+
+
 def scheduler_error(exc: SchedulerError) -> RouterError:
-    """The answer to a scheduler refusal: its code from :data:`SCHEDULER_CODES`, its message,
-    and its ``retry_after_s`` when it carries one (else the table's default)."""
+    """The answer to a scheduler refusal: its code from :data:`SCHEDULER_CODES`, its message
+    (naming the option of :data:`LIMIT_OPTIONS` that sets the limit, if any), and its
+    ``retry_after_s`` when it carries one (else the table's default)."""
     code = next(SCHEDULER_CODES[c] for c in type(exc).__mro__ if c in SCHEDULER_CODES)
-    return RouterError(code, str(exc), retry_after_s=exc.retry_after_s)
+    message = str(exc)
+    option = LIMIT_OPTIONS.get(code)
+    if option is not None and option not in message:
+        message += f"; rosterd up's {option} sets the limit"
+    return RouterError(code, message, retry_after_s=exc.retry_after_s)
 
 
 @contextlib.contextmanager
@@ -246,7 +260,50 @@ def upstream_errors(role: str, *, mid_stream: bool = False) -> Iterator[None]:
         raise RouterError("backend_error", message) from exc
 
 
-def upstream_status_error(role: str, status: int, text: str) -> RouterError:
-    """The answer when ``role``'s backend answered a 5xx ``status`` with body ``text``:
-    502 ``backend_error`` quoting at most 500 characters of it."""
+#: The status a backend answers for an endpoint it does not serve (RFC 9110 §15.6.2).
+NOT_IMPLEMENTED = 501
+
+#: What to do when a role's backend does not serve an endpoint, per proxied path's label.
+_ENABLE_HINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "embeddings": (
+            "to enable them, add --embeddings to extra_args of the role's model in the fleet "
+            "file's models: section (e.g. models: {MODEL: {path: ..., extra_args: "
+            "[--embeddings, --pooling, mean]}}; --pooling mean for a GGUF that sets no pooling "
+            "type), then run rosterd reload"
+        ),
+    }
+)
+
+
+def upstream_status_error(
+    role: str, status: int, text: str, *, endpoint: str = "requests"
+) -> RouterError:
+    """The answer when ``role``'s backend answered a 5xx ``status`` with body ``text``.
+
+    501 (llama-server's "This server does not support embeddings", without
+    ``--embeddings``) is the request's fault, not the backend's: 400
+    ``not_supported`` saying the role's backend does not serve ``endpoint`` (a
+    label of ``PROXIED_PATHS``) and how to enable it, so clients do not retry it.
+    Any other 5xx is 502 ``backend_error`` quoting at most 500 characters of the
+    body; a 501 quotes its OpenAI ``error.message`` when the body has one.
+    """
+    if status == NOT_IMPLEMENTED:
+        hint = _ENABLE_HINTS.get(endpoint, "it cannot answer this endpoint")
+        return RouterError(
+            "not_supported",
+            f"the backend of role {role!r} does not serve {endpoint} (it answered {status}: "
+            f"{_backend_message(text)[:500]}); {hint}",
+        )
     return RouterError("backend_error", f"backend of role {role!r} answered {status}: {text[:500]}")
+
+
+def _backend_message(text: str) -> str:
+    """``error.message`` of an OpenAI-shaped error body (llama-server's are), else ``text``."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else text

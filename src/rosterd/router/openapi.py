@@ -2,8 +2,8 @@
 at ``GET /openapi.json``.
 
 The document is built from the router's own tables, so it cannot drift from
-them: the proxied paths from ``PROXIED_PATHS`` and every error code from
-``ERROR_KINDS`` (an error answer is always the OpenAI envelope of
+them: the proxied paths from ``PROXIED_PATHS``, the page's from ``ui``, and every
+error code from ``ERROR_KINDS`` (an error answer is always the OpenAI envelope of
 :func:`~rosterd.router.openai_errors.error_body`). It describes what rosterd
 checks itself (a JSON object with a ``model`` string); the rest of an OpenAI
 request is the backend's to judge. A plain dict, not a framework's generator:
@@ -17,8 +17,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from rosterd.router.logs import DEFAULT_LINES, MAX_LINES
 from rosterd.router.openai_errors import ERROR_KINDS
 from rosterd.router.routing import PROXIED_PATHS
+from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX
 
 _JSON = "application/json"
 _ERROR_REF: dict[str, Any] = {"$ref": "#/components/schemas/Error"}
@@ -45,8 +47,11 @@ def _ok(schema: dict[str, Any], media: str = _JSON) -> dict[str, Any]:
     return {"200": {"description": "OK", "content": {media: {"schema": schema}}}}
 
 
-def _get(summary: str, schema: dict[str, Any], *codes: str, **extra: Any) -> dict[str, Any]:
-    return {"get": {"summary": summary, "responses": {**_ok(schema), **_errors(*codes)}, **extra}}
+def _get(
+    summary: str, schema: dict[str, Any], *codes: str, media: str = _JSON, **extra: Any
+) -> dict[str, Any]:
+    responses = {**_ok(schema, media), **_errors(*codes)}
+    return {"get": {"summary": summary, "responses": responses, **extra}}
 
 
 _ROLE_PARAM: dict[str, Any] = {
@@ -57,6 +62,39 @@ _ROLE_PARAM: dict[str, Any] = {
     "schema": {"type": "string"},
 }
 _OBJECT: dict[str, Any] = {"type": "object"}
+#: ``POST /rosterd/load/{role}``'s answer; ``evicted``: the roles stopped to make room for it.
+_LOAD: dict[str, Any] = {
+    "type": "object",
+    "required": ["role", "node", "base_url", "ready", "evicted"],
+    "properties": {
+        "role": {"type": "string"},
+        "node": {"type": "string"},
+        "base_url": {"type": "string"},
+        "ready": {"type": "boolean"},
+        "evicted": {"type": "array", "items": {"type": "string"}},
+    },
+}
+_LOG_PARAMS: list[dict[str, Any]] = [
+    {
+        "name": "lines",
+        "in": "query",
+        "description": f"lines of the end to send (default {DEFAULT_LINES})",
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LINES},
+    },
+    {
+        "name": "follow",
+        "in": "query",
+        "description": "1: keep sending what the backend writes next (never ends)",
+        "schema": {"enum": [0, 1]},
+    },
+]
+_STATIC_PARAM: dict[str, Any] = {
+    "name": "path",
+    "in": "path",
+    "required": True,
+    "description": "a file of the page",
+    "schema": {"type": "string"},
+}
 _ADMIN_CODES = (
     "invalid_role",
     "model_not_found",
@@ -73,6 +111,7 @@ _PROXY_CODES = (
     "model_missing",
     "model_not_found",
     "body_too_large",
+    "not_supported",
     "backend_error",
     *_ADMIN_CODES[2:],
     "evicted",
@@ -122,13 +161,51 @@ def openapi_document() -> dict[str, Any]:
         ),
         "/rosterd/ps": _get("what is resident, per node", _OBJECT),
         "/rosterd/events": _get("the scheduler's recent events", _OBJECT),
+        "/rosterd/events/stream": {
+            "get": {
+                "summary": "the scheduler's events live, with /status snapshots (never ends)",
+                "responses": {**_ok({"type": "string"}, "text/event-stream"), **_errors()},
+            }
+        },
+        "/rosterd/logs/{role}": {
+            "get": {
+                "summary": "the end of a role's backend log; with follow=1, what it writes next",
+                "parameters": [_ROLE_PARAM, *_LOG_PARAMS],
+                "responses": {
+                    **_ok({"type": "string"}, "text/plain"),
+                    **_errors("bad_request", "invalid_role", "model_not_found", "not_found"),
+                },
+            }
+        },
+        "/rosterd/reload": {
+            "post": {
+                "summary": "re-read the roster, overlay and fleet; apply them if valid "
+                "(404 when this process cannot reload)",
+                "responses": {**_ok(_OBJECT), **_errors("invalid_config", "not_found")},
+            }
+        },
+        # The live page and its files: no API key needed, they hold no data.
+        **{
+            path: _get("the live page", {"type": "string"}, media="text/html")
+            for path in PAGE_PATHS
+        },
+        STATIC_PREFIX + "{path}": _get(
+            "the page's files (CSS, script)",
+            {"type": "string"},
+            "not_found",
+            media="*/*",
+            parameters=[_STATIC_PARAM],
+        ),
     }
     for action, summary in (("load", "load a role and wait"), ("unload", "unload a role")):
         paths[f"/rosterd/{action}/{{role}}"] = {
             "post": {
                 "summary": summary,
                 "parameters": [_ROLE_PARAM],
-                "responses": {**_ok(_OBJECT), **_errors(*_ADMIN_CODES)},
+                "responses": {
+                    **_ok(_LOAD if action == "load" else _OBJECT),
+                    **_errors(*_ADMIN_CODES),
+                },
             }
         }
     for path, label in PROXIED_PATHS.items():

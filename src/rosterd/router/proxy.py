@@ -325,7 +325,7 @@ class Proxy:
             if upstream.status >= 500:
                 with upstream_errors(role):
                     text = (await upstream.read()).decode(errors="replace")
-                raise upstream_status_error(role, upstream.status, text)
+                raise upstream_status_error(role, upstream.status, text, endpoint=self.label)
             stream = content_type.startswith("text/event-stream")
             length = upstream.content_length
             if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
