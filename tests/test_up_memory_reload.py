@@ -5,7 +5,9 @@ runs stopped by their handles.
   counted), its peak is recorded in the state folder under the new configuration's
   settings, and a changed fleet ``max_concurrency`` is the node's limit from then on
   (real llama-server processes on the tiny GGUFs);
-- an ollama role counts the roster's figure until ollama held it, then the size
+- an ollama role is loaded under the roster's ``name``, an ollama tag
+  (``llama3.2:1b``: the import keeps no model for a name with a colon, as the
+  reference does), and counts the roster's figure until ollama held it, then the size
   ollama reported (``/api/ps``): in ``/status`` during the run, and as its measured
   figure and estimate on the next ``rosterd plan``. Ollama cannot run on the test
   machine, so the FAKE ollama of ``tests/fake_ollama.py`` (Ollama's documented
@@ -140,8 +142,8 @@ async def test_an_ollama_role_counts_the_size_ollama_reported_once_loaded(
     (tmp_path / "bin").mkdir()
     binary = fake_ollama_binary(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{binary.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    monkeypatch.setenv("FAKE_OLLAMA_MODELS", f"llama3.2-1b={OLLAMA_SIZE}")
-    entry = {**llama_entry("small", "llama3.2-1b", 0.5, 11434), "backend": "ollama"}
+    monkeypatch.setenv("FAKE_OLLAMA_MODELS", f"llama3.2:1b={OLLAMA_SIZE}")
+    entry = {**llama_entry("small", "llama3.2:1b", 0.5, 11434), "backend": "ollama"}
     roster = write_roster(tmp_path / "roster.yaml", [entry])
     fleet = _fleet(tmp_path / "fleet.yaml", {})
     state = tmp_path / "state"

@@ -169,7 +169,10 @@ class SupervisorBackends:
     roster's ports and let the OS pick free ones (roles without a port always
     get one); ``ready_timeout_s``: readiness deadline, seconds (``None``: the
     supervisor's, which grows with the weights' size); ``adapters``: flavor ->
-    adapter (default ``adapter_for``).
+    adapter (default ``adapter_for``); ``model_names``: role -> the name a shared server
+    knows the role's model by when its spec names none (the roster's own ``name``: an
+    ollama tag such as ``llama3.1:8b`` is no plain token, so the import keeps no model
+    for it, as roster.rs does); otherwise the spec's model, then the role id.
 
     Roles of a flavor with one shared server per node (an adapter whose
     ``shared_server`` is set: ollama) are not processes: the first start runs
@@ -196,8 +199,10 @@ class SupervisorBackends:
         ready_timeout_s: float | None = None,
         adapters: Callable[[InferFlavor], Adapter] = adapter_for,
         node: str = "node",
+        model_names: Mapping[str, str] | None = None,
     ) -> None:
         self.supervisor = supervisor
+        self.model_names = dict(model_names or {})
         self.specs = dict(specs)
         self.host = host
         self.resolve_weights = resolve_weights
@@ -321,6 +326,10 @@ class SupervisorBackends:
 
     # ---- shared servers (ollama) ----------------------------------------------
 
+    def _model_of(self, spec: InferenceSpec) -> str:
+        """The name the shared server knows ``spec``'s model by (see ``model_names``)."""
+        return spec.model or self.model_names.get(spec.role) or spec.role
+
     def _shared_name(self, flavor: InferFlavor) -> str:
         return f"{flavor.id}.{self.node}"
 
@@ -338,7 +347,7 @@ class SupervisorBackends:
 
     async def _load_shared(self, spec: InferenceSpec, shared: SharedServer) -> Endpoint:
         server = await self._shared_server(spec, shared)
-        model = spec.model or spec.role
+        model = self._model_of(spec)
         timeout = self.ready_timeout_s or ready_timeout_for(spec.memory.weights_bytes)
         async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
             await shared.load(client, model, timeout_s=timeout)
@@ -374,13 +383,13 @@ class SupervisorBackends:
             async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
                 resident = await self._resident_or_none(client, shared)
             for spec in specs:
-                self._note_size(spec.role, (resident or {}).get(spec.model or spec.role, 0))
+                self._note_size(spec.role, (resident or {}).get(self._model_of(spec), 0))
 
     async def _unload_shared(self, spec: InferenceSpec, shared: SharedServer) -> None:
         server = self.supervisor.backend(self._shared_name(spec.flavor))
         if server is None:
             return  # no server: nothing is loaded
-        model = spec.model or spec.role
+        model = self._model_of(spec)
         async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
             if spec.role in self._started:  # its figure, before the memory is given back
                 resident = await self._resident_or_none(client, shared)

@@ -335,6 +335,7 @@ class RayFleet:
         specs: Mapping[str, InferenceSpec],
         *,
         repos: Mapping[str, str | None] | None = None,
+        model_names: Mapping[str, str] | None = None,
         on_event: Callable[[BackendEvent], None] | None = None,
         state_root: str | None = None,
         auto_ports: bool = False,
@@ -345,7 +346,8 @@ class RayFleet:
 
         ``specs``: role -> spec of the roles planned on it; ``repos``: role ->
         roster repo (weights are resolved on the node with the fleet's
-        ``models``); ``on_event``: hears its backend events (wire it where
+        ``models``); ``model_names``: role -> the roster's ``name`` (``AgentConfig``);
+        ``on_event``: hears its backend events (wire it where
         ``Supervisor(on_event=...)`` goes); ``state_root``: the folder on the
         node under which ``nodes/<node>/`` keeps logs and pid records
         (``None``: that machine's ``$XDG_STATE_HOME/rosterd``); ``auto_ports``,
@@ -371,6 +373,7 @@ class RayFleet:
             specs=dict(specs),
             fleet=self.fleet,
             repos=dict(repos or {}),
+            model_names=dict(model_names or {}),
             state_root=state_root,
             auto_ports=auto_ports,
             ready_timeout_s=ready_timeout_s,

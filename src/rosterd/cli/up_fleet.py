@@ -187,6 +187,7 @@ class UpFleet:
         on_event: Callable[[BackendEvent], None],
         state_root: str | None,
         auto_ports: bool,
+        model_names: Mapping[str, str] | None = None,
         grace_s: float,
     ) -> dict[str, AgentBackends]:
         """Start every agent node's agent (concurrently); node -> its backends boundary.
@@ -216,6 +217,7 @@ class UpFleet:
                 node,
                 specs_of.get(node, {}),
                 repos=repos,
+                model_names=model_names,
                 on_event=forward(node),
                 state_root=state_root,
                 auto_ports=auto_ports,
@@ -235,6 +237,7 @@ class UpFleet:
         metrics: RosterdMetrics,
         state_root: str | None,
         memory: RosterMemory | None = None,
+        model_names: Mapping[str, str] | None = None,
     ) -> dict[str, NodeScheduler]:
         """Start the agents (:meth:`start_agents`) and give each agent node its scheduler,
         over that agent's backends boundary, for the roles the served plan puts there.
@@ -242,7 +245,8 @@ class UpFleet:
         ``specs``: role -> spec; ``options``: the run's limits, ports and grace;
         ``memory``: each role then counts its figure on its node
         (``RosterMemory.node_specs``), ``/status`` shows the figures, and the node's
-        ``max_concurrency`` (default: its roles' slots) holds, as on this machine.
+        ``max_concurrency`` (default: its roles' slots) holds, as on this machine;
+        ``model_names``: role -> the roster's ``name`` (``SupervisorBackends``).
         Weights are resolved on the node when a role starts (a missing file is that
         load's error): this machine's files say nothing of another machine's.
         """
@@ -256,6 +260,7 @@ class UpFleet:
         agents = await self.start_agents(
             specs_of,
             repos=repos,
+            model_names=model_names,
             on_event=on_event,
             state_root=state_root,
             auto_ports=options.auto_backend_ports,

@@ -167,6 +167,7 @@ def served_config(
             resolve_weights=weights_for,
             auto_ports=auto_ports,
             node=node.name,
+            model_names={role: s.name for role, s in by_role.items()},
         )
         figures = (
             {r: memory.roles[r].as_json(node.name) for r in specs if r in memory.roles}

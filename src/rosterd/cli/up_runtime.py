@@ -323,6 +323,7 @@ class UpRun:
                     metrics=metrics,
                     state_root=str(state_dir) if options.state_dir is not None else None,
                     memory=memory,
+                    model_names={role: s.name for role, s in first_by_role(roster).items()},
                 )
                 # An agent measures its node's backends there; the peaks are kept here.
                 self._backends.update(ray.agents)

@@ -56,7 +56,8 @@ class AgentConfig:
     ``node``: the fleet node's name; ``host``: the address its backends listen on
     (the node's ``address``); ``specs``: role -> spec of the roles planned on it;
     ``fleet``: its ``models``/``model_roots`` resolve the weights, on the node;
-    ``repos``: role -> the roster's Hugging Face repo; ``state_root``: the folder
+    ``repos``: role -> the roster's Hugging Face repo; ``model_names``: role -> the
+    roster's ``name`` (as ``SupervisorBackends``' ``model_names``); ``state_root``: the folder
     under which the agent keeps ``nodes/<node>/`` (``None``: the node's
     :func:`default_state_root`); ``auto_ports``, ``ready_timeout_s`` (seconds):
     as ``SupervisorBackends``; ``grace_s``: SIGTERM to SIGKILL, seconds.
@@ -67,6 +68,7 @@ class AgentConfig:
     specs: Mapping[str, InferenceSpec]
     fleet: Fleet
     repos: Mapping[str, str | None] = field(default_factory=dict)
+    model_names: Mapping[str, str] = field(default_factory=dict)
     state_root: str | None = None
     auto_ports: bool = False
     ready_timeout_s: float | None = None
@@ -179,6 +181,7 @@ class NodeAgent:
                 auto_ports=self.config.auto_ports,
                 ready_timeout_s=self.config.ready_timeout_s,
                 node=self.config.node,
+                model_names=self.config.model_names,
             )
         return AgentInfo(self.config.node, os.getpid(), str(self.state_dir), self._reaped)
 
