@@ -111,8 +111,8 @@ def test_embeddings_through_the_router_with_extra_args(
     )
     up = start_up([str(roster), "--fleet", str(fleet), "--no-warm-up"], tmp_path, pick_free_port())
     try:
-        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0)
-        reply = client.embeddings.create(model="embedder", input=["hello", "world"])
+        with openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0) as client:
+            reply = client.embeddings.create(model="embedder", input=["hello", "world"])
         assert [len(d.embedding) for d in reply.data] == [64, 64]  # the tiny model's n_embd
         assert reply.data[0].embedding != reply.data[1].embedding
     finally:
