@@ -185,3 +185,33 @@ async def test_an_ollama_role_counts_the_size_ollama_reported_once_loaded(
     assert figures["estimated_bytes"] == OLLAMA_SIZE  # ollama's own figure is its estimate
     assert figures["counted_bytes"] == OLLAMA_SIZE  # above ram_gb's 0.5 GiB
     assert "ollama reported" in figures["estimate_note"]
+
+
+async def test_a_reload_plans_with_the_counted_figure_as_the_start_does(tmp_path: Path) -> None:
+    prepare_example_models()
+    # ram_gb 0.001 (1 MiB): far below tiny-a's estimate; no backend is started here.
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.001, 18983)])
+    models: dict[str, object] = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
+    fleet = _fleet(tmp_path / "fleet.yaml", models)
+    options = UpOptions(
+        roster_path=roster,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        auto_backend_ports=True,
+        warm_up=False,
+    )
+    seen: dict[str, Any] = {}
+
+    async def shrink(client: httpx.AsyncClient) -> None:
+        # 10 MiB: room for ram_gb's 1 MiB, not for what tiny-a is estimated to hold.
+        _fleet(fleet, models, memory_gb=0.01, reserved_gb=0)
+        answer = await client.post("/rosterd/reload")
+        assert answer.status_code == 200, answer.text
+        seen["status"] = (await client.get("/status")).json()
+
+    await _serve(options, shrink)
+    [(role, reason)] = seen["status"]["unplaced"]
+    assert role == "tiny"
+    assert "counted from the estimate from its weights" in reason
+    assert "the roster's ram_gb says 0.00 GiB" in reason

@@ -7,9 +7,11 @@ process serves (:class:`Served`: one ``NodeConfig`` per local node); ``up`` uses
 at start, and :class:`ConfigReloader` on every reload.
 
 A reload (``POST /rosterd/reload``, SIGHUP, or ``--watch`` noticing a file
-changed) imports the roster and overlay, reads the fleet, plans with the plan
-in force as ``previous`` (sticky roles stay on their node), resolves the
-weights, and only then applies the result in one step:
+changed) imports the roster and overlay, reads the fleet, gathers every role's
+memory figures again (:func:`plan_config`: the largest of ``ram_gb``, the
+estimate and the measured peak, as at start), plans with the plan in force as
+``previous`` (sticky roles stay on their node), resolves the weights, and only
+then applies the result in one step:
 ``Scheduler.apply_plan`` and ``RouteTable.replace``. New roles become
 routable, removed roles drain and stop, roles whose launch changed restart
 when idle, the others keep running. A file that does not import, read or plan
@@ -31,7 +33,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,6 +101,42 @@ def read_config(options: UpOptions) -> tuple[ImportedRoster, Fleet]:
     roster = load_roster(options.roster_path, options.overlay_path)
     fleet = load_fleet(options.fleet_path) if options.fleet_path is not None else local_fleet()
     return roster, fleet
+
+
+async def plan_config(
+    roster: ImportedRoster,
+    fleet: Fleet,
+    previous: Plan | None,
+    options: UpOptions,
+    memory: RosterMemory,
+    *,
+    after_plan: Callable[[], None] = lambda: None,
+) -> Plan:
+    """The plan of ``roster`` on ``fleet`` as ``up`` makes it: each role counting its
+    planning figure from ``memory`` (unplaced reasons name both numbers), ``previous``
+    kept where it still fits, then the port check unless ``options`` has
+    ``--auto-backend-ports``. The solver runs in a thread (up to its time limit),
+    so the loop keeps serving; ``after_plan()`` runs once it returned."""
+    specs = memory.planning_specs(s.spec for s in roster.specs)
+    try:
+        result = await asyncio.to_thread(
+            plan, specs, fleet, previous, memory_notes=memory.reason_notes()
+        )
+    finally:
+        after_plan()
+    if not options.auto_backend_ports:  # the same port check as at start
+        result = check_ports(result, roster, fleet, router_port=options.port)
+    return result
+
+
+def restarted_roles(old: Served, new: Served) -> list[str]:
+    """Roles served by both whose launch changed outside their spec: their weights, or
+    their run fingerprint (weights, ``ctx_size``, ``parallel``, ``extra_args``), so
+    they restart once idle."""
+    before, after = old.fingerprints(), new.fingerprints()
+    roles = [r for r, w in new.weights.items() if r in old.weights and old.weights[r] != w]
+    roles += [r for r, f in after.items() if r in before and before[r] != f]
+    return sorted(set(roles))
 
 
 def served_config(
@@ -230,12 +268,12 @@ def _digest(paths: Iterable[Path]) -> str:
 class ConfigReloader:
     """The reload of one ``rosterd up`` run (see the module).
 
-    ``served``: the configuration in force; ``serve_config(roster, fleet, plan)``
-    builds a :class:`Served` from a new one (resolving weights, making each
-    node's backends; raises ``RosterdError`` when nothing can be served);
-    ``after_plan()`` runs once the solver returned (``rosterd up`` puts its
-    signal handlers back there); ``on_applied(served, change)`` runs after a
-    change was applied (the warm-up of new roles).
+    ``served``: the configuration in force; ``await serve_config(roster, fleet,
+    previous)`` builds a :class:`Served` from newly read files, planned with the
+    plan in force as ``previous`` (gathering the memory figures, planning with
+    :func:`plan_config`, resolving weights, making each node's backends; raises
+    ``RosterdError`` when nothing can be served); ``on_applied(served, change)``
+    runs after a change was applied (the peak recorders, the warm-up of new roles).
     """
 
     def __init__(
@@ -245,8 +283,7 @@ class ConfigReloader:
         *,
         scheduler: Scheduler,
         routes: RouteTable,
-        serve_config: Callable[[ImportedRoster, Fleet, Plan], Served],
-        after_plan: Callable[[], None] = lambda: None,
+        serve_config: Callable[[ImportedRoster, Fleet, Plan], Awaitable[Served]],
         on_applied: Callable[[Served, Mapping[str, object]], None] = lambda s, c: None,
     ) -> None:
         self.options = options
@@ -254,7 +291,6 @@ class ConfigReloader:
         self.scheduler = scheduler
         self.routes = routes
         self._serve_config = serve_config
-        self._after_plan = after_plan
         self._on_applied = on_applied
         self._lock = asyncio.Lock()
         self.last_reload_at: float | None = None
@@ -309,18 +345,9 @@ class ConfigReloader:
 
     async def _reload(self) -> Mapping[str, object]:
         roster, fleet = read_config(self.options)
-        previous = self.served.result
-        specs = [s.spec for s in roster.specs]
-        try:
-            # The solver runs up to its time limit: off the loop, which keeps serving.
-            result = await asyncio.to_thread(plan, specs, fleet, previous)
-        finally:
-            self._after_plan()
-        if not self.options.auto_backend_ports:  # the same port check as at start
-            result = check_ports(result, roster, fleet, router_port=self.options.port)
-        served = self._serve_config(roster, fleet, result)
-        old = self.served.weights
-        restart = [r for r, w in served.weights.items() if r in old and old[r] != w]
+        served = await self._serve_config(roster, fleet, self.served.result)
+        result = served.result
+        restart = restarted_roles(self.served, served)
         # One step, no await: the scheduler and the router change together.
         change = self.scheduler.apply_plan(served.nodes, restart=restart).as_json()
         self.routes.replace(

@@ -57,7 +57,13 @@ from rosterd.cli.up_plan import (
     unserved_reasons,
 )
 from rosterd.cli.up_progress import added_roles, print_backend_event, warm_up
-from rosterd.cli.up_reload import ConfigReloader, Served, read_config, served_config
+from rosterd.cli.up_reload import (
+    ConfigReloader,
+    Served,
+    plan_config,
+    read_config,
+    served_config,
+)
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
 from rosterd.measured_peaks import MeasuredPeaks
@@ -112,6 +118,7 @@ class UpRun:
         self._server: NoSignalServer | None = None
         #: The reload of this run, once it serves.
         self.reloader: ConfigReloader | None = None
+        self._memory_warned: set[str] = set()
         self._reloads: set[asyncio.Task[None]] = set()
         # node -> where its backends' peaks are measured (this machine's supervisor,
         # or a node agent on its node)
@@ -171,8 +178,7 @@ class UpRun:
         try:
             # Every role counts the largest of ram_gb, its estimate and its last measured peak.
             memory = gather_memory(roster, fleet, state_dir)
-            for warning in [*memory.notes, *memory.warnings()]:
-                self.err.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
+            self._warn_memory(memory)
             specs = memory.planning_specs(s.spec for s in roster.specs)
             result = plan(specs, fleet, memory_notes=memory.reason_notes())
             if not options.auto_backend_ports:  # the roster's ports are used: may they be?
@@ -278,7 +284,7 @@ class UpRun:
                     memory=config.memory,
                 )
 
-            def serve_config(roster: ImportedRoster, fleet: Fleet, result: Plan) -> Served:
+            async def serve_config(roster: ImportedRoster, fleet: Fleet, previous: Plan) -> Served:
                 if ray is not None:
                     # A reload re-plans this machine's nodes only; with Ray it would
                     # drain every agent node, so it is refused until it covers them.
@@ -286,6 +292,13 @@ class UpRun:
                         "reload is not supported with --ray-address yet; "
                         "restart rosterd up to apply the change"
                     )
+                # The files changed: every role's figures are gathered again.
+                memory = await asyncio.to_thread(gather_memory, roster, fleet, state_dir)
+                self._warn_memory(memory)
+                after_plan = self._set_signal_handlers if self.stop_on_signals else lambda: None
+                result = await plan_config(
+                    roster, fleet, previous, options, memory, after_plan=after_plan
+                )
                 return served_config(
                     roster,
                     fleet,
@@ -293,8 +306,7 @@ class UpRun:
                     supervisor,
                     auto_ports=options.auto_backend_ports,
                     out=self.out,
-                    # The files changed: every role's figures are gathered again.
-                    memory=gather_memory(roster, fleet, state_dir),
+                    memory=memory,
                 )
 
             served = served_config(
@@ -359,7 +371,6 @@ class UpRun:
                 scheduler=scheduler,
                 routes=routes,
                 serve_config=serve_config,
-                after_plan=self._set_signal_handlers if self.stop_on_signals else lambda: None,
                 on_applied=warm_up_added,
             )
             streams = LiveStreams()  # followed logs and the page's stream end as serving stops
@@ -445,6 +456,14 @@ class UpRun:
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
             self.out.print("rosterd stopped; no backend left running")
+
+    def _warn_memory(self, memory: RosterMemory) -> None:
+        """Say each memory warning (a figure far from ``ram_gb``, an ignored peaks file) once
+        per run: at start, and on a reload only what is new."""
+        for warning in [*memory.notes, *memory.warnings()]:
+            if warning not in self._memory_warned:
+                self._memory_warned.add(warning)
+                self.err.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
 
     def _set_signal_handlers(self) -> None:
         """SIGINT and SIGTERM stop, SIGHUP reloads (set again after each plan: the solver
