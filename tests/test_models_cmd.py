@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
-from test_up_support import MODELS, llama_entry, write_box_fleet, write_roster
+from test_up_support import (
+    MODELS,
+    llama_entry,
+    prepare_example_models,
+    write_box_fleet,
+    write_roster,
+)
 
 _register()
 
 
 def test_models_lists_weights_facts_and_the_estimate_in_parts(tmp_path: Path) -> None:
-    if not (MODELS / "tiny-a.gguf").is_file():
-        pytest.skip("the example models are not prepared (scripts/prepare-example)")
+    prepare_example_models()
     roster = write_roster(
         tmp_path / "roster.yaml",
         [llama_entry("tiny", "tiny-a", 0.1, 18981), llama_entry("lost", "nowhere", 0.2, 18982)],

@@ -3,12 +3,11 @@ the router's port, are reported by ``rosterd plan`` and ``rosterd up`` with both
 (the later role unplaced), and not under ``--auto-backend-ports``.
 
 The check itself is pure (``rosterd.placement.conflicts``); the commands run on real
-files, ``up`` in this event loop (``UpRun``) on a real llama-server.
+files, ``up`` in this event loop (``serving``, an ``UpRun``) on a real llama-server.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import io
 import json
@@ -22,7 +21,7 @@ from typer.testing import CliRunner
 import spec_helpers
 from backend_helpers import pick_free_port
 from rosterd.cli import _register, app
-from rosterd.cli.up_runtime import UpOptions, UpRun
+from rosterd.cli.up_runtime import UpOptions
 from rosterd.fleet import local_fleet
 from rosterd.placement import plan
 from rosterd.placement.conflicts import port_conflicts, without_port_conflicts
@@ -31,6 +30,7 @@ from test_up_support import (
     MODELS,
     llama_entry,
     prepare_example_models,
+    serving,
     write_box_fleet,
     write_roster,
 )
@@ -126,34 +126,26 @@ async def test_up_serves_the_first_role_and_names_the_conflict(
     prepare_example_models()
     roster, fleet = _files(tmp_path, pick_free_port())
     out = Console(file=io.StringIO(), width=300, highlight=False)
-    err = Console(file=io.StringIO(), width=300, highlight=False)
-    up = UpRun(
-        UpOptions(
-            roster_path=roster,
-            fleet_path=fleet,
-            port=pick_free_port(),
-            state_dir=tmp_path / "state",
-            warm_up=False,
-        ),
-        out=out,
-        err=err,
+    options = UpOptions(
+        roster_path=roster,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        warm_up=False,
     )
-    running = asyncio.create_task(up.run())
-    try:
-        url = await asyncio.wait_for(up.serving(), 60)
-        async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=60) as client:
-            ok = await client.post(
-                "/v1/completions", json={"model": "chat-a", "prompt": "hi", "max_tokens": 2}
-            )
-            assert ok.status_code == 200, ok.text
-            refused = await client.post(
-                "/v1/completions", json={"model": "chat-b", "prompt": "hi", "max_tokens": 2}
-            )
-            assert refused.status_code == 404
-            assert "is taken by role chat-a" in refused.json()["error"]["message"]
-    finally:
-        up.stop()
-        await asyncio.wait_for(running, 60)
+    async with (
+        serving(options, out=out, stop_timeout_s=60) as up,
+        httpx.AsyncClient(base_url=up.url, trust_env=False, timeout=60) as client,
+    ):
+        ok = await client.post(
+            "/v1/completions", json={"model": "chat-a", "prompt": "hi", "max_tokens": 2}
+        )
+        assert ok.status_code == 200, ok.text
+        refused = await client.post(
+            "/v1/completions", json={"model": "chat-b", "prompt": "hi", "max_tokens": 2}
+        )
+        assert refused.status_code == 404
+        assert "is taken by role chat-a" in refused.json()["error"]["message"]
     stream = out.file
     assert isinstance(stream, io.StringIO)
     printed = " ".join(stream.getvalue().split())

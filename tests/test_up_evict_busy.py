@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,7 @@ import pytest
 from test_up_support import (
     GEMMA,
     MODELS,
+    Up,
     llama_entry,
     prepare_example_models,
     start_up,
@@ -123,35 +125,44 @@ def test_unload_under_steady_traffic_is_prompt_and_the_traffic_continues(
         {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}},
         flavors=["llamacpp"],
     )
-    up = start_up([str(roster), "--fleet", str(fleet), "--drain", "30"], tmp_path, free_port)
+    drain_s = 60  # seconds; far above what an unload takes when it does not wait for it
+    args = [str(roster), "--fleet", str(fleet), "--drain", str(drain_s)]
+    up = start_up(args, tmp_path, free_port)
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 128}
+    answered = [0] * 12  # answers per worker
     codes: list[int] = []
     stop = threading.Event()
 
-    def traffic() -> None:
+    def traffic(worker: int) -> None:
         with httpx.Client(timeout=60, trust_env=False) as client:
             while not stop.is_set():
-                reply = client.post(
-                    up.url + "/v1/completions",
-                    json={"model": "tiny", "prompt": "hello", "max_tokens": 128},
-                )
-                codes.append(reply.status_code)
+                codes.append(client.post(up.url + "/v1/completions", json=body).status_code)
+                answered[worker] += 1
 
-    workers = [threading.Thread(target=traffic) for _ in range(12)]  # more than 4 at once
+    # more than 4 at once
+    workers = [threading.Thread(target=traffic, args=(i,)) for i in range(len(answered))]
     try:
         httpx.post(up.url + "/rosterd/load/tiny", timeout=60, trust_env=False)
         wait_resident(up, {"tiny"})
         for worker in workers:
             worker.start()
-        time.sleep(1.0)  # the role is never idle from here on
+        # Every worker is in its loop: the role is never idle from here on.
+        wait_for("every worker answered", lambda: min(answered) > 0)
         asked = time.monotonic()
         reply = httpx.post(up.url + "/rosterd/unload/tiny", timeout=60, trust_env=False)
         took = time.monotonic() - asked
         assert reply.status_code == 200, reply.text
-        # About 0.2 s here; taking new requests meanwhile, the role drained only when
-        # the traffic happened to leave it idle, or after --drain (11-31 s here).
-        assert took < 1.5, f"unload took {took:.1f} s under traffic"
-        time.sleep(1.0)  # the traffic loads the role again and goes on
-        kinds = [e["kind"] for e in up.get("/rosterd/events")["events"] if e["role"] == "tiny"]
+        # About 0.2 s here (up to 2 s on a loaded machine): the requests in flight finish
+        # and the backend stops. Taking new requests meanwhile, the role drained only when
+        # the traffic happened to leave it idle, or after --drain (11-31 s here with
+        # --drain 30); a tenth of --drain tells the two apart on a slow machine too.
+        print(f"unload under traffic took {took:.2f} s")
+        assert took < drain_s / 10, f"unload took {took:.1f} s under traffic"
+        # The traffic loads the role again and goes on.
+        wait_for("tiny loaded again", lambda: tiny_loaded_again(up))
+        served_before = len(codes)
+        wait_for("traffic answered after the load", lambda: len(codes) > served_before)
+        kinds = tiny_kinds(up)
         assert kinds[-4:] == ["stopping", "stopped", "loading", "loaded"], kinds
     finally:
         stop.set()
@@ -161,3 +172,23 @@ def test_unload_under_steady_traffic_is_prompt_and_the_traffic_continues(
     assert code == 0, up.output()
     assert len(codes) > 10
     assert set(codes) == {200}, sorted(set(codes))
+
+
+def tiny_kinds(up: Up) -> list[str]:
+    """The kinds of role ``tiny``'s events, oldest first."""
+    return [e["kind"] for e in up.get("/rosterd/events")["events"] if e["role"] == "tiny"]
+
+
+def tiny_loaded_again(up: Up) -> bool:
+    """Whether role ``tiny`` stopped and its latest event is a load."""
+    kinds = tiny_kinds(up)
+    return "stopped" in kinds and kinds[-1] == "loaded"
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Poll ``check`` every 0.05 s until it is true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.05)

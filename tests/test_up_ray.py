@@ -29,10 +29,10 @@ from rich.console import Console
 
 from backend_helpers import gone, pick_free_port
 from ray_helpers import HEAD_IP, SPARE_IP, needs_ray
-from rosterd.cli.up_runtime import UpOptions, UpRun
+from rosterd.cli.up_runtime import UpOptions
 from rosterd.measured_peaks import MeasuredPeaks
 from rosterd.scheduler import SchedulerLimits
-from test_up_support import rosterd_argv
+from test_up_support import rosterd_argv, serving
 
 #: TEST-NET-1, never this machine (its eth0 may sit in 192.0.2.0/24, not at .77).
 ABSENT_REMOTE_IP = "192.0.2.77"
@@ -114,27 +114,24 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
         tmp_path, tiny_gguf, {"head": HEAD_IP, "spare": SPARE_IP, "absent": ABSENT_REMOTE_IP}
     )
     out = console()
-    up = UpRun(
-        UpOptions(
-            roster_path=roster,
-            overlay_path=overlay,
-            fleet_path=fleet,
-            port=pick_free_port(),
-            state_dir=tmp_path / "state",
-            limits=SchedulerLimits(queue_timeout_s=QUEUE_TIMEOUT_S),
-            auto_backend_ports=True,
-            warm_up=False,
-            grace_s=5.0,
-            ray_address=cluster.address,
-        ),
-        out=out,
-        err=console(),
+    options = UpOptions(
+        roster_path=roster,
+        overlay_path=overlay,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        limits=SchedulerLimits(queue_timeout_s=QUEUE_TIMEOUT_S),
+        auto_backend_ports=True,
+        warm_up=False,
+        grace_s=5.0,
+        ray_address=cluster.address,
     )
-    run = asyncio.create_task(up.run())
     servers: list[tuple[str, psutil.Process]] = []  # (node, its llama-server)
     try:
-        url = await asyncio.wait_for(up.serving(), 120)
-        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
+        async with (
+            serving(options, out=out, err=console(), ready_timeout_s=120, stop_timeout_s=120) as up,
+            httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
+        ):
             for role in ("chat", "code", "extra"):
                 answer = await client.post(
                     "/v1/completions", json={"model": role, "prompt": "Hi", "max_tokens": 4}
@@ -225,7 +222,7 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
             assert spare_view["roles"][lost_roles[0]]["queued"] == 1
             ps = await asyncio.to_thread(
                 subprocess.run,
-                [*rosterd_argv(), "ps", "--url", url],
+                [*rosterd_argv(), "ps", "--url", up.url],
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -241,8 +238,6 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
             assert time.monotonic() - asked >= QUEUE_TIMEOUT_S - 1.0
             assert "node spare is lost" in answer.json()["error"]["message"]
     finally:
-        up.stop()
-        await asyncio.wait_for(run, 120)
         if not removed:
             cluster.remove_node(spare)
     for _, server in servers:
@@ -287,26 +282,23 @@ async def test_a_lost_nodes_role_moves_to_the_remaining_node_and_its_request_is_
         tmp_path, tiny_gguf, {"head": HEAD_IP, "spare": SPARE_IP}
     )
     out = console()
-    up = UpRun(
-        UpOptions(
-            roster_path=roster,
-            overlay_path=overlay,
-            fleet_path=fleet,
-            port=pick_free_port(),
-            state_dir=tmp_path / "state",
-            limits=SchedulerLimits(queue_timeout_s=60.0),
-            auto_backend_ports=True,
-            warm_up=False,
-            grace_s=5.0,
-            ray_address=cluster.address,
-        ),
-        out=out,
-        err=console(),
+    options = UpOptions(
+        roster_path=roster,
+        overlay_path=overlay,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        limits=SchedulerLimits(queue_timeout_s=60.0),
+        auto_backend_ports=True,
+        warm_up=False,
+        grace_s=5.0,
+        ray_address=cluster.address,
     )
-    run = asyncio.create_task(up.run())
     try:
-        url = await asyncio.wait_for(up.serving(), 120)
-        async with httpx.AsyncClient(base_url=url, timeout=90, trust_env=False) as client:
+        async with (
+            serving(options, out=out, err=console(), ready_timeout_s=120, stop_timeout_s=120) as up,
+            httpx.AsyncClient(base_url=up.url, timeout=90, trust_env=False) as client,
+        ):
             body = {"model": "code", "prompt": "Hi", "max_tokens": 4}
             assert (await client.post("/v1/completions", json=body)).status_code == 200
             status = (await client.get("/status")).json()
@@ -338,8 +330,6 @@ async def test_a_lost_nodes_role_moves_to_the_remaining_node_and_its_request_is_
             assert head["roles"]["code"]["memory"] is not None  # its figures moved with it
             assert status["nodes"]["spare"]["roles"] == {}
     finally:
-        up.stop()
-        await asyncio.wait_for(run, 120)
         if not removed:
             cluster.remove_node(spare)
     said = printed(out)

@@ -21,6 +21,7 @@ from test_up_support import (
     MODELS,
     llama_entry,
     prepare_example_models,
+    serving,
     write_box_fleet,
     write_roster,
 )
@@ -47,23 +48,17 @@ async def test_up_runs_in_process_and_stops_by_its_handle(tmp_path: Path) -> Non
         {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256}},
         address="127.0.0.1",
     )
-    out, err = _console(), _console()
-    up = UpRun(
-        UpOptions(
-            roster_path=roster,
-            fleet_path=fleet,
-            port=pick_free_port(),
-            state_dir=tmp_path / "state",
-            auto_backend_ports=True,
-            warm_up=False,
-        ),
-        out=out,
-        err=err,
+    out = _console()
+    options = UpOptions(
+        roster_path=roster,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        auto_backend_ports=True,
+        warm_up=False,
     )
-    run = asyncio.create_task(up.run())
-    try:
-        url = await asyncio.wait_for(up.serving(), 60)
-        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
+    async with serving(options, out=out, err=_console(), stop_timeout_s=60) as up:
+        async with httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client:
             answer = await client.post(
                 "/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 4}
             )
@@ -71,9 +66,6 @@ async def test_up_runs_in_process_and_stops_by_its_handle(tmp_path: Path) -> Non
             status = (await client.get("/status")).json()
         pid = status["nodes"]["box"]["roles"]["tiny"]["pid"]
         assert isinstance(pid, int)
-    finally:
-        up.stop()
-        await asyncio.wait_for(run, 60)
     assert await wait_gone(pid)
     printed = _text(out)
     assert "rosterd serving 1 role(s) on http://127.0.0.1:" in printed

@@ -1,23 +1,29 @@
-"""Helpers for the ``rosterd up`` tests: run it as a user does (a subprocess), talk to it over
-real HTTP, stop it with a signal and check that no backend is left. No tests here."""
+"""Helpers for the ``rosterd up`` tests: run it as a user does (a subprocess) or in this
+event loop (:func:`serving`, an :class:`UpRun`), talk to it over real HTTP, stop it and
+check that no backend is left. No tests here."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+from rich.console import Console
 
 from backend_helpers import gone
+from rosterd.cli.up_runtime import UpOptions, UpRun
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -195,3 +201,93 @@ def llama_entry(role: str, name: str, ram_gb: float, port: int) -> dict[str, obj
         "port": port,
         "status": "live",
     }
+
+
+def text_console(width: int = 300) -> Console:
+    """A console that records what is printed (read it with :func:`console_text`)."""
+    return Console(file=io.StringIO(), width=width, highlight=False)
+
+
+def console_text(console: Console) -> str:
+    """What was printed on ``console`` (``""`` unless it prints into a ``StringIO``)."""
+    stream = console.file
+    return stream.getvalue() if isinstance(stream, io.StringIO) else ""
+
+
+@dataclass
+class InProcessUp:
+    """A ``rosterd up`` serving in this event loop (from :func:`serving`): the run, the
+    router's ``http://HOST:PORT`` and the consoles it prints on."""
+
+    up: UpRun
+    url: str
+    out: Console
+    err: Console
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    options: UpOptions,
+    *,
+    out: Console | None = None,
+    err: Console | None = None,
+    ready_timeout_s: float = 60.0,
+    stop_timeout_s: float = 90.0,
+) -> AsyncIterator[InProcessUp]:
+    """Run ``rosterd up`` with ``options`` in this event loop while the body runs.
+
+    Yields once the router listens. On the way out, also when the body raised, the run is
+    stopped by its handle and awaited (it drains and stops every backend). ``out`` and
+    ``err`` default to :func:`text_console` consoles.
+
+    Raises:
+        Exception: the run's own error (e.g. ``RosterdError``) if it ended before it
+            served, or if it raised while serving or stopping.
+        AssertionError: it did not serve within ``ready_timeout_s`` seconds, ended before
+            it served without an error, or did not stop within ``stop_timeout_s``.
+    """
+    out = out if out is not None else text_console()
+    err = err if err is not None else text_console()
+    up = UpRun(options, out=out, err=err)
+    run = asyncio.create_task(up.run(), name="rosterd-up-in-test")
+    try:
+        url = await _until_serving(up, run, ready_timeout_s)
+    except BaseException:
+        up.stop()
+        if not run.done():  # a run that ended raised its error already
+            await _until_ended(run, stop_timeout_s)
+        raise
+    try:
+        yield InProcessUp(up, url, out, err)
+    finally:
+        up.stop()
+        await _until_ended(run, stop_timeout_s)
+
+
+async def _until_serving(up: UpRun, run: asyncio.Task[None], timeout_s: float) -> str:
+    """The run's URL once it serves; its own error if it ended first."""
+    ready = asyncio.ensure_future(up.serving())
+    try:
+        await asyncio.wait({ready, run}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ready.cancel()
+    if ready.done() and not ready.cancelled() and ready.exception() is None:
+        return ready.result()
+    if run.done():
+        run.result()  # raises the run's own error
+        raise AssertionError(f"rosterd up ended before it served:\n{console_text(up.out)}")
+    raise AssertionError(
+        f"rosterd up did not serve within {timeout_s} s:\n{console_text(up.out)}"
+        f"{console_text(up.err)}"
+    )
+
+
+async def _until_ended(run: asyncio.Task[None], timeout_s: float) -> None:
+    """Wait for a stopped run to end (raising its error); cancel it after ``timeout_s``."""
+    await asyncio.wait({run}, timeout=timeout_s)
+    if not run.done():
+        run.cancel()  # its own clean-up still stops every backend
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        raise AssertionError(f"rosterd up did not stop within {timeout_s} s of its stop()")
+    run.result()
