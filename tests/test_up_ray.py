@@ -28,7 +28,7 @@ import pytest
 from rich.console import Console
 
 from backend_helpers import gone, pick_free_port
-from ray_helpers import HEAD_IP, SPARE_IP, needs_ray
+from ray_helpers import HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 from rosterd.cli.up_runtime import UpOptions
 from rosterd.measured_peaks import MeasuredPeaks
 from rosterd.scheduler import SchedulerLimits
@@ -340,3 +340,75 @@ async def test_a_lost_nodes_role_moves_to_the_remaining_node_and_its_request_is_
 async def _has(kinds: Any, kind: str) -> set[str]:
     got: set[str] = await kinds()
     return got if kind in got else set()
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_a_reload_on_ray_adds_a_node_and_serves_a_new_role_through_its_agent(
+    cluster: Any, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
+) -> None:
+    # At start the fleet has the head alone, and the roster chat alone.
+    roster, overlay, fleet = write_lab(tmp_path, tiny_gguf, {"head": HEAD_IP})
+    entries = json.loads(roster.read_text())["roster"]
+    roster.write_text(json.dumps({"roster": [e for e in entries if e["id"] == "chat"]}))
+    out = console()
+    options = UpOptions(
+        roster_path=roster,
+        overlay_path=overlay,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        limits=SchedulerLimits(queue_timeout_s=60.0),
+        auto_backend_ports=True,
+        warm_up=False,
+        grace_s=5.0,
+        ray_address=cluster.address,
+    )
+    async with (
+        serving(options, out=out, err=console(), ready_timeout_s=120, stop_timeout_s=120) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=90, trust_env=False) as client,
+    ):
+        chat = {"model": "chat", "prompt": "Hi", "max_tokens": 4}
+        assert (await client.post("/v1/completions", json=chat)).status_code == 200
+        before = (await client.get("/status")).json()["nodes"]
+        assert list(before) == ["head"]
+        chat_url = before["head"]["roles"]["chat"]["base_url"]
+
+        # The fleet gains the worker machine (a live Ray node) and the roster gains code,
+        # interactive like chat, so it needs a node of its own: the worker.
+        write_lab(tmp_path, tiny_gguf, {"head": HEAD_IP, "worker": WORKER_IP})
+        roster.write_text(json.dumps({"roster": [e for e in entries if e["id"] != "extra"]}))
+        reloaded = await client.post("/rosterd/reload")
+        assert reloaded.status_code == 200, reloaded.text
+        code = {"model": "code", "prompt": "Hi", "max_tokens": 4}
+        answer = await client.post("/v1/completions", json=code)
+        assert answer.status_code == 200, answer.text
+        nodes = (await client.get("/status")).json()["nodes"]
+        assert list(nodes) == ["head", "worker"]
+        worker = nodes["worker"]
+        assert worker["connected"] is True
+        assert worker["connection"].startswith("on Ray: Ray node ")
+        info = worker["roles"]["code"]
+        assert info["phase"] == "ready"
+        assert info["base_url"].startswith(f"http://{WORKER_IP}:")
+        assert info["memory"]["counted_bytes"] == info["resident_bytes"]
+        server = listener_of(info["base_url"])
+        agent = server.parent()
+        assert agent is not None
+        assert "RayNodeAgent" in " ".join(agent.cmdline())  # the worker's agent started it
+        # chat was not touched by the reload: the same backend still serves it.
+        assert nodes["head"]["roles"]["chat"]["base_url"] == chat_url
+        assert (await client.post("/v1/completions", json=chat)).status_code == 200
+
+        # A node on Ray given a new address is refused (its agent runs at the old one),
+        # and nothing changes.
+        write_lab(tmp_path, tiny_gguf, {"head": "127.0.0.5", "worker": WORKER_IP})
+        refused = await client.post("/rosterd/reload")
+        assert refused.status_code != 200
+        assert "takes effect when rosterd up restarts" in refused.text
+        status = (await client.get("/status")).json()
+        assert status["config"]["last_error"]["message"].startswith("node head is on Ray at")
+        assert status["nodes"]["head"]["roles"]["chat"]["base_url"] == chat_url
+        assert (await client.post("/v1/completions", json=code)).status_code == 200
+    assert gone(server.pid) or await eventually(lambda: _gone(server.pid), 30.0)
+    assert printed(out).endswith("rosterd stopped; no backend left running")

@@ -324,6 +324,35 @@ class RayFleet:
                 return conn
         raise KeyError(node)
 
+    def refit(
+        self, fleet: Fleet, *, resolve: Callable[[str], Sequence[str]] = node_addresses
+    ) -> None:
+        """Take ``fleet`` (a reloaded fleet file) as the fleet from now on, matched to the
+        cluster's nodes again (blocks briefly: it lists them, as :func:`connect_fleet`).
+
+        A node with an agent, or lost, keeps its connection (its agent goes on, or
+        it stays lost); every other node is matched again, so a node the reload
+        added, or one not connected before, runs once its Ray node is there.
+
+        Raises:
+            ClusterError: a node with an agent, or lost, has a new address (its agent
+                runs at the old one: that needs a restart of ``rosterd up``).
+        """
+        kept = {
+            c.node: c for c in self.connections if c.node in self._agents or c.node in self.lost
+        }
+        for node in fleet.nodes:
+            old = kept.get(node.name)
+            if old is not None and old.address != node.address:
+                raise ClusterError(
+                    f"node {node.name} is on Ray at {old.address}; its new address "
+                    f"{node.address} takes effect when rosterd up restarts"
+                )
+        addresses = {n.name: tuple(resolve(n.address)) for n in fleet.nodes if n.name not in kept}
+        fresh = {c.node: c for c in match_fleet(fleet, list_ray_nodes(), addresses)}
+        self.fleet = fleet
+        self.connections = tuple(kept.get(n.name) or fresh[n.name] for n in fleet.nodes)
+
     @property
     def agents(self) -> Mapping[str, AgentBackends]:
         """Node name -> the backends of its running agent."""

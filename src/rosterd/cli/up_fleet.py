@@ -20,7 +20,9 @@ waited for a moved role are queued on its new node. A role that fits nowhere
 stays ``lost`` on its node (its requests time out naming the loss). Each move
 or unplaced role is a log line with its cause and a ``moved`` / ``unplaced``
 event in ``/rosterd/events``. A node that comes back is not taken back: its
-roles stay where the re-plan put them until rosterd restarts.
+roles stay where the re-plan put them until rosterd restarts. A reload on Ray
+(``rosterd.cli.up_fleet_reload``) matches the reloaded fleet again
+(:meth:`UpFleet.adopt`) and starts the agents missing (:meth:`UpFleet.start_agents`).
 
 :meth:`UpFleet.node_views` is what ``/status``, ``rosterd ps`` and ``/metrics``
 show of every node, connected or not. It prints (the CLI layer), on the
@@ -109,6 +111,11 @@ class UpFleet:
 
     # ---- which nodes run, and the plan ------------------------------------------------
 
+    def adopt(self, fleet: Fleet) -> None:
+        """Take ``fleet`` (reloaded, already matched: ``RayFleet.refit``) as the fleet."""
+        self.fleet = fleet
+        self._local = {n.name for n in fleet.nodes if is_local_address(n.address)}
+
     def agent_nodes(self) -> list[Node]:
         """The nodes run by a node agent: those a live Ray node matched."""
         return [n for n in self.fleet.nodes if self.ray_fleet.connection(n.name).connected]
@@ -127,10 +134,18 @@ class UpFleet:
             if n.name not in running
         }
 
-    def plan(self, specs: Sequence[InferenceSpec], full: Plan) -> ServedPlan:
+    def plan(
+        self,
+        specs: Sequence[InferenceSpec],
+        full: Plan,
+        *,
+        previous: Plan | None = None,
+        memory_notes: Mapping[str, str] | None = None,
+    ) -> ServedPlan:
         """The plan of the nodes that run: ``full`` itself when every node runs, else a plan
-        of the fleet without the nodes not connected, whose moved and unplaced roles
-        carry their reasons (:func:`~rosterd.cli.up_plan.replanned_reasons`).
+        of the fleet without the nodes not connected (or lost), whose moved and unplaced
+        roles carry their reasons (:func:`~rosterd.cli.up_plan.replanned_reasons`);
+        ``previous`` (the plan in force, on a reload) and ``memory_notes`` as ``plan``'s.
 
         Raises:
             RosterdError: no node of the fleet runs.
@@ -144,9 +159,11 @@ class UpFleet:
             )
         served = full
         moved: dict[str, str] = {}
-        if absent:
-            served = plan(specs, dataclasses.replace(self.fleet, nodes=tuple(running)))
-            moved = replanned_reasons(full, served, absent)
+        gone = {**absent, **self.lost}
+        if gone:
+            running_fleet = dataclasses.replace(self.fleet, nodes=tuple(running))
+            served = plan(specs, running_fleet, previous, memory_notes=memory_notes)
+            moved = replanned_reasons(full, served, gone)
             served = with_unplaced_reasons(served, moved)
         where: dict[str, str] = {}
         for node in self.fleet.nodes:
@@ -190,7 +207,8 @@ class UpFleet:
         model_names: Mapping[str, str] | None = None,
         grace_s: float,
     ) -> dict[str, AgentBackends]:
-        """Start every agent node's agent (concurrently); node -> its backends boundary.
+        """Start the agent of every agent node that has none and is not lost (concurrently);
+        node -> its backends boundary, for every agent running.
 
         ``specs_of``: node -> the roles planned on it; ``on_event`` hears the backend
         events of every node but those of a lost one (its loss reaches
@@ -224,7 +242,8 @@ class UpFleet:
                 grace_s=grace_s,
             )
 
-        await asyncio.gather(*(start(n.name) for n in self.agent_nodes()))
+        starting = [n.name for n in self.agent_nodes() if n.name not in {*self.agents, *self.lost}]
+        await asyncio.gather(*(start(name) for name in starting))
         return dict(self.agents)
 
     async def node_schedulers(

@@ -277,6 +277,8 @@ class UpRun:
                     metrics=metrics,
                     unavailable=config.unavailable,
                     backend_events=config.backend_events,
+                    # a node agent's pids are processes of its node, not of this machine
+                    pids_are_local=isinstance(config.backends, SupervisorBackends),
                     concurrency=config.concurrency
                     or NodeConcurrency(
                         node.max_concurrency if node is not None else None, memory.slots()
@@ -285,17 +287,26 @@ class UpRun:
                 )
 
             async def serve_config(roster: ImportedRoster, fleet: Fleet, previous: Plan) -> Served:
-                if ray is not None:
-                    # A reload re-plans this machine's nodes only; with Ray it would
-                    # drain every agent node, so it is refused until it covers them.
-                    raise RosterdError(
-                        "reload is not supported with --ray-address yet; "
-                        "restart rosterd up to apply the change"
-                    )
                 # The files changed: every role's figures are gathered again.
                 memory = await asyncio.to_thread(gather_memory, roster, fleet, state_dir)
                 self._warn_memory(memory)
                 after_plan = self._set_signal_handlers if self.stop_on_signals else lambda: None
+                if ray is not None:
+                    from rosterd.cli.up_fleet_reload import serve_fleet_config
+
+                    return await serve_fleet_config(
+                        ray,
+                        roster,
+                        fleet,
+                        previous,
+                        memory,
+                        options=options,
+                        supervisor=supervisor,
+                        on_event=on_backend_event,
+                        state_root=str(state_dir) if options.state_dir is not None else None,
+                        out=self.out,
+                        after_plan=after_plan,
+                    )
                 result = await plan_config(
                     roster, fleet, previous, options, memory, after_plan=after_plan
                 )
@@ -357,6 +368,8 @@ class UpRun:
                         if isinstance(c.backends, SupervisorBackends)
                     }
                 )
+                if ray is not None:
+                    self._backends.update(ray.agents)
                 recorders.extend(
                     self._follow_peaks(running.nodes, recorders, served.fingerprints(), state_dir)
                 )

@@ -22,7 +22,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -190,6 +190,29 @@ class NodeAgent:
         """Run the roles ``specs`` (role -> spec) on this node too, from now on (a re-plan
         moved them here); a role already known takes the new spec for its next start."""
         self._opened().add_specs(specs)
+
+    @_carry_errors
+    async def reconfigure(
+        self,
+        specs: Mapping[str, InferenceSpec],
+        fleet: Fleet,
+        repos: Mapping[str, str | None],
+        model_names: Mapping[str, str],
+    ) -> None:
+        """Serve a reloaded configuration from now on: the roles ``specs`` (role -> spec)
+        too, weights resolved with ``fleet``'s ``models``/``model_roots`` and ``repos``,
+        shared-server models named by ``model_names`` (a reload on the head). A role
+        running now keeps its process; its next start takes the new spec and weights."""
+        backends = self._opened()
+        self.config = replace(
+            self.config,
+            specs={**self.config.specs, **specs},
+            fleet=fleet,
+            repos=dict(repos),
+            model_names=dict(model_names),
+        )
+        backends.add_specs(specs)
+        backends.model_names = dict(model_names)
 
     @_carry_errors
     async def start(self, role: str) -> Endpoint:

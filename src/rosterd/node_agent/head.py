@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from rosterd.backends import Endpoint
 from rosterd.errors import NodeAgentError, NodeLostError
+from rosterd.fleet import Fleet
 from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo, CarriedError
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, ProbeResult
@@ -150,6 +151,27 @@ class AgentBackends:
         """
         self._check_not_lost()
         await self.call(self._actor.add_roles.remote(dict(specs)))
+
+    async def reconfigure(
+        self,
+        specs: Mapping[str, InferenceSpec],
+        *,
+        fleet: Fleet,
+        repos: Mapping[str, str | None],
+        model_names: Mapping[str, str],
+    ) -> None:
+        """Let the node serve a reloaded configuration: the roles ``specs`` (role -> spec),
+        weights resolved there with ``fleet`` and ``repos``, ollama models named by
+        ``model_names``; call before the node scheduler is given them.
+
+        Raises:
+            NodeLostError: the node (or its agent) is gone.
+            NodeAgentError: the agent failed otherwise.
+        """
+        self._check_not_lost()
+        await self.call(
+            self._actor.reconfigure.remote(dict(specs), fleet, dict(repos), dict(model_names))
+        )
 
     async def stop(self, role: str) -> None:
         """Stop ``role``'s backend on the node; returns after it exited (at once when lost:
