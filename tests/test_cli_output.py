@@ -67,7 +67,7 @@ def test_up_piped_keeps_names_and_lines_whole(tmp_path: Path) -> None:
     assert any("chat-small-with-a-long-role-id" in line for line in lines)
     assert any(
         line.startswith("node far-away-linux-box at 192.0.2.1 is not this machine")
-        and line.endswith("(remote nodes are not run yet)")
+        and line.endswith("(to run them too, serve the fleet on Ray: --ray-address)")
         for line in lines
     ), out
     (unplaced,) = [line for line in lines if line.strip().startswith("too-big:")]

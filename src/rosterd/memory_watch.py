@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from rosterd.backends import PeakSource
 from rosterd.errors import MeasuredPeaksError
@@ -146,3 +146,32 @@ class PeakRecorder:
         while True:
             await asyncio.sleep(self.interval_s)
             await self.record()
+
+
+def follow_peaks(
+    nodes: Mapping[str, NodeScheduler],
+    sources: Mapping[str, PeakSource],
+    recorders: Sequence[PeakRecorder],
+    fingerprints: Mapping[str, str],
+    peaks: MeasuredPeaks,
+    *,
+    on_error: Callable[[str], None] | None = None,
+) -> list[PeakRecorder]:
+    """Record each node's peaks in ``peaks`` under ``fingerprints`` (role -> run
+    fingerprint): ``sources`` is node -> its backends now (a node without one is
+    skipped); a node with a recorder among ``recorders`` has it record those
+    backends too from now on (a reload); the others get a recorder, started now
+    (on the running loop), and those are returned."""
+    following = {r.node.name: r for r in recorders}
+    added = []
+    for name, node in nodes.items():
+        source = sources.get(name)
+        if source is None:
+            continue
+        if name in following:
+            following[name].add_source(source, fingerprints)
+            continue
+        recorder = PeakRecorder(node, source, peaks, fingerprints, on_error=on_error)
+        recorder.start()
+        added.append(recorder)
+    return added

@@ -463,58 +463,11 @@ class UpFleet:
     # ---- views and the end -------------------------------------------------------------
 
     def node_views(self) -> dict[str, dict[str, object]]:
-        """Per fleet node (fleet order): ``address``, ``connected``, ``connection`` (how it is
-        run, or why not); a node that does not run also gets ``capacity_bytes``,
-        ``resident_bytes`` (0), ``resident``, ``roles`` (the whole fleet's plan's roles
-        for it: ``moved`` with ``moved_to``, or ``not_connected``) and ``lost_reason``."""
-        views: dict[str, dict[str, object]] = {}
-        absent = self.not_connected()
-        served = self.served
-        for node in self.fleet.nodes:
-            conn = self.ray_fleet.connection(node.name)
-            view: dict[str, object] = {"address": node.address}
-            if node.name in self.lost:
-                view |= {"connected": False, "connection": self.lost[node.name]}
-            elif node.name in absent:
-                view |= {"connected": False, "connection": f"not connected: {conn.reason}"}
-                view |= self._absent_node(node, served)
-            elif conn.connected:
-                view |= {"connected": True, "connection": f"on Ray: {conn.reason}"}
-            else:
-                view |= {"connected": True, "connection": "this machine, no Ray node"}
-            views[node.name] = view
-        return views
+        """What ``/status``, ``rosterd ps`` and ``/metrics`` show of every fleet node,
+        connected or not (:func:`rosterd.cli.up_fleet_views.node_views`)."""
+        from rosterd.cli.up_fleet_views import node_views
 
-    @staticmethod
-    def _absent_node(node: Node, served: ServedPlan | None) -> dict[str, object]:
-        roles: dict[str, object] = {}
-        for role, was in served.full.placements.items() if served else ():
-            if was != node.name:
-                continue
-            assert served is not None
-            moved_to = served.plan.placements.get(role)
-            spec = served.specs[role]
-            roles[role] = {
-                "phase": "moved" if moved_to is not None else "not_connected",
-                "moved_to": moved_to,
-                "reason": served.moved.get(role),
-                "latency_class": spec.latency_class.value,
-                "sticky": spec.sticky,
-                "resident_bytes": spec.memory.resident_bytes,
-                "in_flight": 0,
-                "queued": 0,
-                "idle_s": None,
-                "measured_rss_bytes": None,
-                "pid": None,
-            }
-        return {
-            "capacity_bytes": node.capacity_bytes,
-            "resident_bytes": 0,
-            "resident": [],
-            "transition": False,
-            "lost_reason": None,
-            "roles": roles,
-        }
+        return node_views(self)
 
     async def close(self) -> None:
         """Stop watching and re-planning, end every agent (their backends stop), leave the

@@ -1,7 +1,8 @@
 """What ``rosterd up`` prints while it serves, and its warm-up (layer 8).
 
 :func:`print_backend_event` says when a backend dies by itself and how the
-supervisor restarts it (DESIGN.md: only the CLI prints); :func:`warm_up` loads
+supervisor restarts it (DESIGN.md: only the CLI prints), :func:`say_remote_nodes`
+and :func:`warn_open_listener` what ``up`` says at start; :func:`warm_up` loads
 each node's interactive, then sticky roles at start (and the roles a reload
 added, :func:`added_roles`), evicting nothing.
 """
@@ -14,8 +15,33 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.cli.up_plan import warm_up_order
+from rosterd.fleet import Fleet, Node
 from rosterd.scheduler import NodeConfig, Scheduler, SchedulerError
 from rosterd.supervisor import BackendEvent, describe_exit
+
+
+def say_remote_nodes(fleet: Fleet, local_nodes: Collection[Node], out: Console) -> None:
+    """Say on ``out`` which fleet nodes are not this machine (without Ray nothing runs them)."""
+    for node in fleet.nodes:
+        if node not in local_nodes:
+            out.print(
+                f"[yellow]node {node.name} at {node.address} is not this machine: its roles "
+                "are planned but not started here (to run them too, serve the fleet on Ray: "
+                "--ray-address)[/yellow]"
+            )
+
+
+def warn_open_listener(host: str, err: Console) -> None:
+    """Warn on ``err`` that ``host`` (not a loopback address) is served without an API key."""
+    err.print(
+        Text(
+            f"warning: listening on {host} without an API key: anyone who can reach this "
+            "address can use every model and load or unload roles. Pass --api-key KEY (or "
+            "set ROSTERD_API_KEY) to require one.",
+            style="bold yellow",
+        ),
+        soft_wrap=True,
+    )
 
 
 def print_backend_event(out: Console, event: BackendEvent) -> None:

@@ -61,6 +61,7 @@ from rosterd.supervisor import Supervisor
 from rosterd.weights import resolve_for_fleet
 
 if TYPE_CHECKING:
+    from rosterd.cli.up_fleet import UpFleet
     from rosterd.cli.up_runtime import UpOptions
 
 log = logging.getLogger("rosterd.reload")
@@ -402,3 +403,25 @@ def _summary(change: Mapping[str, object]) -> str:
         if isinstance(value, list) and value:
             parts.append(f"{key.replace('_', ' ')}: {', '.join(value)}")
     return "; ".join(parts)
+
+
+def status_extra(reloader: ConfigReloader, ray: UpFleet | None) -> dict[str, object]:
+    """What ``/status`` adds to the scheduler's view: unplaced roles, remote nodes, the
+    solver, the configuration (files, last reload, its error), and with Ray its
+    address and the roles re-planned off nodes not connected."""
+    served = reloader.served
+    local = set(reloader.scheduler.nodes)  # the nodes this process runs, by Ray or not
+    extra: dict[str, object] = {
+        "unplaced": [list(u) for u in served.result.unplaced],
+        "remote_nodes": [
+            {"node": n.name, "address": n.address, "served_here": False}
+            for n in served.fleet.nodes
+            if n.name not in local
+        ],
+        "plan_solver": served.result.solver,
+        "config": reloader.status(),
+    }
+    if ray is not None:
+        extra["ray_address"] = ray.address
+        extra["moved"] = dict(ray.served.moved if ray.served else {})
+    return extra

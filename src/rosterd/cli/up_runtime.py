@@ -56,18 +56,25 @@ from rosterd.cli.up_plan import (
     role_routes,
     unserved_reasons,
 )
-from rosterd.cli.up_progress import added_roles, print_backend_event, warm_up
+from rosterd.cli.up_progress import (
+    added_roles,
+    print_backend_event,
+    say_remote_nodes,
+    warm_up,
+    warn_open_listener,
+)
 from rosterd.cli.up_reload import (
     ConfigReloader,
     Served,
     plan_config,
     read_config,
     served_config,
+    status_extra,
 )
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
 from rosterd.measured_peaks import MeasuredPeaks
-from rosterd.memory_watch import PeakRecorder
+from rosterd.memory_watch import PeakRecorder, follow_peaks
 from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
 from rosterd.role_memory import RosterMemory, gather_memory
@@ -188,19 +195,13 @@ class UpRun:
                 print_plan(
                     result, fleet, roster, [n.name for n in local_nodes], self.out, memory=memory
                 )
-                for node in fleet.nodes:
-                    if node not in local_nodes:
-                        self.out.print(
-                            f"[yellow]node {node.name} at {node.address} is not this machine: "
-                            "its roles are planned but not started here (remote nodes are not "
-                            "run yet)[/yellow]"
-                        )
+                say_remote_nodes(fleet, local_nodes, self.out)
             else:
                 # Joining blocks for a moment; it comes before any signal handler is set.
                 from rosterd.cli.up_fleet import UpFleet
 
                 ray = UpFleet.join(options.ray_address, fleet, self.out)
-                result = ray.plan(specs, result).plan
+                result = ray.plan(specs, result, memory_notes=memory.reason_notes()).plan
                 local_nodes = ray.local_nodes()
                 where = ray.served.where if ray.served else None
                 local = (n.name for n in local_nodes)
@@ -209,15 +210,7 @@ class UpRun:
             if not local_nodes and ray is None:
                 raise RosterdError("no node of the fleet is this machine; nothing to serve")
             if not options.api_keys and not is_loopback_host(options.host):
-                self.err.print(
-                    Text(
-                        f"warning: listening on {options.host} without an API key: anyone who "
-                        "can reach this address can use every model and load or unload roles. "
-                        "Pass --api-key KEY (or set ROSTERD_API_KEY) to require one.",
-                        style="bold yellow",
-                    ),
-                    soft_wrap=True,
-                )
+                warn_open_listener(options.host, self.err)
             await self._serve(roster, fleet, result, local_nodes, state_dir, ray, memory)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
             raise RosterdError(_os_message(exc)) from None
@@ -399,7 +392,7 @@ class UpRun:
                     request_read_timeout_s=options.request_read_timeout_s,
                 ),
                 metrics=metrics,
-                status_extra=lambda: _status_extra(reloader, ray),
+                status_extra=lambda: status_extra(reloader, ray),
                 reload=reloader.reload,
                 log_path=supervisor.log_path,
                 streams=streams,
@@ -502,53 +495,18 @@ class UpRun:
         fingerprints: Mapping[str, str],
         state_dir: Path,
     ) -> list[PeakRecorder]:
-        """Each node's backends' peaks go to the state folder under ``fingerprints``: a
-        node with a recorder among ``recorders`` records its current backends from now
-        on too; the new recorders of the other nodes (started now) are returned."""
-        following = {r.node.name: r for r in recorders}
-        peaks = MeasuredPeaks(state_dir)
-        added = []
-        for name, node in nodes.items():
-            backends = self._backends.get(name)
-            if backends is None:
-                continue
-            if name in following:
-                following[name].add_source(backends, fingerprints)
-                continue
-            recorder = PeakRecorder(
-                node,
-                backends,
-                peaks,
-                fingerprints,
-                on_error=lambda message: self.err.print(
-                    Text(f"warning: {message}", style="yellow"), soft_wrap=True
-                ),
-            )
-            recorder.start()
-            added.append(recorder)
-        return added
-
-
-def _status_extra(reloader: ConfigReloader, ray: UpFleet | None) -> dict[str, object]:
-    """What ``/status`` adds to the scheduler's view: unplaced roles, remote nodes, the
-    solver, the configuration (files, last reload, its error), and with Ray its
-    address and the roles re-planned off nodes not connected."""
-    served = reloader.served
-    local = set(reloader.scheduler.nodes)  # the nodes this process runs, by Ray or not
-    extra: dict[str, object] = {
-        "unplaced": [list(u) for u in served.result.unplaced],
-        "remote_nodes": [
-            {"node": n.name, "address": n.address, "served_here": False}
-            for n in served.fleet.nodes
-            if n.name not in local
-        ],
-        "plan_solver": served.result.solver,
-        "config": reloader.status(),
-    }
-    if ray is not None:
-        extra["ray_address"] = ray.address
-        extra["moved"] = dict(ray.served.moved if ray.served else {})
-    return extra
+        """:func:`~rosterd.memory_watch.follow_peaks` over this run's backends, a peak that
+        cannot be stored said as a warning."""
+        return follow_peaks(
+            nodes,
+            self._backends,
+            recorders,
+            fingerprints,
+            MeasuredPeaks(state_dir),
+            on_error=lambda message: self.err.print(
+                Text(f"warning: {message}", style="yellow"), soft_wrap=True
+            ),
+        )
 
 
 def _os_message(exc: OSError) -> str:
