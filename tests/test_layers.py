@@ -52,6 +52,7 @@ LAYERS: dict[str, int] = {
     "rosterd.node_agent.actor": 6,
     "rosterd.node_agent.head": 6,
     "rosterd.ray_cluster": 6,
+    "rosterd.ray_match": 6,
     "rosterd.memory_watch": 6,
     # 7. HTTP
     "rosterd.router": 7,

@@ -37,14 +37,8 @@ from rosterd.errors import (
 )
 from rosterd.fleet import Fleet, ModelSource, Node, Platform
 from rosterd.node_agent import CarriedError
-from rosterd.ray_cluster import (
-    NodeLost,
-    RayNode,
-    connect_fleet,
-    import_ray,
-    match_fleet,
-    ray_address,
-)
+from rosterd.ray_cluster import connect_fleet, import_ray, ray_address
+from rosterd.ray_match import NodeLost, RayNode, match_fleet
 from rosterd.scheduler import NodeScheduler, Scheduler, SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedError

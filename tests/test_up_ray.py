@@ -329,11 +329,40 @@ async def test_a_lost_nodes_role_moves_to_the_remaining_node_and_its_request_is_
             assert head["roles"]["code"]["base_url"].startswith(f"http://{HEAD_IP}:")
             assert head["roles"]["code"]["memory"] is not None  # its figures moved with it
             assert status["nodes"]["spare"]["roles"] == {}
+
+            # The machine comes back: rosterd takes it back by itself (a reload), with a
+            # new agent; code stays where it moved (the plan in force is kept), and a
+            # role added that only fits there is served by that agent.
+            spare = cluster.add_node(num_cpus=1, node_ip_address=SPARE_IP)
+            removed = False
+
+            async def spare_back() -> bool:
+                view = (await client.get("/status")).json()["nodes"]["spare"]
+                return bool(view["connected"])
+
+            assert await eventually(spare_back, 60.0)
+            entries = json.loads(roster.read_text())["roster"]
+            big = {**entries[0], "id": "big", "name": "big", "repo": "local/big", "ram_gb": 0.9}
+            roster.write_text(json.dumps({"roster": [*entries, big]}))
+            lab = json.loads(fleet.read_text())
+            lab["models"]["big"] = lab["models"]["chat"]
+            fleet.write_text(json.dumps(lab))
+            reloaded = await client.post("/rosterd/reload")
+            assert reloaded.status_code == 200, reloaded.text
+            answer = await client.post(
+                "/v1/completions", json={"model": "big", "prompt": "Hi", "max_tokens": 4}
+            )
+            assert answer.status_code == 200, answer.text
+            nodes = (await client.get("/status")).json()["nodes"]
+            assert sorted(nodes["head"]["roles"]) == ["chat", "code"]
+            assert nodes["spare"]["roles"]["big"]["base_url"].startswith(f"http://{SPARE_IP}:")
+            assert nodes["spare"]["connection"].startswith("on Ray: Ray node ")
     finally:
         if not removed:
             cluster.remove_node(spare)
     said = printed(out)
     assert "role code: moved to node head: node spare is lost" in said
+    assert "node spare is back on the Ray cluster" in said
     assert said.endswith("rosterd stopped; no backend left running")
 
 

@@ -160,7 +160,8 @@ def follow_peaks(
     """Record each node's peaks in ``peaks`` under ``fingerprints`` (role -> run
     fingerprint): ``sources`` is node -> its backends now (a node without one is
     skipped); a node with a recorder among ``recorders`` has it record those
-    backends too from now on (a reload); the others get a recorder, started now
+    backends too from now on (a reload); the others (and a node whose scheduler was
+    made afresh) get a recorder, started now
     (on the running loop), and those are returned."""
     following = {r.node.name: r for r in recorders}
     added = []
@@ -168,7 +169,7 @@ def follow_peaks(
         source = sources.get(name)
         if source is None:
             continue
-        if name in following:
+        if name in following and following[name].node is node:
             following[name].add_source(source, fingerprints)
             continue
         recorder = PeakRecorder(node, source, peaks, fingerprints, on_error=on_error)

@@ -4,7 +4,7 @@
 (``ray start --head`` on one machine, ``ray start --address`` on the others)
 with :func:`connect_fleet`, which never starts a cluster of its own. Each fleet
 node is matched to the live Ray node whose IP (Ray's ``NodeManagerAddress``)
-is the node's ``address`` (:func:`match_fleet`, pure); a fleet node without
+is the node's ``address`` (``rosterd.ray_match.match_fleet``, pure); a fleet node without
 exactly one live Ray node there is reported not connected, with why.
 :meth:`RayFleet.start_agent` runs a node's :class:`~rosterd.node_agent.NodeAgent`
 as a Ray actor pinned to that Ray node (hard node affinity: it runs there or
@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import importlib
-import ipaddress
 import logging
 import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Final
 
@@ -46,6 +45,7 @@ from rosterd.errors import (
 )
 from rosterd.fleet import Fleet
 from rosterd.node_agent import AgentBackends, AgentConfig, AgentInfo, NodeAgent, map_ray_errors
+from rosterd.ray_match import NodeConnection, NodeLost, RayNode, match_fleet, node_addresses
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 
@@ -67,123 +67,6 @@ def import_ray() -> ModuleType:
         return importlib.import_module("ray")
     except ImportError:
         raise RayNotInstalledError(RAY_MISSING) from None
-
-
-@dataclass(frozen=True, slots=True)
-class RayNode:
-    """One node of the Ray cluster as ``ray.nodes()`` lists it: ``node_id`` (hex),
-    ``address`` (its IP, ``NodeManagerAddress``), ``alive``, ``hostname``, and why it
-    died (``death_reason``, empty while alive or when Ray does not say)."""
-
-    node_id: str
-    address: str
-    alive: bool
-    hostname: str = ""
-    death_reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeConnection:
-    """Whether fleet node ``node`` (at ``address``) runs on the Ray cluster.
-
-    ``ray_node_id`` is the matched Ray node, ``None`` when not connected;
-    ``reason`` says which Ray node it is, or why there is none.
-    """
-
-    node: str
-    address: str
-    ray_node_id: str | None
-    reason: str
-
-    @property
-    def connected(self) -> bool:
-        """Whether a live Ray node was matched."""
-        return self.ray_node_id is not None
-
-
-@dataclass(frozen=True, slots=True)
-class NodeLost:
-    """Fleet node ``node`` was running on Ray node ``ray_node_id`` and is lost: ``reason``."""
-
-    node: str
-    ray_node_id: str
-    reason: str
-
-
-def _ip(text: str) -> str | None:
-    """``text`` as a normalised IP address, or ``None`` if it is not one."""
-    try:
-        return str(ipaddress.ip_address(text.strip("[]").split("%", 1)[0]))
-    except ValueError:
-        return None
-
-
-def node_addresses(address: str) -> tuple[str, ...]:
-    """The IP addresses a fleet node's ``address`` stands for: itself when it is an IP,
-    else what the resolver gives for the name (``()`` when it does not resolve)."""
-    ip = _ip(address)
-    if ip is not None:
-        return (ip,)
-    try:
-        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return ()
-    found = (_ip(str(info[4][0])) for info in infos)
-    return tuple(dict.fromkeys(ip for ip in found if ip is not None))
-
-
-def match_fleet(
-    fleet: Fleet,
-    ray_nodes: Sequence[RayNode],
-    addresses: Mapping[str, Sequence[str]] | None = None,
-) -> tuple[NodeConnection, ...]:
-    """Match each fleet node to the live Ray node at its address (pure; fleet order).
-
-    ``addresses``: fleet node name -> the IPs its address stands for (see
-    :func:`node_addresses`; default: the address itself, when it is an IP).
-    A node is connected when exactly one live Ray node has one of those IPs;
-    otherwise ``reason`` says whether none is there, only a dead one, several
-    (one Ray node per machine is needed to tell them apart), or the address
-    is not an IP at all. Two fleet nodes may share one Ray node.
-    """
-    live: dict[str, list[RayNode]] = {}
-    dead: dict[str, list[RayNode]] = {}
-    for rn in sorted(ray_nodes, key=lambda n: n.node_id):
-        ip = _ip(rn.address) or rn.address
-        (live if rn.alive else dead).setdefault(ip, []).append(rn)
-    live_text = ", ".join(sorted(live)) or "none"
-    out: list[NodeConnection] = []
-    for node in fleet.nodes:
-        if addresses is not None and node.name in addresses:
-            ips = [_ip(a) or a for a in addresses[node.name]]
-        else:
-            own = _ip(node.address)
-            ips = [own] if own is not None else []
-        if not ips:
-            reason = f"address {node.address} does not resolve to an IP address"
-            out.append(NodeConnection(node.name, node.address, None, reason))
-            continue
-        matches = [rn for ip in ips for rn in live.get(ip, [])]
-        if len(matches) == 1:
-            rn = matches[0]
-            reason = f"Ray node {rn.node_id[:12]} at {rn.address}"
-            out.append(NodeConnection(node.name, node.address, rn.node_id, reason))
-            continue
-        shown = "/".join(ips) if len(ips) > 1 else ips[0]
-        if matches:
-            reason = (
-                f"{len(matches)} live Ray nodes have address {shown}; rosterd tells nodes "
-                "apart by IP, so run one Ray node per address"
-            )
-        elif any(ip in dead for ip in ips):
-            reason = f"the Ray node at {shown} is not alive"
-        else:
-            reason = (
-                f"no live Ray node has address {shown} (live Ray nodes: {live_text}); "
-                "join that machine with `ray start --address`"
-            )
-        out.append(NodeConnection(node.name, node.address, None, reason))
-    return tuple(out)
 
 
 def list_ray_nodes() -> tuple[RayNode, ...]:
@@ -316,6 +199,7 @@ class RayFleet:
         self.lost: dict[str, NodeLost] = {}
         self._agents: dict[str, AgentBackends] = {}
         self._on_lost: Callable[[NodeLost], None] | None = None
+        self._back: set[str] = set()  # lost nodes whose Ray node was seen live again
 
     def connection(self, node: str) -> NodeConnection:
         """The connection of fleet node ``node``; raises ``KeyError`` for an unknown name."""
@@ -330,17 +214,17 @@ class RayFleet:
         """Take ``fleet`` (a reloaded fleet file) as the fleet from now on, matched to the
         cluster's nodes again (blocks briefly: it lists them, as :func:`connect_fleet`).
 
-        A node with an agent, or lost, keeps its connection (its agent goes on, or
-        it stays lost); every other node is matched again, so a node the reload
-        added, or one not connected before, runs once its Ray node is there.
+        A node with a running agent keeps its connection (its agent goes on); every
+        other node is matched again, so a node the reload added, one not connected
+        before, or one lost whose Ray node is live again, runs once its Ray node is
+        there (a lost node is taken back with :meth:`forget_lost`).
 
         Raises:
-            ClusterError: a node with an agent, or lost, has a new address (its agent
+            ClusterError: a node with a running agent has a new address (its agent
                 runs at the old one: that needs a restart of ``rosterd up``).
         """
-        kept = {
-            c.node: c for c in self.connections if c.node in self._agents or c.node in self.lost
-        }
+        running = set(self._agents) - set(self.lost)
+        kept = {c.node: c for c in self.connections if c.node in running}
         for node in fleet.nodes:
             old = kept.get(node.name)
             if old is not None and old.address != node.address:
@@ -352,6 +236,32 @@ class RayFleet:
         fresh = {c.node: c for c in match_fleet(fleet, list_ray_nodes(), addresses)}
         self.fleet = fleet
         self.connections = tuple(kept.get(n.name) or fresh[n.name] for n in fleet.nodes)
+
+    def forget_lost(self, node: str) -> None:
+        """Take lost ``node`` back (its Ray node is live again, :meth:`refit` matched it):
+        its dead agent is dropped, so :meth:`start_agent` may start a new one there."""
+        self.lost.pop(node, None)
+        self._agents.pop(node, None)
+        self._back.discard(node)
+
+    def restore_lost(self, node: str, lost: NodeLost | None, agent: AgentBackends | None) -> None:
+        """Undo :meth:`forget_lost` (a reload that took ``node`` back was refused)."""
+        if lost is not None:
+            self.lost[node] = lost
+        if agent is not None:
+            self._agents[node] = agent
+
+    def back(self, ray_nodes: Sequence[RayNode]) -> list[str]:
+        """The lost nodes a live Ray node in ``ray_nodes`` now has the address of (not said
+        before): each is said once, until :meth:`forget_lost` takes it back (pure
+        matching, as :func:`match_fleet` without resolving names)."""
+        lost = [n for n in self.fleet.nodes if n.name in self.lost and n.name not in self._back]
+        if not lost:
+            return []
+        fleet = dataclasses.replace(self.fleet, nodes=tuple(lost))
+        found = [c.node for c in match_fleet(fleet, ray_nodes) if c.connected]
+        self._back.update(found)
+        return found
 
     @property
     def agents(self) -> Mapping[str, AgentBackends]:
@@ -431,14 +341,19 @@ class RayFleet:
         return backends
 
     async def watch(
-        self, on_lost: Callable[[NodeLost], None] | None = None, *, poll_s: float = WATCH_POLL_S
+        self,
+        on_lost: Callable[[NodeLost], None] | None = None,
+        *,
+        on_back: Callable[[str], None] | None = None,
+        poll_s: float = WATCH_POLL_S,
     ) -> None:
         """Report lost nodes until cancelled: every ``poll_s`` seconds, a node whose Ray node
         is no longer alive (or no longer listed) is lost; so is one whose agent died.
 
         ``on_lost`` hears each loss once (losses found before the call, too); the
-        node's backends then act as ``AgentBackends.lost`` says. A failed look at
-        the cluster is tried again at the next poll.
+        node's backends then act as ``AgentBackends.lost`` says. ``on_back`` hears
+        once the name of each lost node whose address a live Ray node has again
+        (:meth:`back`). A failed look at the cluster is tried again at the next poll.
         """
         self._on_lost = on_lost
         if on_lost is not None:
@@ -446,7 +361,11 @@ class RayFleet:
                 on_lost(event)
         while True:
             with contextlib.suppress(RosterdError):
-                self.check(await asyncio.to_thread(list_ray_nodes))
+                ray_nodes = await asyncio.to_thread(list_ray_nodes)
+                self.check(ray_nodes)
+                if on_back is not None:
+                    for node in self.back(ray_nodes):
+                        on_back(node)
             await asyncio.sleep(poll_s)
 
     def check(self, ray_nodes: Sequence[RayNode]) -> None:

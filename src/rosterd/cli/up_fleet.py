@@ -19,10 +19,11 @@ supervisor), and ``Scheduler.apply_plan`` serves the new plan; requests that
 waited for a moved role are queued on its new node. A role that fits nowhere
 stays ``lost`` on its node (its requests time out naming the loss). Each move
 or unplaced role is a log line with its cause and a ``moved`` / ``unplaced``
-event in ``/rosterd/events``. A node that comes back is not taken back: its
-roles stay where the re-plan put them until rosterd restarts. A reload on Ray
-(``rosterd.cli.up_fleet_reload``) matches the reloaded fleet again
-(:meth:`UpFleet.adopt`) and starts the agents missing (:meth:`UpFleet.start_agents`).
+event in ``/rosterd/events``. A node that comes back (a live Ray node at its
+address again) is said, and ``up`` reloads (``on_back`` of :meth:`UpFleet.watch`):
+the reload on Ray (``rosterd.cli.up_fleet_reload``) matches the fleet again
+(:meth:`UpFleet.adopt`), takes the node back (:meth:`UpFleet.take_back`) and
+starts the agents missing (:meth:`UpFleet.start_agents`).
 
 :meth:`UpFleet.node_views` is what ``/status``, ``rosterd ps`` and ``/metrics``
 show of every node, connected or not. It prints (the CLI layer), on the
@@ -49,7 +50,8 @@ from rosterd.fleet import Fleet, Node
 from rosterd.metrics import RosterdMetrics
 from rosterd.node_agent import AgentBackends
 from rosterd.placement import Plan, plan
-from rosterd.ray_cluster import NodeLost, RayFleet, connect_fleet, disconnect
+from rosterd.ray_cluster import RayFleet, connect_fleet, disconnect
+from rosterd.ray_match import NodeLost
 from rosterd.role_memory import RosterMemory
 from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler
 from rosterd.spec import InferenceSpec
@@ -307,19 +309,51 @@ class UpFleet:
             for name, backends in agents.items()
         }
 
-    def watch(self, scheduler: Scheduler, *, after_plan: Callable[[], None] | None = None) -> None:
+    def watch(
+        self,
+        scheduler: Scheduler,
+        *,
+        after_plan: Callable[[], None] | None = None,
+        on_back: Callable[[str], None] | None = None,
+    ) -> None:
         """Report lost nodes to :meth:`on_node_lost` from now on (``RayFleet.watch``).
 
         ``after_plan`` runs after each re-plan's solver returned (``rosterd up`` puts
-        its signal handlers back there, as after a reload's plan).
+        its signal handlers back there, as after a reload's plan); ``on_back(node)``
+        runs once when a lost node's address has a live Ray node again (``rosterd up``
+        reloads then, which takes the node back: :meth:`take_back`).
         """
         self.scheduler = scheduler
         if after_plan is not None:
             self._after_plan = after_plan
+
+        def back(node: str) -> None:
+            log.warning("node %s is back on the Ray cluster", node)
+            self.out.print(Text(f"node {node} is back on the Ray cluster", style="green"))
+            if on_back is not None:
+                on_back(node)
+
         if self._watch is None:
             self._watch = asyncio.create_task(
-                self.ray_fleet.watch(self._on_lost), name="rosterd-ray-watch"
+                self.ray_fleet.watch(self._on_lost, on_back=back), name="rosterd-ray-watch"
             )
+
+    def take_back(self, node: str) -> Callable[[], None]:
+        """Take lost ``node`` back (a reload found its Ray node live again): it is no longer
+        lost, and its next agent may start (:meth:`start_agents`). Returns the undo, for a
+        reload refused after this."""
+        lost, agent = self.lost.pop(node, None), self.agents.pop(node, None)
+        ray_lost, ray_agent = self.ray_fleet.lost.get(node), self.ray_fleet.agents.get(node)
+        self.ray_fleet.forget_lost(node)
+
+        def undo() -> None:
+            if lost is not None:
+                self.lost[node] = lost
+            if agent is not None:
+                self.agents[node] = agent
+            self.ray_fleet.restore_lost(node, ray_lost, ray_agent)
+
+        return undo
 
     def _on_lost(self, lost: NodeLost) -> None:
         self.on_node_lost(lost.node, lost.reason)

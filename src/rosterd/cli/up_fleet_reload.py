@@ -15,14 +15,17 @@ reloader applies the result in one step, and a refusal (a node on Ray given a
 new address, an agent that cannot start) leaves the running configuration as
 it is.
 
-A node lost stays lost (its roles were moved when it was lost); a node left out
-of the fleet file drains and stops its backends, and its agent ends with the
-run.
+A node lost whose address has a live Ray node again is taken back: it gets a
+new agent and a fresh scheduler (``Served.replaced_nodes``), and the plan may put
+roles there again (the sticky roles moved at its loss stay where they are:
+the plan in force is kept). A node left out of the fleet file drains and stops
+its backends, and its agent ends with the run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 
 from rich.console import Console
@@ -67,10 +70,18 @@ async def serve_fleet_config(
         RosterdError: no node of the fleet runs.
     """
     # What the reload changes of the run's view of the cluster, put back if it is refused.
+    if ray.served is not None:  # the plan in force: a node's loss may have moved roles since
+        previous = ray.served.plan
     kept = (ray.ray_fleet.fleet, ray.ray_fleet.connections, ray.fleet, ray.served)
+    undo: list[Callable[[], None]] = []
     try:
         await asyncio.to_thread(ray.ray_fleet.refit, fleet)
         ray.adopt(fleet)
+        # A lost node whose Ray node is live again is taken back, with a fresh scheduler.
+        back = [
+            n for n in ray.lost if n in fleet_names(fleet) and ray.ray_fleet.connection(n).connected
+        ]
+        undo = [ray.take_back(node) for node in back]
         full = await plan_config(roster, fleet, previous, options, memory, after_plan=after_plan)
         specs = memory.planning_specs(s.spec for s in roster.specs)
         try:
@@ -79,7 +90,7 @@ async def serve_fleet_config(
             )
         finally:
             after_plan()
-        return await _served(
+        served = await _served(
             ray,
             roster,
             fleet,
@@ -91,11 +102,19 @@ async def serve_fleet_config(
             state_root=state_root,
             out=out,
         )
+        return dataclasses.replace(served, replaced_nodes=tuple(back))
     except BaseException:
+        for step in undo:
+            step()
         ray.ray_fleet.fleet, ray.ray_fleet.connections = kept[0], kept[1]
         ray.adopt(kept[2])
         ray.served = kept[3]
         raise
+
+
+def fleet_names(fleet: Fleet) -> set[str]:
+    """The names of ``fleet``'s nodes."""
+    return {n.name for n in fleet.nodes}
 
 
 async def _served(
@@ -127,8 +146,8 @@ async def _served(
     )
     nodes: dict[str, NodeConfig] = {}
     for name, agent in agents.items():
-        if name in ray.lost or name not in {n.name for n in fleet.nodes}:
-            continue  # a lost node stays lost; one left out of the fleet drains
+        if name in ray.lost or name not in fleet_names(fleet):
+            continue  # a lost node not back stays lost; one left out of the fleet drains
         placed: dict[str, InferenceSpec] = {
             role: by_role[role].spec for role, node in result.placements.items() if node == name
         }

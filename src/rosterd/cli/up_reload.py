@@ -76,7 +76,8 @@ class Served:
     ``plan`` (``result``), the fleet nodes that are this machine (``local_nodes``),
     each one's :class:`NodeConfig` (``nodes``), each role's weights (``weights``:
     role -> where they are; ``None`` for a flavor that keeps its own, or missing)
-    and the memory figures gathered for it (``memory``; ``None``: the specs' own)."""
+    the memory figures gathered for it (``memory``; ``None``: the specs' own) and the
+    nodes whose scheduler starts afresh (``replaced_nodes``: a Ray node lost, then back)."""
 
     roster: ImportedRoster
     fleet: Fleet
@@ -85,6 +86,7 @@ class Served:
     nodes: Mapping[str, NodeConfig]
     weights: Mapping[str, WeightsSource | None]
     memory: RosterMemory | None = None
+    replaced_nodes: tuple[str, ...] = ()
 
     def fingerprints(self) -> dict[str, str]:
         """Role -> its run fingerprint (``RoleMemory.fingerprint``), for the peak recorders."""
@@ -350,7 +352,9 @@ class ConfigReloader:
         result = served.result
         restart = restarted_roles(self.served, served)
         # One step, no await: the scheduler and the router change together.
-        change = self.scheduler.apply_plan(served.nodes, restart=restart).as_json()
+        change = self.scheduler.apply_plan(
+            served.nodes, restart=restart, replace=served.replaced_nodes
+        ).as_json()
         self.routes.replace(
             role_routes(self.scheduler.roles, roster, result),
             unserved_reasons(result, roster, served.nodes),
@@ -411,14 +415,16 @@ def status_extra(reloader: ConfigReloader, ray: UpFleet | None) -> dict[str, obj
     address and the roles re-planned off nodes not connected."""
     served = reloader.served
     local = set(reloader.scheduler.nodes)  # the nodes this process runs, by Ray or not
+    # With Ray, a node's loss re-plans between reloads: its plan is the one in force.
+    result = ray.served.plan if ray is not None and ray.served is not None else served.result
     extra: dict[str, object] = {
-        "unplaced": [list(u) for u in served.result.unplaced],
+        "unplaced": [list(u) for u in result.unplaced],
         "remote_nodes": [
             {"node": n.name, "address": n.address, "served_here": False}
             for n in served.fleet.nodes
             if n.name not in local
         ],
-        "plan_solver": served.result.solver,
+        "plan_solver": result.solver,
         "config": reloader.status(),
     }
     if ray is not None:

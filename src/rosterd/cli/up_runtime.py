@@ -403,6 +403,8 @@ class UpRun:
                 ray.watch(
                     scheduler,
                     after_plan=self._set_signal_handlers if self.stop_on_signals else None,
+                    # a lost node back on the cluster is taken back by a reload
+                    on_back=lambda node: self._reload_soon(),
                 )
             config = uvicorn.Config(
                 router,

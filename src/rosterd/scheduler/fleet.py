@@ -139,7 +139,11 @@ class Scheduler:
             node.start()
 
     def apply_plan(
-        self, nodes: Mapping[str, NodeConfig], *, restart: Collection[str] = ()
+        self,
+        nodes: Mapping[str, NodeConfig],
+        *,
+        restart: Collection[str] = (),
+        replace: Collection[str] = (),
     ) -> PlanChange:
         """Serve the plan ``nodes`` (node name -> :class:`NodeConfig`) from now on; what changed.
 
@@ -153,10 +157,15 @@ class Scheduler:
         its requests finish (up to ``drain_s``) and stops every backend, in the
         background (:meth:`shutdown` waits for it). A role that moved retires on
         its old node and is added on the new one; its requests the old node does
-        not serve are queued on the new one (:meth:`acquire`). Needs a running event
-        loop when a node is left out.
+        not serve are queued on the new one (:meth:`acquire`). ``replace``: nodes whose
+        scheduler is drained and made afresh from their config (a node lost, then back:
+        its old scheduler holds the loss). Needs a running event loop when a node is
+        left out or replaced.
         """
         before = dict(self._node_of)
+        for name in replace:  # a node that came back after its loss: a scheduler afresh
+            if name in self.nodes:
+                self._drain(name, self.nodes.pop(name))
         placed = {role: name for name, config in nodes.items() for role in config.specs}
         changes: dict[str, NodeChange] = {}
         added_nodes: list[str] = []
@@ -187,7 +196,7 @@ class Scheduler:
         moved = {
             role: (old.name, self._node_of[role].name)
             for role, old in before.items()
-            if role in self._node_of and self._node_of[role] is not old
+            if role in self._node_of and self._node_of[role].name != old.name
         }
         return PlanChange(changes, tuple(added_nodes), tuple(drained), moved)
 
