@@ -37,7 +37,7 @@ from rosterd.errors import (
 )
 from rosterd.fleet import Fleet, ModelSource, Node, Platform
 from rosterd.node_agent import CarriedError
-from rosterd.ray_cluster import connect_fleet, import_ray, ray_address
+from rosterd.ray_cluster import RayFleet, connect_fleet, import_ray, ray_address
 from rosterd.ray_match import NodeLost, RayNode, match_fleet
 from rosterd.scheduler import NodeScheduler, Scheduler, SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -147,6 +147,21 @@ def test_fleet_nodes_match_ray_nodes_by_ip() -> None:
     )
     assert got["e"].ray_node_id == "ee" * 14  # a name, resolved
     assert got["f"].reason == "address gpu-box-2 does not resolve to an IP address"
+
+
+def test_a_lost_node_is_said_back_once_when_a_live_ray_node_has_its_address() -> None:
+    fleet = Fleet(nodes=(node("a", "10.0.0.1"), node("b", "10.0.0.2")))
+    old = [RayNode("aa" * 14, "10.0.0.1", alive=True), RayNode("bb" * 14, "10.0.0.2", alive=True)]
+    ray_fleet = RayFleet(fleet, match_fleet(fleet, old))
+    ray_fleet.lost["b"] = NodeLost("b", "bb" * 14, "node b is lost")
+    dead = [old[0], RayNode("bb" * 14, "10.0.0.2", alive=False)]
+    assert ray_fleet.back(dead) == []  # still only the dead one there
+    again = [*dead, RayNode("b2" * 14, "10.0.0.2", alive=True)]  # the machine rejoined
+    assert ray_fleet.back(again) == ["b"]
+    assert ray_fleet.back(again) == []  # said once
+    ray_fleet.forget_lost("b")  # a reload took it back
+    assert "b" not in ray_fleet.lost
+    assert ray_fleet.back(again) == []
 
 
 def test_a_rosterd_error_crosses_the_agent_boundary_whole() -> None:
