@@ -237,6 +237,18 @@ def test_an_operator_loads_a_role_on_the_live_page(
     assert "scratch-a" in events
     assert "loaded" in events
 
+    # The files served and the last reload, in words (not JSON).
+    config = driver.find_element(By.ID, "config-list").text
+    assert "roster.yaml" in config
+    assert "none yet" in config
+    assert "{" not in config
+    httpx.post(up.url + "/rosterd/reload", headers=AUTH, timeout=60).raise_for_status()
+    _wait(
+        "the reload on the page",
+        lambda: "what it changed\nnothing" in driver.find_element(By.ID, "config-list").text,
+    )
+    assert " ago, at " in driver.find_element(By.ID, "config-list").text
+
     row.find_element(By.CSS_SELECTOR, 'button[data-action="log"]').click()
     _wait("scratch-a's log", lambda: "starting scratch-a" in driver.find_element(By.ID, "log").text)
     time.sleep(1.5)  # one more snapshot: RSS and idle times filled in

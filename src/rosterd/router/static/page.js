@@ -224,17 +224,46 @@ function render() {
 }
 
 function renderConfig(config) {
-  // Filled in by a rosterd that reloads its files: whatever /status says of them.
+  // The files this rosterd serves and its last reload, as /status's `config` says them.
   const section = $("config");
   if (!config || typeof config !== "object") { section.hidden = true; return; }
   const list = $("config-list");
   list.replaceChildren();
-  for (const [name, value] of Object.entries(config)) {
-    const shown = typeof value === "object" && value !== null ? JSON.stringify(value) : String(value);
-    const isError = /error/i.test(name) && value;
-    list.append(el("dt", { text: name }), el("dd", { class: isError ? "error" : "", text: shown }));
+  const row = (name, text, cls) => list.append(el("dt", { text: name }), el("dd", { class: cls, text }));
+  const files = config.files || {};
+  for (const kind of ["roster", "overlay", "fleet"]) {
+    if (files[kind]) row(kind, files[kind]);
+  }
+  row("watch", config.watch ? "yes: reloads when the files change" : "no (rosterd reload, SIGHUP)");
+  const at = config.last_reload_at;
+  row("last reload", typeof at === "number" ? `${age(Date.now() / 1000 - at)} ago, at ${clock(at)}` : "none yet");
+  if (config.last_change) row("what it changed", describeChange(config.last_change));
+  const error = config.last_error;
+  if (error) {
+    const where = [error.file, error.line, error.column].filter((x) => x !== null && x !== undefined);
+    const refused = typeof error.at === "number" ? ` (${age(Date.now() / 1000 - error.at)} ago)` : "";
+    row("refused reload", `${where.length ? where.join(":") + ": " : ""}${error.message}${refused}`, "error");
   }
   section.hidden = false;
+}
+
+function describeChange(change) {
+  // PlanChange.as_json: per node the roles added, retired, restarted, updated; nodes added/drained.
+  if (!change.changed) return "nothing";
+  const parts = [];
+  for (const [node, what] of Object.entries(change.nodes || {})) {
+    const said = ["added", "retired", "restarted", "updated"]
+      .filter((k) => Array.isArray(what[k]) && what[k].length)
+      .map((k) => `${k} ${what[k].join(", ")}`);
+    if (Array.isArray(what.capacity_bytes)) said.push(`capacity ${gib(what.capacity_bytes[1])} GiB`);
+    if (said.length) parts.push(`${node}: ${said.join("; ")}`);
+  }
+  for (const key of ["added_nodes", "drained_nodes"]) {
+    if (Array.isArray(change[key]) && change[key].length) {
+      parts.push(`${key.replace("_", " ")}: ${change[key].join(", ")}`);
+    }
+  }
+  return parts.join(" · ") || "nothing";
 }
 
 function renderNodes(nodes) {
