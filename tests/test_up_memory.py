@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -20,30 +19,26 @@ from typing import Any
 
 import httpx
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli import _register, app
-from rosterd.cli.up_runtime import UpOptions, UpRun
+from rosterd.cli.up_runtime import UpOptions
 from rosterd.measured_peaks import MeasuredPeaks
 from rosterd.tokens import GB
-from test_up_support import MODELS, llama_entry, prepare_example_models, write_roster
+from test_up_support import (
+    MODELS,
+    console_text,
+    llama_entry,
+    prepare_example_models,
+    serving,
+    write_roster,
+)
 
 _register()
 
 pytestmark = pytest.mark.slow
-
-
-def _console() -> Console:
-    return Console(file=io.StringIO(), width=300, highlight=False)
-
-
-def _text(console: Console) -> str:
-    stream = console.file
-    assert isinstance(stream, io.StringIO)
-    return stream.getvalue()
 
 
 def _fleet(path: Path, models: Mapping[str, object], **node: object) -> Path:
@@ -61,16 +56,9 @@ def _needs_llama_server() -> None:
 
 async def _serve(options: UpOptions, work: Callable[[str], Awaitable[None]]) -> tuple[str, str]:
     """Run ``up`` with ``options`` until ``work(url)`` returned; its stdout and stderr."""
-    out, err = _console(), _console()
-    up = UpRun(options, out=out, err=err)
-    run = asyncio.create_task(up.run())
-    try:
-        url = await asyncio.wait_for(up.serving(), 60)
-        await work(url)
-    finally:
-        up.stop()
-        await asyncio.wait_for(run, 90)
-    return _text(out), _text(err)
+    async with serving(options) as up:
+        await work(up.url)
+    return console_text(up.out), console_text(up.err)
 
 
 async def test_measured_peak_counts_on_the_next_up_and_in_plan(tmp_path: Path) -> None:

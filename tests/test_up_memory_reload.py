@@ -17,7 +17,6 @@ runs stopped by their handles.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 from collections.abc import Awaitable, Callable
@@ -26,28 +25,23 @@ from typing import Any
 
 import httpx
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli import _register, app
-from rosterd.cli.up_runtime import UpOptions, UpRun
+from rosterd.cli.up_runtime import UpOptions
 from rosterd.fleet import load_fleet
 from rosterd.measured_peaks import MeasuredPeaks
 from rosterd.role_memory import gather_memory
 from rosterd.roster import load_roster
 from rosterd.tokens import GB
 from test_ollama_fake import fake_ollama_binary
-from test_up_support import MODELS, llama_entry, prepare_example_models, write_roster
+from test_up_support import MODELS, llama_entry, prepare_example_models, serving, write_roster
 
 _register()
 
 pytestmark = pytest.mark.slow
-
-
-def _console() -> Console:
-    return Console(file=io.StringIO(), width=300, highlight=False)
 
 
 def _fleet(path: Path, models: dict[str, object], **node: object) -> Path:
@@ -59,15 +53,11 @@ def _fleet(path: Path, models: dict[str, object], **node: object) -> Path:
 
 async def _serve(options: UpOptions, work: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
     """Run ``up`` with ``options`` until ``work(client)`` returned (client on its URL)."""
-    up = UpRun(options, out=_console(), err=_console())
-    run = asyncio.create_task(up.run())
-    try:
-        url = await asyncio.wait_for(up.serving(), 60)
-        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
-            await work(client)
-    finally:
-        up.stop()
-        await asyncio.wait_for(run, 90)
+    async with (
+        serving(options) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
+    ):
+        await work(client)
 
 
 def _role(status: dict[str, Any], role: str) -> dict[str, Any]:

@@ -11,8 +11,6 @@ read is refused and reported, and a reload with nothing changed says so.
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import signal
 import subprocess
@@ -23,10 +21,9 @@ from typing import Any
 
 import httpx
 import pytest
-from rich.console import Console
 
 from backend_helpers import pick_free_port
-from rosterd.cli.up_runtime import UpOptions, UpRun
+from rosterd.cli.up_runtime import UpOptions
 from test_up_support import (
     GEMMA,
     MODELS,
@@ -35,6 +32,7 @@ from test_up_support import (
     llama_entry,
     prepare_example_models,
     rosterd_argv,
+    serving,
     start_up,
     wait_resident,
     write_box_fleet,
@@ -241,39 +239,32 @@ async def test_a_missing_roster_is_refused_and_reported_and_nothing_changes(
     fleet = write_box_fleet(
         tmp_path / "fleet.yaml", {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
     )
-    up = UpRun(
-        UpOptions(
-            roster_path=roster,
-            fleet_path=fleet,
-            port=pick_free_port(),
-            state_dir=tmp_path / "state",
-            warm_up=False,
-        ),
-        out=Console(file=io.StringIO()),
-        err=Console(file=io.StringIO()),
+    options = UpOptions(
+        roster_path=roster,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        warm_up=False,
     )
-    run = asyncio.create_task(up.run())
-    try:
-        url = await asyncio.wait_for(up.serving(), 60)
-        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
-            config = (await client.get("/status")).json()["config"]
-            assert config["files"] == {"roster": str(roster), "overlay": None, "fleet": str(fleet)}
-            assert (config["last_reload_at"], config["last_error"]) == (None, None)
-            roster.rename(tmp_path / "moved.yaml")
-            refused = await client.post("/rosterd/reload")
-            assert refused.status_code == 422
-            assert str(roster) in refused.json()["error"]["message"]
-            error = (await client.get("/status")).json()["config"]["last_error"]
-            assert error["file"] == str(roster)
-            assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]] == ["tiny"]
-            (tmp_path / "moved.yaml").rename(roster)
-            same = await client.post("/rosterd/reload")
-            assert same.status_code == 200, same.text
-            assert same.json()["changed"] is False
-            assert (await client.get("/status")).json()["config"]["last_error"] is None
-    finally:
-        up.stop()
-        await asyncio.wait_for(run, 60)
+    async with (
+        serving(options) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
+    ):
+        config = (await client.get("/status")).json()["config"]
+        assert config["files"] == {"roster": str(roster), "overlay": None, "fleet": str(fleet)}
+        assert (config["last_reload_at"], config["last_error"]) == (None, None)
+        roster.rename(tmp_path / "moved.yaml")
+        refused = await client.post("/rosterd/reload")
+        assert refused.status_code == 422
+        assert str(roster) in refused.json()["error"]["message"]
+        error = (await client.get("/status")).json()["config"]["last_error"]
+        assert error["file"] == str(roster)
+        assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]] == ["tiny"]
+        (tmp_path / "moved.yaml").rename(roster)
+        same = await client.post("/rosterd/reload")
+        assert same.status_code == 200, same.text
+        assert same.json()["changed"] is False
+        assert (await client.get("/status")).json()["config"]["last_error"] is None
 
 
 async def test_a_reload_checks_ports_as_the_start_does(tmp_path: Path) -> None:
@@ -287,31 +278,22 @@ async def test_a_reload_checks_ports_as_the_start_does(tmp_path: Path) -> None:
             "tiny-b": {"path": str(MODELS / "tiny-b.gguf")},
         },
     )
-    up = UpRun(
-        UpOptions(
-            roster_path=roster,
-            fleet_path=fleet,
-            port=pick_free_port(),
-            state_dir=tmp_path / "state",
-            warm_up=False,
-        ),
-        out=Console(file=io.StringIO()),
-        err=Console(file=io.StringIO()),
+    options = UpOptions(
+        roster_path=roster,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        warm_up=False,
     )
-    run = asyncio.create_task(up.run())
-    try:
-        url = await asyncio.wait_for(up.serving(), 60)
+    async with serving(options) as up:
         write_roster(
             roster,
             [llama_entry("tiny", "tiny-a", 0.1, 18731), llama_entry("other", "tiny-b", 0.1, 18731)],
         )
-        async with httpx.AsyncClient(base_url=url, timeout=60, trust_env=False) as client:
+        async with httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client:
             reloaded = await client.post("/rosterd/reload")
             assert reloaded.status_code == 200, reloaded.text
             unplaced = dict((await client.get("/status")).json()["unplaced"])
             assert "other" in unplaced
             assert "port 18731" in unplaced["other"]
             assert "tiny" in unplaced["other"]
-    finally:
-        up.stop()
-        await asyncio.wait_for(run, 60)
