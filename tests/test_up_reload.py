@@ -297,3 +297,40 @@ async def test_a_reload_checks_ports_as_the_start_does(tmp_path: Path) -> None:
             assert "other" in unplaced
             assert "port 18731" in unplaced["other"]
             assert "tiny" in unplaced["other"]
+
+
+async def test_a_renamed_node_takes_its_roles_once_the_old_node_let_them_go(
+    tmp_path: Path,
+) -> None:
+    """Renaming this machine's node in the fleet moves every role to the new name: the old
+    node drains and stops its backends, and the new node starts them (warm-up, requests)
+    only once the old processes have exited, instead of failing on the name."""
+    prepare_example_models()
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18741)])
+    models = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
+    fleet = write_box_fleet(tmp_path / "fleet.yaml", models)
+    options = UpOptions(
+        roster_path=roster,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        auto_backend_ports=True,
+    )
+    async with (
+        serving(options) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
+    ):
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 4}
+        assert (await client.post("/v1/completions", json=body)).status_code == 200
+        text = fleet.read_text()
+        fleet.write_text(text.replace('"name": "box"', '"name": "renamed"'))
+        assert "renamed" in fleet.read_text()
+        reloaded = await client.post("/rosterd/reload")
+        assert reloaded.status_code == 200, reloaded.text
+        assert reloaded.json()["drained_nodes"] == ["box"]
+        answer = await client.post("/v1/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        status = (await client.get("/status")).json()
+        role = status["nodes"]["renamed"]["roles"]["tiny"]
+        assert role["phase"] == "ready"
+        assert role["last_error"] is None

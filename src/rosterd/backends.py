@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import httpx
 
 from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
-from rosterd.errors import RosterdError
+from rosterd.errors import BackendAlreadySupervisedError, RosterdError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import (
     Backend,
@@ -43,6 +43,9 @@ from rosterd.supervisor import (
 _SHARED_UNLOAD_S = 30.0
 #: How long a shared server may take to free a model's memory after an unload, seconds.
 _SHARED_FREE_S = 60.0
+#: How long a start waits for the role's process on the node it moved from to exit, seconds
+#: (that node drains first: up to ``--drain``, then ``--grace``).
+_PREVIOUS_WAIT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +237,7 @@ class SupervisorBackends:
         shared = adapter.shared_server
         if shared is not None:
             return await self._load_shared(spec, shared)
+        await self._after_previous(role)
         self._started.add(role)
         source = self.resolve_weights(spec)
         port = spec.serve.port
@@ -248,6 +252,28 @@ class SupervisorBackends:
             grace_s=grace if isinstance(grace, int | float) else None,
         )
         return Endpoint(backend.base_url, launch.served_model, backend.pid)
+
+    async def _after_previous(self, role: str) -> None:
+        """Wait until no backend of ``role`` runs under the supervisor that other backends
+        started: a re-plan that moved the role between two nodes of this machine (a node
+        renamed, say) drains the old node while the new one starts, and the supervisor
+        runs one process per name.
+
+        Raises:
+            BackendAlreadySupervisedError: the old process still runs after
+                ``_PREVIOUS_WAIT_S``.
+        """
+        if role in self._started:
+            return  # ours: the node's machine stops it before it starts it again
+        deadline = asyncio.get_running_loop().time() + _PREVIOUS_WAIT_S
+        # another node's drain, then its stop, free the name: there is no event to await
+        while self.supervisor.backend(role) is not None:
+            if asyncio.get_running_loop().time() > deadline:
+                raise BackendAlreadySupervisedError(
+                    f"backend {role} of the node it moved from still runs after "
+                    f"{_PREVIOUS_WAIT_S:.0f} s"
+                )
+            await asyncio.sleep(0.05)
 
     async def stop(self, role: str) -> None:
         """Stop the role's backend; returns after the process exited (or, for a
