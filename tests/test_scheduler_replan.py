@@ -475,3 +475,53 @@ async def test_a_request_waiting_on_a_lost_node_is_served_where_its_role_moved()
     assert elsewhere.starts == ["a"]
     scheduler.release(lease)
     await scheduler.shutdown()
+
+
+# --------------------------------------------------------------------------- new exclusions
+
+
+def test_a_new_exclusion_stops_the_later_loaded_of_two_idle_roles() -> None:
+    bench = Bench([spec("a", 100), spec("b", 100)], 1000)
+    bench.use("a")
+    bench.now = 1.0
+    bench.use("b")
+    respec(bench, "b", 100, restart=False, excludes=("a",))  # an overlay reload
+    assert bench.stops() == ["b"]
+    assert "a re-plan made it exclude a, which stays resident" in bench.records("stopping")[0].cause
+    bench.stop_done("b")
+    assert bench.machine.resident() == ("a",)
+
+
+def test_a_new_exclusion_keeps_the_busy_role_and_the_interactive_one() -> None:
+    bench = Bench([spec("busy", 100), spec("idle", 100)], 1000)
+    bench.use("idle")
+    bench.now = 1.0
+    bench.acquire("busy")
+    bench.settle()
+    respec(bench, "idle", 100, restart=False, excludes=("busy",))
+    assert bench.stops() == ["idle"]  # loaded first, but idle
+
+    voice = Bench([spec("chat", 100), spec("voice", 100, interactive=True)], 1000)
+    voice.use("chat")
+    voice.now = 1.0
+    voice.use("voice")
+    respec(voice, "chat", 100, restart=False, excludes=("voice",))
+    assert voice.stops() == ["chat"]  # the interactive role stays
+
+
+def test_a_new_exclusion_between_busy_roles_drains_then_cuts_the_later_loaded() -> None:
+    bench = Bench([spec("a", 100), spec("b", 100)], 1000)
+    bench.acquire("a")
+    bench.settle()
+    bench.now = 1.0
+    held = bench.acquire("b")
+    bench.settle()
+    respec(bench, "a", 100, restart=False, excludes=("b",))
+    newer = bench.acquire("b")
+    bench.at(5.9)
+    assert bench.stops() == []
+    assert not bench.answered(newer)  # b drains: newer requests wait
+    bench.at(6.0)  # drain_s after the conflict began
+    assert [r.role for r in bench.of(RevokeLeases)] == ["b"]
+    bench.release(held)
+    assert bench.stops() == ["b"]

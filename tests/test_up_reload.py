@@ -307,7 +307,7 @@ async def test_a_renamed_node_takes_its_roles_once_the_old_node_let_them_go(
     only once the old processes have exited, instead of failing on the name."""
     prepare_example_models()
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18741)])
-    models = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
+    models: dict[str, dict[str, object]] = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
     fleet = write_box_fleet(tmp_path / "fleet.yaml", models)
     options = UpOptions(
         roster_path=roster,

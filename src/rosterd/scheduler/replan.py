@@ -18,6 +18,8 @@ under the machine's own rules: one transition per node, memory free only at
   grants no new lease; once its requests finished (or after ``drain_s``) it
   stops, takes the new spec and, if it was resident, loads again as a warm-up
   does (evicting nothing). Without a restart the spec applies at once.
+- **A new exclusion** between two resident roles: one of them stops (the
+  interactive, busy or longer-loaded one stays), when idle or after ``drain_s``.
 - **A new capacity**: while the resident roles hold more than it, they are
   evicted to fit (:func:`rosterd.residency.fit_to_capacity`: idle ones first,
   in the policy's eviction order); busy ones drain (no new leases to newer
@@ -89,6 +91,8 @@ class ReplanRules(MachineState):
     ) -> None:
         super().__init__(capacity_bytes, specs, limits, concurrency)
         self._over_since: float | None = None  # since when the resident roles exceed capacity
+        self._conflict_since: float | None = None  # since when two resident roles exclude
+        self._new_capacity = False  # SetCapacity came since the roles last fit
         # Restart loads are waiters nobody outside waits on: negative tickets, which no
         # node loop hands out, so their grants and failures are answered to no one.
         self._restart_tickets = itertools.count(-1, -1)
@@ -114,6 +118,7 @@ class ReplanRules(MachineState):
     def _on_replan(self, event: ReplanEvent, now: float) -> None:
         if isinstance(event, SetCapacity):
             self.capacity_bytes = event.capacity_bytes
+            self._new_capacity = True
             if self.resident_bytes() > self.capacity_bytes and self._over_since is None:
                 self._over_since = now
             self._out.append(LogNote("info", f"capacity is now {gib(event.capacity_bytes)}"))
@@ -231,11 +236,50 @@ class ReplanRules(MachineState):
             if st.phase is Phase.RESTARTING or (st.phase is Phase.READY and (idle or drained)):
                 self._begin_transition((role,), None, cause, REPLAN_LABEL, None, now)
                 return True
-        return self._schedule_fit(now, holds)
+        return self._schedule_exclusions(now, holds) or self._schedule_fit(now, holds)
+
+    def _schedule_exclusions(self, now: float, holds: dict[str, float]) -> bool:
+        """Stop one of two resident roles that a re-plan made exclude each other (a new
+        ``excludes`` applies at once, without a restart): the one to keep is interactive
+        before batch, then busy before idle, then loaded first; the other stops when idle,
+        or after ``drain_s`` (newer requests wait meanwhile)."""
+        held = [r for r, st in self._roles.items() if st.phase in HOLDS_MEMORY]
+        pair = next(
+            (
+                (a, b)
+                for i, a in enumerate(held)
+                for b in held[i + 1 :]
+                if b in self._roles[a].spec.excludes or a in self._roles[b].spec.excludes
+            ),
+            None,
+        )
+        if pair is None:
+            self._conflict_since = None
+            return False
+        if self._conflict_since is None:
+            self._conflict_since = now
+
+        def keep_first(role: str) -> tuple[bool, bool, float]:
+            st = self._roles[role]
+            interactive = st.spec.latency_class is LatencyClass.INTERACTIVE
+            loaded = st.loaded_at if st.loaded_at is not None else now
+            return (not interactive, st.in_flight == 0, loaded)
+
+        keep, stop = sorted(pair, key=keep_first)
+        st = self._roles[stop]
+        if st.phase is not Phase.READY:
+            return False  # a load or stop of it is under way: decided again after it
+        if st.in_flight and now - self._conflict_since < self.limits.drain_s:
+            holds[stop] = min(holds.get(stop, self._conflict_since), self._conflict_since)
+            return False
+        cause = f"a re-plan made it exclude {keep}, which stays resident"
+        self._begin_transition((stop,), None, cause, REPLAN_LABEL, None, now)
+        return True
 
     def _schedule_fit(self, now: float, holds: dict[str, float]) -> bool:
         if self.resident_bytes() <= self.capacity_bytes:
             self._over_since = None
+            self._new_capacity = False
             return False
         if self._over_since is None:  # a resident role's memory grew
             self._over_since = now
@@ -247,7 +291,12 @@ class ReplanRules(MachineState):
             *(b for b in fit.blocking if drained or self._roles[b].phase is Phase.RESTARTING),
         ]
         if evict:
-            cause = f"the node's capacity is now {gib(self.capacity_bytes)}: {fit.reason}"
+            cause = (
+                f"the node's capacity is now {gib(self.capacity_bytes)}: {fit.reason}"
+                if self._new_capacity
+                else f"a re-plan raised the resident roles' memory over the node's capacity "
+                f"of {gib(self.capacity_bytes)}: {fit.reason}"
+            )
             self._begin_transition(evict, None, cause, REPLAN_LABEL, None, now)
             return True
         for b in fit.blocking:  # they drain: newer requests wait for the capacity
