@@ -11,6 +11,7 @@ read is refused and reported, and a reload with nothing changed says so.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -334,3 +335,50 @@ async def test_a_renamed_node_takes_its_roles_once_the_old_node_let_them_go(
         role = status["nodes"]["renamed"]["roles"]["tiny"]
         assert role["phase"] == "ready"
         assert role["last_error"] is None
+
+
+async def test_a_reload_that_adds_an_exclusion_stops_one_of_the_two(tmp_path: Path) -> None:
+    """Two roles resident together; the overlay is given ``excludes`` between them and
+    reloaded: one of them stops (the later loaded), the other keeps its process."""
+    prepare_example_models()
+    roster = write_roster(
+        tmp_path / "roster.yaml",
+        [llama_entry("first", "tiny-a", 0.1, 18751), llama_entry("second", "tiny-b", 0.1, 18752)],
+    )
+    models: dict[str, dict[str, object]] = {
+        name: {"path": str(MODELS / f"{name}.gguf")} for name in ("tiny-a", "tiny-b")
+    }
+    fleet = write_box_fleet(tmp_path / "fleet.yaml", models)
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("{}\n")
+    options = UpOptions(
+        roster_path=roster,
+        overlay_path=overlay,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        auto_backend_ports=True,
+        warm_up=False,
+    )
+    async with (
+        serving(options) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
+    ):
+        for role in ("first", "second"):
+            assert (await client.post(f"/rosterd/load/{role}")).status_code == 200
+        before = (await client.get("/status")).json()["nodes"]["box"]
+        assert sorted(before["resident"]) == ["first", "second"]
+        overlay.write_text(json.dumps({"excludes": {"second": ["first"]}}))
+        assert (await client.post("/rosterd/reload")).status_code == 200
+        for _ in range(100):
+            node = (await client.get("/status")).json()["nodes"]["box"]
+            if node["resident"] == ["first"]:
+                break
+            await asyncio.sleep(0.1)
+        assert node["resident"] == ["first"]
+        assert node["roles"]["first"]["pid"] == before["roles"]["first"]["pid"]
+        events = (await client.get("/rosterd/events")).json()["events"]
+        assert any(
+            e["kind"] == "stopped" and e["role"] == "second" and "exclude first" in e["cause"]
+            for e in events
+        )
