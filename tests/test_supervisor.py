@@ -444,3 +444,11 @@ async def test_tree_rss_bytes_counts_a_process_and_its_children() -> None:
             os.kill(child_pid, signal.SIGKILL)
         await kill_rosterd_child(parent)  # SIGKILL, reap, close its pipe
     assert tree_rss_bytes(parent.pid) is None
+
+
+def test_the_holder_of_a_port_is_named_with_whole_arguments() -> None:
+    from rosterd.supervisor.ports import _short_command
+
+    argv = ["llama-server", "-m", "/models/" + "x" * 100 + ".gguf", "--host", "127.0.0.1"]
+    assert _short_command(argv) == "llama-server -m …"  # never a cut argument
+    assert _short_command(["ollama", "serve"]) == "ollama serve"

@@ -39,10 +39,20 @@ def port_holder(host: str, port: int) -> str | None:
             return None
         try:
             proc = psutil.Process(conn.pid)
-            return f"pid {conn.pid} ({proc.name()}: {' '.join(proc.cmdline())[:120]})"
+            return f"pid {conn.pid} ({proc.name()}: {_short_command(proc.cmdline())})"
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return f"pid {conn.pid}"
     return None
+
+
+def _short_command(argv: list[str], limit: int = 120) -> str:
+    """``argv`` joined, whole arguments only, up to about ``limit`` characters (then ``…``)."""
+    shown: list[str] = []
+    for arg in argv:
+        if shown and len(" ".join([*shown, arg])) > limit:
+            return " ".join(shown) + " …"
+        shown.append(arg)
+    return " ".join(shown)
 
 
 def check_port_free(host: str, port: int) -> None:
