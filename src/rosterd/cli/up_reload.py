@@ -300,6 +300,7 @@ class ConfigReloader:
         self.last_change: Mapping[str, object] | None = None
         self.last_error: dict[str, object] | None = None
         self._seen = _digest(self.paths)
+        self._warned = set(served.roster.warnings)  # `up` said these at start
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -361,7 +362,9 @@ class ConfigReloader:
         )
         self.served = served
         for warning in roster.warnings:
-            log.warning("reload: %s", warning)
+            if warning not in self._warned:  # said once per run, not again at every reload
+                self._warned.add(warning)
+                log.warning("reload: %s", warning)
         log.info("reloaded %s: %s", ", ".join(map(str, self.paths)), _summary(change))
         self._on_applied(served, change)
         return change
