@@ -264,3 +264,27 @@ def test_readme_plan_samples_are_what_plan_prints(tmp_path: Path) -> None:
         header = [cell.strip() for cell in got[2].split("┃")[1:-1]]
         assert header[-4:] == ["ram_gb", "estimate", "measured", "counts"]
         assert _node_tables(sample) == got, fleet
+
+
+def test_a_role_placed_here_whose_weights_are_missing_is_said(tmp_path: Path) -> None:
+    roster = tmp_path / "roster.yaml"
+    roster.write_text(
+        "roster:\n  - {id: gone, role: test, name: nothere, repo: local/nothere, ram_gb: 0.1,"
+        " backend: llama.cpp, port: 18991, status: live}\n"
+    )
+    fleet = tmp_path / "fleet.yaml"
+    missing = tmp_path / "nothere.gguf"
+    fleet.write_text(
+        json.dumps(
+            {
+                "nodes": [{"name": "box", "memory_gb": 4, "platform": "linux-x86_64"}],
+                "models": {"gone": {"path": str(missing)}},
+            }
+        )
+    )
+    code, out, err = run(
+        "plan", str(roster), "--fleet", str(fleet), "--state-dir", str(tmp_path / "s"), "--json"
+    )
+    assert code == 0
+    assert json.loads(out)["placements"] == {"gone": "box"}  # planned all the same
+    assert f"warning: role gone on node box: models: gone: {missing} does not exist" in err

@@ -217,6 +217,15 @@ def plan_cmd(
         from rosterd.cli.up_plan import check_ports
 
         result = check_ports(result, imported, nodes, router_port=port)
+    from rosterd.cli.up_plan import is_local_address
+
+    here = {n.name for n in nodes.nodes if is_local_address(n.address)}
+    for role, node in result.placements.items():
+        note = memory.roles[role].estimate_note if role in memory.roles else ""
+        if node in here and note.startswith("no estimate: "):
+            # What `up` would say at its start: its weights cannot be used on this machine.
+            said = note.removeprefix("no estimate: ").removeprefix(f"role {role}: ")
+            typer.echo(f"warning: role {role} on node {node}: {said}", err=True)
     if as_json:
         typer.echo(json.dumps(plan_to_json(result, memory), indent=2))
         return
