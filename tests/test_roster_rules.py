@@ -522,6 +522,14 @@ def test_alias_with_the_same_name_does_not_warn() -> None:
     assert result.warnings == ()
 
 
+def test_an_id_imported_twice_warns_and_both_entries_stay_as_the_reference_has_them() -> None:
+    result = one(roster(base(id="dup", port="8301"), base(id="dup", port="8302")))
+    assert [s.spec.role for s in result.specs] == ["dup", "dup"]  # as roster.rs
+    (warning,) = result.warnings
+    assert 'roster[1] (id "dup", line 7): id "dup" is imported again (first at line 2)' in warning
+    assert "serves the first entry only" in warning
+
+
 def test_a_key_close_to_a_missing_field_warns_did_you_mean_and_changes_nothing() -> None:
     text = roster(
         base(id="a", ram_gb="1"),

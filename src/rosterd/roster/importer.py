@@ -197,6 +197,7 @@ def _import_entries(
     seen: dict[tuple[str, int | None, str], str] = {}
     # id of each imported entry -> its raw entry, for the alias warning.
     imported_raws: dict[str, RawEntry] = {}
+    first_of_id: dict[str, RawEntry] = {}  # id -> its first imported entry
     for index, raw in enumerate(raws):
         if not valid_token(raw.id, 64):
             skipped.append((raw.id, "id is not a plain token"))
@@ -244,6 +245,13 @@ def _import_entries(
             skipped.append((raw.id, f"not a valid inference spec: {err}"))
             continue
         seen[key] = raw.id
+        twice = first_of_id.setdefault(raw.id, raw)
+        if twice is not raw:  # rosterd plans and serves the first; the reference keeps both
+            where = entry_where(file, raw.line, f"roster[{index}]", raw)
+            warnings.append(
+                f"{where}: id {rust_debug_str(raw.id)} is imported again (first at line "
+                f"{twice.line}); rosterd plans and serves the first entry only"
+            )
         imported_raws[raw.id] = raw
         specs.append(
             ImportedSpec(
