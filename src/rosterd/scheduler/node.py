@@ -373,7 +373,9 @@ class NodeScheduler(NodeLoop):
         "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
         "in_flight", "queued", "idle_s", "loaded_for_s", "waiting_reason",
         "waiting_s", "last_error", "last_error_age_s", "load_backoff_s",
-        "base_url", "pid", "unavailable_reason"}}, "lost_reason"}`` (durations in seconds,
+        "base_url", "pid", "restart_pending", "unavailable_reason"}}, "lost_reason"}``
+        (``restart_pending``: a re-plan changed what it launches and it restarts once
+        idle, or after ``drain_s``; durations in seconds,
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
         cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
         re-plan removed the role and it drains before it stops; ``memory``: the

@@ -192,6 +192,8 @@ class MachineState:
             "load_backoff_s": round(backoff, 3) if backoff > 0 else None,
             "base_url": st.endpoint.base_url if st.endpoint else None,
             "pid": st.endpoint.pid if st.endpoint else None,
+            # a re-plan changed what it launches: it restarts once idle (cut after drain_s)
+            "restart_pending": st.next_spec is not None,
         }
 
     def typical_load_s(self) -> float:

@@ -198,6 +198,9 @@ function roleNote(role, info) {
   if (info.unavailable_reason) return { text: info.unavailable_reason, kind: "error" };
   if (info.last_error) return { text: info.last_error, kind: "error" };
   if (info.waiting_reason) return { text: `waiting: ${info.waiting_reason}`, kind: "wait" };
+  if (info.restart_pending) {
+    return { text: "restarts once idle: a reload changed what it launches", kind: "wait" };
+  }
   const failure = state.failures[role];
   if (failure) return { text: `${failure.kind.replace("_", " ")}: ${failure.cause}`, kind: "error" };
   return { text: "", kind: "" };
