@@ -203,11 +203,13 @@ def test_a_busy_role_with_a_new_launch_restarts_once_idle_and_new_requests_wait(
     assert not bench.answered(newer)  # it waits for the restart
     assert bench.stops() == []
     assert bench.machine.role_view("a", bench.now)["resident_bytes"] == 100 * MIB  # still old
+    assert bench.machine.role_view("a", bench.now)["restart_pending"] is True  # `ps` says so
     bench.release(held)
     assert bench.stops() == ["a"]
     bench.stop_done("a")
     assert bench.starts() == ["a", "a"]
     assert bench.machine.role_view("a", bench.now)["resident_bytes"] == 200 * MIB
+    assert bench.machine.role_view("a", bench.now)["restart_pending"] is False
     bench.load_done("a")
     assert bench.lease(newer) is not None
     assert bench.records("stopped")[-1].label == "replan"
