@@ -15,7 +15,9 @@ Ray cluster and runs every fleet node a live Ray node matches by address through
 that node's agent (:mod:`rosterd.cli.up_fleet`); a node with none is reported
 not connected and its roles are planned on the others.
 
-Exit status (decided by :mod:`rosterd.cli.edge`): 0 after a clean stop, 2 on bad
+Exit status (decided by :mod:`rosterd.cli.edge`): 0 after a clean stop (Ctrl-C or
+SIGTERM at any moment once the plan is made; a second one while stopping only says
+so), 130 after a Ctrl-C before the plan was made (nothing started), 2 on bad
 input (roster, overlay, fleet, an empty API key, port in use, a locked state
 folder). The runtime (uvicorn, the scheduler, the solver) is imported only when
 ``up`` runs, so that the other commands start at once.

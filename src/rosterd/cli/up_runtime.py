@@ -99,7 +99,16 @@ def run_up(options: UpOptions, *, out: Console, err: Console) -> None:
     Raises:
         RosterdError: bad input or an unusable port or state folder (see the module).
     """
-    asyncio.run(UpRun(options, out=out, err=err, stop_on_signals=True).run())
+    run = UpRun(options, out=out, err=err, stop_on_signals=True)
+    # rosterd's own SIGINT handler from the start, so that asyncio.Runner sets none: its
+    # handler cancels the main task, and a Ctrl-C during the plan then landed once
+    # serving had begun, as a CancelledError through uvicorn's lifespan and exit 130.
+    previous = signal.signal(signal.SIGINT, run.interrupted)
+    try:
+        with asyncio.Runner() as runner:
+            runner.run(run.run())
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class UpRun:
@@ -126,10 +135,29 @@ class UpRun:
         #: The reload of this run, once it serves.
         self.reloader: ConfigReloader | None = None
         self._memory_warned: set[str] = set()
+        # Set once the plan is made and the loop handles SIGINT: from then on no Ctrl-C
+        # ends the run early (every backend must be stopped).
+        self._signals_taken = False
+        self._interrupted = False  # a Ctrl-C before that: see interrupted()
         self._reloads: set[asyncio.Task[None]] = set()
         # node -> where its backends' peaks are measured (this machine's supervisor,
         # or a node agent on its node)
         self._backends: dict[str, PeakSource] = {}
+
+    def interrupted(self, signum: int, frame: object) -> None:
+        """The SIGINT handler of the whole process (``signal.signal``), outside the spans
+        where the event loop handles signals itself (:meth:`_set_signal_handlers`).
+
+        Before the plan is made it only notes the interrupt: the run ends (exit 130,
+        one line) once the plan is made, before anything starts. Not raising here
+        keeps a Ctrl-C from landing inside an import or the solver. After the plan (the
+        last clean-up, once the loop's handlers are gone) it says that rosterd is
+        stopping and changes nothing.
+        """
+        if self._signals_taken:
+            self._say_stopping()
+        else:
+            self._interrupted = True
 
     def stop(self) -> None:
         """Stop serving: in-flight requests get ``limits.drain_s``, then every backend stops.
@@ -241,6 +269,10 @@ class UpRun:
             # Only now, after the plan: OR-Tools' solver takes SIGINT over while it
             # runs, and a handler set before it no longer gets Ctrl-C afterwards.
             self._set_signal_handlers()
+            if self._interrupted:  # Ctrl-C before the plan was made: stop before any start
+                sock.close()
+                self.err.print("interrupted before serving; nothing was started")
+                raise KeyboardInterrupt
         scheduler: Scheduler | None = None
 
         def on_backend_event(event: BackendEvent) -> None:
@@ -250,6 +282,7 @@ class UpRun:
 
         supervisor = Supervisor(state_dir, grace_s=options.grace_s, on_event=on_backend_event)
         background: list[asyncio.Task[None]] = []
+        serving: asyncio.Task[None] | None = None
         recorders: list[PeakRecorder] = []
         try:
             reaped = await supervisor.reap_leftovers()
@@ -437,7 +470,7 @@ class UpRun:
             if options.watch:
                 background.append(asyncio.create_task(reloader.watch(), name="rosterd-watch"))
             await self._stop.wait()
-            self.out.print("stopping: draining requests, then stopping every backend …")
+            self.out.print(f"stopping: {self._stopping_what()} …")
             streams.close()
             for task in background:
                 task.cancel()
@@ -454,6 +487,13 @@ class UpRun:
         finally:
             for task in background:
                 task.cancel()
+            if serving is not None and not serving.done():
+                # Left early (cancelled, or an error): uvicorn ends its lifespan here, not
+                # as a cancelled task once the event loop closes (a traceback per task).
+                if self._server is not None:
+                    self._server.should_exit = self._server.force_exit = True
+                with contextlib.suppress(asyncio.CancelledError):
+                    await serving
             if scheduler is not None:
                 await scheduler.shutdown()
             for recorder in recorders:  # the backends sampled their peaks before they stopped
@@ -463,6 +503,9 @@ class UpRun:
             if self.stop_on_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
+                # Not Python's default (KeyboardInterrupt in the last clean-up): this
+                # run's own, which says it is stopping.
+                signal.signal(signal.SIGINT, self.interrupted)
             self.out.print("rosterd stopped; no backend left running")
 
     def _warn_memory(self, memory: RosterMemory) -> None:
@@ -477,11 +520,28 @@ class UpRun:
         """SIGINT and SIGTERM stop, SIGHUP reloads (set again after each plan: the solver
         takes SIGINT over while it runs)."""
         loop = asyncio.get_running_loop()
+        self._signals_taken = True
         for sig in (signal.SIGINT, signal.SIGTERM):
-            # A second Ctrl-C changes nothing: the drain and the stops are bounded
-            # (--drain, --grace), and every backend must still be stopped.
-            loop.add_signal_handler(sig, self.stop)
+            loop.add_signal_handler(sig, self._stop_signal)
         loop.add_signal_handler(signal.SIGHUP, self._reload_soon)
+
+    def _stop_signal(self) -> None:
+        """SIGINT or SIGTERM while serving: stop; again while stopping, say so and go on (the
+        drain and the stops are bounded by --drain and --grace, and every backend must
+        still be stopped)."""
+        if self._stop.is_set():
+            self._say_stopping()
+        else:
+            self.stop()
+
+    def _stopping_what(self) -> str:
+        return (
+            f"draining requests (up to --drain {self.options.limits.drain_s:g} s), "
+            "then stopping every backend"
+        )
+
+    def _say_stopping(self) -> None:
+        self.out.print(f"already stopping: {self._stopping_what()}")
 
     def _reload_soon(self) -> None:
         """SIGHUP: reload in the background (a refusal is logged and kept for /status)."""

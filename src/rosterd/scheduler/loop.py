@@ -273,26 +273,35 @@ class NodeLoop:
         )
         self.events.append(event)
         took = f" in {duration:.2f} s" if duration is not None else ""
-        level = logging.WARNING if effect.kind in ("load_failed", "refused") else logging.INFO
-        log.log(
-            level,
-            "node %s: %s %s%s (%s); resident: %s (%.2f GiB of %.2f GiB)",
-            self.name,
-            effect.kind,
-            effect.role,
-            took,
-            effect.cause,
-            ", ".join(event.resident) or "none",
-            event.resident_bytes / 2**30,
-            self.capacity_bytes / 2**30,
-        )
+        # A load the shutdown cut short (a warm-up still starting at Ctrl-C) failed
+        # nothing the operator must act on: one info line, not a warning with the log tail.
+        cut = effect.kind == "load_failed" and self._shut_down is not None
+        if cut:
+            after = f" after {duration:.2f} s" if duration is not None else ""
+            log.info(
+                "node %s: load of %s cut short by the shutdown%s", self.name, effect.role, after
+            )
+        else:
+            level = logging.WARNING if effect.kind in ("load_failed", "refused") else logging.INFO
+            log.log(
+                level,
+                "node %s: %s %s%s (%s); resident: %s (%.2f GiB of %.2f GiB)",
+                self.name,
+                effect.kind,
+                effect.role,
+                took,
+                effect.cause,
+                ", ".join(event.resident) or "none",
+                event.resident_bytes / 2**30,
+                self.capacity_bytes / 2**30,
+            )
         metrics = self._metrics
         if metrics is not None:
             node, role = self.name, effect.role
             if effect.kind == "loaded":
                 metrics.loads.labels(node=node, role=role, cause=effect.label or "load").inc()
                 metrics.load_duration.labels(node=node, role=role).observe(duration or 0.0)
-            elif effect.kind == "load_failed":
+            elif effect.kind == "load_failed" and not cut:
                 metrics.load_failures.labels(node=node, role=role).inc()
             elif effect.kind == "stopped":
                 cause = effect.label or "unload"
