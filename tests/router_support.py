@@ -16,7 +16,13 @@ import uvicorn
 from backend_helpers import NoLiveness, pick_free_port
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.router.streams import LiveStreams
-from rosterd.scheduler import Endpoint, NodeScheduler, RoleBackends, Scheduler
+from rosterd.scheduler import (
+    Endpoint,
+    NodeScheduler,
+    RoleBackends,
+    Scheduler,
+    SchedulerLimits,
+)
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 
 MIB = 2**20
@@ -48,17 +54,24 @@ async def serve(
     config: RouterConfig | None = None,
     backends: RoleBackends | None = None,
     capacity_bytes: int = 100 * MIB,
+    excludes: dict[str, tuple[str, ...]] | None = None,
+    limits: SchedulerLimits | None = None,
 ) -> AsyncIterator[Served]:
     """Serve :data:`ROLES` (model names ``<role>-m``, 1 MiB each) with logs in
     ``tmp_path/logs``, on one node ``n1`` of ``capacity_bytes`` whose roles
-    ``backends`` start (default :class:`NoBackends`)."""
+    ``backends`` start (default :class:`NoBackends`); ``excludes``: role -> the
+    roles it excludes; ``limits``: the node's (default ``SchedulerLimits()``)."""
     specs = {
         r: InferenceSpec(
-            role=r, flavor=InferFlavor.LLAMACPP, model=f"{r}-m", memory=MemorySpec(MIB)
+            role=r,
+            flavor=InferFlavor.LLAMACPP,
+            model=f"{r}-m",
+            memory=MemorySpec(MIB),
+            excludes=(excludes or {}).get(r, ()),
         )
         for r in ROLES
     }
-    node = NodeScheduler("n1", capacity_bytes, specs, backends or NoBackends())
+    node = NodeScheduler("n1", capacity_bytes, specs, backends or NoBackends(), limits=limits)
     scheduler = Scheduler({"n1": node})
     logs = tmp_path / "logs"
     logs.mkdir()

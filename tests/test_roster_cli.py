@@ -34,6 +34,24 @@ def test_tables_show_specs_skips_and_warnings() -> None:
     assert "warning: roster[21]" in out
 
 
+def test_table_marks_an_unmeasured_ram_gb_and_json_keeps_the_number() -> None:
+    """A ``"~N"`` ram_gb is the operator's guess: the table says so, ``--json`` (the
+    reference's shape) keeps the plain number."""
+    code, out, _ = run(str(EXAMPLE), "--overlay", str(EXAMPLE_OVERLAY))
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "~0.50 (unmeasured)" in rows["chat-small"]  # ram_gb: "~0.5"
+    assert "~205.00 (unmeasured)" in rows["coder-large"]  # ram_gb: "~205"
+    assert "unmeasured" not in rows["planner"]  # ram_gb: 17
+    assert " 17.00 " in rows["planner"]
+    code, out, _ = run(str(EXAMPLE), "--overlay", str(EXAMPLE_OVERLAY), "--json")
+    assert code == 0
+    assert "unmeasured" not in out
+    assert "~" not in out
+    specs = {s["role"]: s for s in json.loads(out)["specs"]}
+    assert specs["chat-small"]["weights_bytes"] == 2**29
+
+
 def test_example_roster_has_the_llamacpp_roles_the_team_runs() -> None:
     code, out, _ = run(str(EXAMPLE), "--overlay", str(EXAMPLE_OVERLAY), "--json")
     assert code == 0

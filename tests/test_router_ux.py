@@ -278,7 +278,54 @@ async def test_rosterd_load_says_what_it_evicted(tmp_path: Path) -> None:
             "base_url": "http://127.0.0.1:9",
             "ready": True,
             "evicted": ["quiet"],
+            "evictions": [{"role": "quiet", "cause": "make_room"}],
         }
+
+
+async def test_rosterd_load_says_what_it_evicted_for_an_exclusion(tmp_path: Path) -> None:
+    """chat excludes quiet, and there is room for both: each load stops the other all
+    the same, and both ``POST /rosterd/load/{role}`` and ``rosterd load`` name it with
+    why, whichever way the exclusion is settled (the idle winner chat yields to a
+    waiting quiet; chat, which takes precedence, evicts quiet)."""
+    limits = SchedulerLimits(min_residency_s=0.0)
+    async with (
+        serve(tmp_path, excludes={"chat": ("quiet",)}, limits=limits) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=30) as client,
+    ):
+        first = await _run("load", "chat", "--url", up.url)
+        assert first.returncode == 0, first.stderr
+        yielded = await _run("load", "quiet", "--url", up.url)
+        assert yielded.returncode == 0, yielded.stderr
+        assert yielded.stdout.strip().endswith("; evicted chat (they exclude each other)"), (
+            yielded.stdout
+        )
+        back = (await client.post("/rosterd/load/chat")).json()
+        assert back["evicted"] == ["quiet"]
+        assert back["evictions"] == [{"role": "quiet", "cause": "exclusion"}]
+
+
+#: The README, whose ``rosterd ps`` samples are checked against what ``ps`` prints.
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+async def test_readme_ps_samples_have_the_columns_and_caption_ps_prints(tmp_path: Path) -> None:
+    """Every ``rosterd ps`` table in the README has the header and the caption that
+    ``ps`` prints now (the rows depend on the lab; the columns and their meaning do not)."""
+    async with serve(tmp_path) as up:
+        done = await _run("ps", "--url", up.url)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("┃ role "))
+    caption = next(line for line in lines if line.startswith("GiB: "))
+    readme = README.read_text(encoding="utf-8")
+    tables = [line for line in readme.splitlines() if line.startswith("┃ role ") and "RSS" in line]
+    assert len(tables) >= 3  # the local sample and the two nodes of the Ray sample
+    columns = [cell.strip() for cell in header.split("┃")]
+    for line in tables:
+        assert [cell.strip() for cell in line.split("┃")] == columns, line
+    captions = [line for line in readme.splitlines() if line.startswith("GiB: ")]
+    assert captions
+    assert set(captions) == {caption}
 
 
 # ---------------------------------------------------------------------------- /openapi.json

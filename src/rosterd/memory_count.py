@@ -113,6 +113,11 @@ def show_gb(n_bytes: int) -> str:
     return f"{n_bytes / GB:.2f} GiB"
 
 
+#: The memory note (``plan``'s ``memory_notes``) of a role that counts the roster's
+#: ``"~N"`` figure: placement shows that figure as ``~N GiB (unmeasured; … bytes)``.
+UNMEASURED_NOTE: Final[str] = "unmeasured"
+
+
 def show_declared(declared_bytes: int, unmeasured: bool) -> str:
     """The roster figure as shown everywhere: ``~10.00 GiB (unmeasured)`` for a ``"~N"`` value."""
     if unmeasured:

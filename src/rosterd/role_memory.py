@@ -37,6 +37,7 @@ from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet
 from rosterd.measured_peaks import MeasuredPeaks
 from rosterd.memory_count import (
+    UNMEASURED_NOTE,
     CountedMemory,
     FigureSource,
     count_memory,
@@ -182,7 +183,8 @@ class RosterMemory:
 
     def reason_notes(self) -> dict[str, str]:
         """Role -> what placement adds after the figure in an unplaced reason, for roles
-        whose counted figure is not the roster's: where it came from and ``ram_gb``."""
+        whose counted figure is not the roster's: where it came from and ``ram_gb``; for
+        roles that count the roster's ``"~N"``: ``UNMEASURED_NOTE``."""
         notes: dict[str, str] = {}
         for role, memory in self.roles.items():
             counted = memory.counted()
@@ -190,6 +192,8 @@ class RosterMemory:
                 declared = show_declared(memory.declared_bytes, memory.declared_unmeasured)
                 where = _SOURCE_WORDS[counted.source]
                 notes[role] = f"counted from {where}; the roster's ram_gb says {declared}"
+            elif memory.declared_unmeasured:
+                notes[role] = UNMEASURED_NOTE
         return notes
 
     def slots(self) -> dict[str, int]:

@@ -254,13 +254,25 @@ def load_cmd(
     """Make ROLE resident now (evicting idle roles if the policy allows)."""
     started = time.monotonic()
     data = call("POST", url, role_path("load", role), api_key, 3600.0)
-    # ``evicted`` is missing from an older rosterd up's answer: nothing is said then.
-    evicted = data.get("evicted") or []
-    made_room = f"; evicted {', '.join(evicted)} to make room" if evicted else ""
     _say(
         f"{data['role']} is resident on {data['node']} at {data['base_url']} "
-        f"({time.monotonic() - started:.1f} s){made_room}"
+        f"({time.monotonic() - started:.1f} s){_evictions_said(data)}"
     )
+
+
+def _evictions_said(data: dict[str, Any]) -> str:
+    """``; evicted a, b to make room, c (they exclude each other)`` for a load's answer,
+    or "" when it stopped nothing. An older rosterd up answers ``evicted`` (names, all
+    taken as making room) without ``evictions``, or neither (nothing is said then)."""
+    evictions = data.get("evictions")
+    if evictions is None:
+        evictions = [{"role": name, "cause": "make_room"} for name in data.get("evicted") or []]
+    room = [e["role"] for e in evictions if e.get("cause") != "exclusion"]
+    excluded = [e["role"] for e in evictions if e.get("cause") == "exclusion"]
+    parts = [f"{', '.join(room)} to make room"] if room else []
+    if excluded:
+        parts.append(f"{', '.join(excluded)} (they exclude each other)")
+    return f"; evicted {', '.join(parts)}" if parts else ""
 
 
 @app.command("unload")

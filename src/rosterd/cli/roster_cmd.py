@@ -44,8 +44,10 @@ def _plain(text: str) -> Text:
     return Text(shown)
 
 
-def _gib(weights_bytes: int) -> str:
-    return f"{weights_bytes / GB:.2f}"
+def _gib(weights_bytes: int, unmeasured: bool = False) -> str:
+    """The ``GiB`` cell: ``0.50``, or ``~0.50 (unmeasured)`` for a ``"~N"`` ``ram_gb``."""
+    shown = f"{weights_bytes / GB:.2f}"
+    return f"~{shown} (unmeasured)" if unmeasured else shown
 
 
 def render_tables(result: ImportedRoster, console: Console) -> None:
@@ -74,7 +76,7 @@ def render_tables(result: ImportedRoster, console: Console) -> None:
             Text(spec.flavor.id),
             _plain(spec.model) if spec.model is not None else Text("-", style="dim"),
             Text(str(spec.serve.port) if spec.serve.port is not None else "-"),
-            Text(_gib(spec.memory.weights_bytes)),
+            Text(_gib(spec.memory.weights_bytes, imported.ram_gb_unmeasured)),
             Text(spec.latency_class.value),
             Text("yes" if spec.sticky else "no"),
             _plain(", ".join(spec.excludes)) if spec.excludes else Text("-", style="dim"),

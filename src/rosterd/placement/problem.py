@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rosterd.fleet import Fleet, Node
+from rosterd.memory_count import UNMEASURED_NOTE
 from rosterd.residency import excludes_each_other, gib
 from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB
@@ -144,9 +145,14 @@ class Problem:
                     self.previous[role] = idx
 
     def need_text(self, s: InferenceSpec) -> str:
-        """The role's figure for a reason: ``1.20 GiB (… bytes)``, then its memory note."""
+        """The role's figure for a reason: ``1.20 GiB (… bytes)``, then its memory note;
+        ``~1.20 GiB (unmeasured; … bytes)`` for the note ``UNMEASURED_NOTE`` (the
+        roster's ``"~N"`` counts)."""
         note = self.memory_notes.get(s.role)
-        need = gib(s.memory.resident_bytes)
+        n_bytes = s.memory.resident_bytes
+        if note == UNMEASURED_NOTE:
+            return f"~{gb_text(n_bytes)} (unmeasured; {n_bytes} bytes)"
+        need = gib(n_bytes)
         return f"{need}, {note}" if note else need
 
 

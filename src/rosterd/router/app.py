@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from rosterd.errors import RosterdError
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
+from rosterd.residency import excludes_each_other
 from rosterd.router.auth import ApiKeyGate
 from rosterd.router.logs import LogPath, log_response
 from rosterd.router.openai_errors import RouterError, error_response, scheduler_errors
@@ -42,6 +43,7 @@ from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
 from rosterd.scheduler import Scheduler, SchedulerEvent
+from rosterd.spec import InferenceSpec
 from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.router")
@@ -193,15 +195,18 @@ def create_app(
                 role = admin_role(request)
                 before = scheduler.events()
                 lease = await scheduler.load(role)
+                specs = scheduler.node_of(role).specs
         except RouterError as err:
             return error_response(err)
+        evictions = evicted_for(role, lease.node, specs, before, scheduler.events())
         return JSONResponse(
             {
                 "role": role,
                 "node": lease.node,
                 "base_url": lease.endpoint.base_url,
                 "ready": True,
-                "evicted": evicted_for(role, lease.node, before, scheduler.events()),
+                "evicted": [name for name, _ in evictions],
+                "evictions": [{"role": name, "cause": cause} for name, cause in evictions],
             }
         )
 
@@ -301,21 +306,38 @@ def create_app(
 
 
 def evicted_for(
-    role: str, node: str, before: Sequence[SchedulerEvent], after: Sequence[SchedulerEvent]
-) -> list[str]:
-    """The roles stopped on ``node`` to make room for ``role`` (for the policy or an
-    exclusion) among the events of ``after`` not in ``before`` (two reads of
-    ``Scheduler.events()``, around a load), in the order they stopped."""
+    role: str,
+    node: str,
+    specs: Mapping[str, InferenceSpec],
+    before: Sequence[SchedulerEvent],
+    after: Sequence[SchedulerEvent],
+) -> list[tuple[str, str]]:
+    """The roles stopped on ``node`` to serve the load of ``role``, with why: among the
+    events of ``after`` not in ``before`` (two reads of ``Scheduler.events()``, around a
+    load), in the order they stopped, ``(stopped role, cause)``; ``cause`` is
+    ``exclusion`` when the two exclude each other (``specs``: the node's roles), else
+    ``make_room`` (its memory). Both kinds of stop are found: one evicted for ``role``
+    (``evicted for ROLE: …``) and an idle exclusion winner that yielded to it
+    (``…, yields to waiting ROLE (they exclude each other)``)."""
     seen = {id(event) for event in before}  # ``before`` keeps them alive: ids stay unique
     prefix = f"evicted for {role}:"
-    return [
-        event.role
-        for event in after
-        if id(event) not in seen
-        and event.node == node
-        and event.kind == "stopped"
-        and event.cause.startswith(prefix)
-    ]
+    yielded = f"yields to waiting {role} (they exclude each other)"
+    wanted = specs.get(role)
+    found: list[tuple[str, str]] = []
+    for event in after:
+        if (
+            id(event) in seen
+            or event.node != node
+            or event.kind != "stopped"
+            or not (event.cause.startswith(prefix) or yielded in event.cause)
+        ):
+            continue
+        other = specs.get(event.role)
+        exclusion = yielded in event.cause or (
+            wanted is not None and other is not None and excludes_each_other(wanted, other)
+        )
+        found.append((event.role, "exclusion" if exclusion else "make_room"))
+    return found
 
 
 class ProxyFirst:
