@@ -266,8 +266,8 @@ class UpRun:
         sock = bind_listener(options.host, options.port)
         loop = asyncio.get_running_loop()
         if self.stop_on_signals:
-            # Only now, after the plan: OR-Tools' solver takes SIGINT over while it
-            # runs, and a handler set before it no longer gets Ctrl-C afterwards.
+            # Only now, after the plan (the solver is told not to take SIGINT, and is
+            # set after each plan all the same, so no library's handler outlives it).
             self._set_signal_handlers()
             if self._interrupted:  # Ctrl-C before the plan was made: stop before any start
                 sock.close()
@@ -517,8 +517,8 @@ class UpRun:
                 self.err.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
 
     def _set_signal_handlers(self) -> None:
-        """SIGINT and SIGTERM stop, SIGHUP reloads (set again after each plan: the solver
-        takes SIGINT over while it runs)."""
+        """SIGINT and SIGTERM stop, SIGHUP reloads (set again after each plan, so that no
+        handler a library set while planning outlives it)."""
         loop = asyncio.get_running_loop()
         self._signals_taken = True
         for sig in (signal.SIGINT, signal.SIGTERM):

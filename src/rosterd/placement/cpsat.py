@@ -127,6 +127,9 @@ def solve(
     solver.parameters.max_deterministic_time = max(time_limit_s, 0.01) * _WORK_PER_SECOND
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
+    # rosterd owns SIGINT (a drain, then every backend stopped); a reload solves in a
+    # worker thread, where CP-SAT's own process-wide handler would take it over.
+    solver.parameters.catch_sigint_signal = False
     if candidates is not None:
         # On big fleets full presolve (probing, symmetry) takes much of the time limit
         # before the search starts; the greedy hint plus a light presolve does better.

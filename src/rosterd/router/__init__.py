@@ -32,7 +32,7 @@ Endpoints:
   ``GET /metrics`` (Prometheus).
 - ``GET /rosterd/ps``, ``GET /rosterd/events``, ``POST /rosterd/load/{role}``,
   ``POST /rosterd/unload/{role}``: what ``rosterd ps/load/unload`` talk to (a load
-  answers ``evicted``: the roles stopped to make room for it);
+  answers ``evicted``: the roles stopped to serve it, and ``evictions`` with why);
   ``{role}`` must be a plain token of at most 64 bytes (else 400 ``invalid_role``).
 - ``GET /rosterd/logs/{role}`` (``?lines=N``, ``?follow=1``): the role's backend log.
 - ``GET /`` and ``/ui`` (the page, its files under ``/ui/static/``; no key needed:

@@ -62,7 +62,8 @@ _ROLE_PARAM: dict[str, Any] = {
     "schema": {"type": "string"},
 }
 _OBJECT: dict[str, Any] = {"type": "object"}
-#: ``POST /rosterd/load/{role}``'s answer; ``evicted``: the roles stopped to make room for it.
+#: ``POST /rosterd/load/{role}``'s answer; ``evicted``: the roles the node stopped to serve
+#: it, and ``evictions`` the same with why (``make_room`` or ``exclusion``).
 _LOAD: dict[str, Any] = {
     "type": "object",
     "required": ["role", "node", "base_url", "ready", "evicted"],
@@ -72,6 +73,17 @@ _LOAD: dict[str, Any] = {
         "base_url": {"type": "string"},
         "ready": {"type": "boolean"},
         "evicted": {"type": "array", "items": {"type": "string"}},
+        "evictions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["role", "cause"],
+                "properties": {
+                    "role": {"type": "string"},
+                    "cause": {"type": "string", "enum": ["make_room", "exclusion"]},
+                },
+            },
+        },
     },
 }
 _LOG_PARAMS: list[dict[str, Any]] = [
