@@ -132,6 +132,19 @@ async def test_rosterd_logs_prints_the_tail_and_follows(tmp_path: Path) -> None:
         assert b"404" in refused.stderr
         assert b"nobody" in refused.stderr
 
+        (up.logs / "chat.log").rename(up.logs / "kept.log")
+        empty = await asyncio.to_thread(
+            subprocess.run,
+            [*rosterd_argv(), "logs", "chat", "--url", up.url],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        (up.logs / "kept.log").rename(up.logs / "chat.log")
+        assert empty.returncode == 0
+        assert empty.stdout == b""
+        assert b"chat has no backend log yet" in empty.stderr
+
         follower = await asyncio.create_subprocess_exec(
             *rosterd_argv(),
             *["logs", "chat", "-f", "-n", "1", "--url", up.url],

@@ -74,11 +74,15 @@ def logs_cmd(
             raise refusal(response.status, response.read(), api_key)
         if follow and connection.sock is not None:
             connection.sock.settimeout(None)  # a quiet backend writes nothing for a long time
+        wrote = False
         try:
             while chunk := response.read1(COPY_BLOCK_BYTES):
                 out.write(chunk)
                 out.flush()
+                wrote = True
         except (OSError, http.client.HTTPException) as exc:
             raise NotRunningError(f"rosterd up at {url} stopped answering ({exc})") from None
+        if not wrote and not follow:  # an empty log says nothing: say why on stderr
+            sys.stderr.write(f"rosterd: {role} has no backend log yet (it was not started)\n")
     finally:
         connection.close()
