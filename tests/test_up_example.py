@@ -108,4 +108,5 @@ def test_up_on_the_example_serves_real_completions_and_stops_clean(
         code = up.stop()
     assert code == 0, up.output()
     assert all_gone(pids) == set(), up.output()
+    assert "~: the roster's guess (unmeasured)" in up.output()  # chat-small's ram_gb "~0.5"
     assert "no backend left running" in up.output()

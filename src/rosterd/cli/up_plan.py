@@ -209,6 +209,7 @@ def print_plan(
                 overflow="fold",  # a long name wraps, never cut to "gemma-3-2…"
             )
         always = set(node_plan.always_resident) if node_plan else set()
+        guessed = False
         for role in roles:
             s = specs[role]
             figures = memory.roles.get(role) if memory is not None else None
@@ -219,6 +220,7 @@ def print_plan(
                 declared = ("~" if figures.declared_unmeasured else "") + _gib(
                     figures.declared_bytes
                 )
+                guessed = guessed or figures.declared_unmeasured
             table.add_row(
                 Text(role),
                 s.flavor.id,
@@ -229,6 +231,9 @@ def print_plan(
                 "yes" if s.sticky else "no",
                 "always" if role in always else "on demand",
             )
+        if guessed:
+            table.caption = "~: the roster's guess (unmeasured); GiB: what counts"
+            table.caption_justify = "left"
         out.print(table)
     if result.unplaced:
         out.print(f"[bold]unplaced roles ({len(result.unplaced)}):[/bold]")
