@@ -164,6 +164,16 @@ def test_a_lost_node_is_said_back_once_when_a_live_ray_node_has_its_address() ->
     assert ray_fleet.back(again) == []
 
 
+def test_a_lost_node_named_by_a_hostname_is_said_back_by_its_resolved_address() -> None:
+    fleet = Fleet(nodes=(node("gpu", "gpu-box"),))
+    live = [RayNode("gg" * 14, "10.0.0.7", alive=True)]
+    ray_fleet = RayFleet(
+        fleet, match_fleet(fleet, live, {"gpu": ["10.0.0.7"]}), {"gpu": ["10.0.0.7"]}
+    )
+    ray_fleet.lost["gpu"] = NodeLost("gpu", "gg" * 14, "node gpu is lost")
+    assert ray_fleet.back([RayNode("g2" * 14, "10.0.0.7", alive=True)]) == ["gpu"]
+
+
 def test_a_rosterd_error_crosses_the_agent_boundary_whole() -> None:
     err = BackendStartError(
         "backend r exited with code 1 before it was ready",

@@ -143,11 +143,11 @@ class PeakSource(Protocol):
     """What a node's backends measured of their memory (implemented beside ``RoleBackends``)."""
 
     async def peak_rss_bytes(self) -> dict[str, int]:
-        """Role -> the largest peak RSS (bytes) of its backend's process tree seen so far.
+        """Role -> the largest peak RSS (bytes) of its backend's process tree in its last run.
 
         Contract: only roles these backends started; a running backend is sampled
         now; a stopped one keeps the peak sampled just before its stop (so it is not
-        lost with the process); roles never started are absent. A role of a shared
+        lost with the process) until it starts again; roles never started are absent. A role of a shared
         server (ollama) is no process of its own: its figure is the size the server
         reports holding for its model (ollama's ``/api/ps`` ``size``), the largest seen.
         """
@@ -239,6 +239,9 @@ class SupervisorBackends:
             return await self._load_shared(spec, shared)
         await self._after_previous(role)
         self._started.add(role)
+        # A new run: its peak is its own (a reload may have changed what it launches;
+        # the recorder keeps the largest of this `up` for unchanged settings).
+        self._peaks.pop(role, None)
         source = self.resolve_weights(spec)
         port = spec.serve.port
         if self.auto_ports or port is None:
@@ -331,6 +334,21 @@ class SupervisorBackends:
         if peak:
             self._peaks[role] = max(self._peaks.get(role, 0), peak)
 
+    @staticmethod
+    def _listed(resident: Mapping[str, int] | None, model: str) -> str | None:
+        """The name under which a shared server lists ``model`` (ollama lists a name without
+        a tag as ``NAME:latest``), or ``None`` when it does not list it."""
+        for name in (model, f"{model}:latest") if ":" not in model else (model,):
+            if name in (resident or {}):
+                return name
+        return None
+
+    @classmethod
+    def _size_in(cls, resident: Mapping[str, int] | None, model: str) -> int:
+        """The size (bytes) a shared server lists for ``model``, 0 when it lists none."""
+        name = cls._listed(resident, model)
+        return (resident or {}).get(name, 0) if name is not None else 0
+
     def _note_size(self, role: str, size: int) -> None:
         if size > 0:
             self._peaks[role] = max(self._peaks.get(role, 0), size)
@@ -380,8 +398,7 @@ class SupervisorBackends:
             self._started.add(spec.role)
             # What the server holds for the model is its measured figure (ollama's /api/ps).
             resident = await self._resident_or_none(client, shared)
-        if resident is not None:
-            self._note_size(spec.role, resident.get(model, 0))
+        self._note_size(spec.role, self._size_in(resident, model))
         return Endpoint(server.base_url, model, None)
 
     async def _resident_or_none(
@@ -409,7 +426,7 @@ class SupervisorBackends:
             async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
                 resident = await self._resident_or_none(client, shared)
             for spec in specs:
-                self._note_size(spec.role, (resident or {}).get(self._model_of(spec), 0))
+                self._note_size(spec.role, self._size_in(resident, self._model_of(spec)))
 
     async def _unload_shared(self, spec: InferenceSpec, shared: SharedServer) -> None:
         server = self.supervisor.backend(self._shared_name(spec.flavor))
@@ -419,10 +436,10 @@ class SupervisorBackends:
         async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
             if spec.role in self._started:  # its figure, before the memory is given back
                 resident = await self._resident_or_none(client, shared)
-                self._note_size(spec.role, (resident or {}).get(model, 0))
+                self._note_size(spec.role, self._size_in(resident, model))
             await shared.unload(client, model, timeout_s=_SHARED_UNLOAD_S)
             # ollama frees memory asynchronously: free means "no longer listed".
             async with asyncio.timeout(_SHARED_FREE_S):
                 # polling another process's state: there is no event to wait on
-                while model in await shared.resident(client, timeout_s=5.0):  # noqa: ASYNC110
+                while self._listed(await shared.resident(client, timeout_s=5.0), model):  # noqa: ASYNC110
                     await asyncio.sleep(0.1)

@@ -9,8 +9,10 @@ next ``up`` and ``plan`` count it. It records after every backend stop (the
 boundary sampled the peak just before it), every ``interval_s`` while serving
 (a crash loses nothing older), and once more at shutdown, after the last stop.
 
-What is stored is the largest peak of the role during this ``up``: the last
-run's figure replaces an earlier run's, as ``rosterd.memory_count`` wants it.
+What is stored is the largest peak of the role during this ``up`` under its
+settings (the backends report each run's own peak; the recorder keeps the largest
+for the same fingerprint): it replaces what an earlier ``up`` measured, as
+``rosterd.memory_count`` wants it.
 A reload gives a node new backends and new fingerprints (:meth:`PeakRecorder.add_source`):
 the backends of before keep reporting the roles they started (they stop them), and
 a role's figure comes from the newest backends that started it, under their
@@ -115,6 +117,9 @@ class PeakRecorder:
                 fingerprint_of[role] = fingerprint
         for role, peak in found.items():
             fingerprint = fingerprint_of[role]
+            prior = self._recorded.get(role)
+            if prior is not None and prior[0] == fingerprint:
+                peak = max(peak, prior[1])  # an earlier run of this `up`, same settings
             view = self.node.memory.get(role)
             if view is not None:
                 self.node.memory[role] = {**view, "run_peak_bytes": peak}

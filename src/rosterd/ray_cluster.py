@@ -169,7 +169,7 @@ def connect_fleet(
                 signal.signal(signal.SIGTERM, sigterm)
     nodes = list_ray_nodes()
     addresses = {node.name: tuple(resolve(node.address)) for node in fleet.nodes}
-    return RayFleet(fleet, match_fleet(fleet, nodes, addresses))
+    return RayFleet(fleet, match_fleet(fleet, nodes, addresses), addresses)
 
 
 @functools.cache
@@ -188,13 +188,22 @@ def _agent_actor_class() -> Any:
 class RayFleet:
     """The fleet's nodes on a joined Ray cluster: connections, agents, loss.
 
-    ``connections``: per fleet node (fleet order), whether it is connected and
-    why (see :func:`match_fleet`). ``lost``: node -> :class:`NodeLost` for every
-    node lost so far. Use from one event loop.
+    ``connections``: per fleet node (fleet order; then any node a reload left out
+    whose agent still runs), whether it is connected and why (see
+    :func:`match_fleet`); ``addresses``: node -> the IPs its address resolved to.
+    ``lost``: node -> :class:`NodeLost` for every node lost so far. Use from one
+    event loop.
     """
 
-    def __init__(self, fleet: Fleet, connections: Sequence[NodeConnection]) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        connections: Sequence[NodeConnection],
+        addresses: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         self.fleet = fleet
+        #: Fleet node -> the IPs its address resolved to (for :meth:`back`).
+        self.addresses: dict[str, Sequence[str]] = dict(addresses or {})
         self.connections = tuple(connections)
         self.lost: dict[str, NodeLost] = {}
         self._agents: dict[str, AgentBackends] = {}
@@ -234,8 +243,21 @@ class RayFleet:
                 )
         addresses = {n.name: tuple(resolve(n.address)) for n in fleet.nodes if n.name not in kept}
         fresh = {c.node: c for c in match_fleet(fleet, list_ray_nodes(), addresses)}
+        names = {n.name for n in fleet.nodes}
+        # A node left out of the fleet whose agent still runs (it drains) keeps its own.
+        agents_left = tuple(c for c in self.connections if c.node in set(self._agents) - names)
         self.fleet = fleet
-        self.connections = tuple(kept.get(n.name) or fresh[n.name] for n in fleet.nodes)
+        self.addresses = {**self.addresses, **addresses}
+        self.connections = (
+            *(kept.get(n.name) or fresh[n.name] for n in fleet.nodes),
+            *agents_left,
+        )
+
+    async def drop_agent(self, node: str) -> None:
+        """End ``node``'s agent (its backends stop) and forget it: a refused reload started it."""
+        agent = self._agents.pop(node, None)
+        if agent is not None:
+            await agent.close()
 
     def forget_lost(self, node: str) -> None:
         """Take lost ``node`` back (its Ray node is live again, :meth:`refit` matched it):
@@ -248,6 +270,7 @@ class RayFleet:
         """Undo :meth:`forget_lost` (a reload that took ``node`` back was refused)."""
         if lost is not None:
             self.lost[node] = lost
+            self._back.add(node)  # said already: the next reload (or rosterd reload) retries
         if agent is not None:
             self._agents[node] = agent
 
@@ -259,7 +282,8 @@ class RayFleet:
         if not lost:
             return []
         fleet = dataclasses.replace(self.fleet, nodes=tuple(lost))
-        found = [c.node for c in match_fleet(fleet, ray_nodes) if c.connected]
+        addresses = {n.name: self.addresses[n.name] for n in lost if n.name in self.addresses}
+        found = [c.node for c in match_fleet(fleet, ray_nodes, addresses) if c.connected]
         self._back.update(found)
         return found
 
@@ -372,8 +396,11 @@ class RayFleet:
         """Take as lost every node with an agent whose Ray node is not alive (or not listed)
         in ``ray_nodes`` (what :meth:`watch` does at each poll; a lost node stays lost)."""
         by_id = {rn.node_id: rn for rn in ray_nodes}
+        known = {c.node: c for c in self.connections}
         for node, backends in list(self._agents.items()):
-            conn = self.connection(node)
+            conn = known.get(node)
+            if conn is None:
+                continue  # an agent a refused reload started and is closing
             rn = by_id.get(conn.ray_node_id or "")
             if rn is None or not rn.alive:
                 why = f": {rn.death_reason}" if rn is not None and rn.death_reason else ""

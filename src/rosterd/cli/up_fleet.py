@@ -96,7 +96,8 @@ class UpFleet:
         self._local = {n.name for n in self.fleet.nodes if is_local_address(n.address)}
         self._watch: asyncio.Task[None] | None = None
         self._replans: set[asyncio.Task[None]] = set()
-        self._replan_lock = asyncio.Lock()
+        #: Held by each re-plan after a loss, and by a reload on Ray: one at a time.
+        self.replan_lock = asyncio.Lock()
         self._after_plan: Callable[[], None] = lambda: None
         #: Monotonic seconds at which each lost node's re-plan was applied (for the bench).
         self.replanned_at: dict[str, float] = {}
@@ -245,7 +246,12 @@ class UpFleet:
             )
 
         starting = [n.name for n in self.agent_nodes() if n.name not in {*self.agents, *self.lost}]
-        await asyncio.gather(*(start(name) for name in starting))
+        # Every start runs to its end, so that none registers an agent after a failure
+        # was reported (the caller closes the agents it did not want).
+        results = await asyncio.gather(*(start(name) for name in starting), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         return dict(self.agents)
 
     async def node_schedulers(
@@ -390,7 +396,7 @@ class UpFleet:
             task.add_done_callback(self._replans.discard)
 
     async def _replan_soon(self, node: str) -> None:
-        async with self._replan_lock:
+        async with self.replan_lock:
             try:
                 await self.replan_lost(node)
             except Exception:  # the run goes on; the roles stay lost and their requests time out
@@ -413,8 +419,8 @@ class UpFleet:
             NodeLostError, NodeAgentError: a node that takes a role failed to learn it.
         """
         served, scheduler = self.served, self.scheduler
-        if served is None or scheduler is None:
-            return {}
+        if served is None or scheduler is None or node not in scheduler.nodes:
+            return {}  # (a reload left the node out meanwhile: nothing of it to move)
         absent = self.not_connected()
         running = [
             n

@@ -25,6 +25,7 @@ its backends, and its agent ends with the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable
 
@@ -70,9 +71,40 @@ async def serve_fleet_config(
         RosterdError: no node of the fleet runs.
     """
     # What the reload changes of the run's view of the cluster, put back if it is refused.
+    async with ray.replan_lock:  # not beside a re-plan after a node's loss
+        return await _serve_fleet_config(
+            ray,
+            roster,
+            fleet,
+            previous,
+            memory,
+            options=options,
+            supervisor=supervisor,
+            on_event=on_event,
+            state_root=state_root,
+            out=out,
+            after_plan=after_plan,
+        )
+
+
+async def _serve_fleet_config(
+    ray: UpFleet,
+    roster: ImportedRoster,
+    fleet: Fleet,
+    previous: Plan,
+    memory: RosterMemory,
+    *,
+    options: UpOptions,
+    supervisor: Supervisor,
+    on_event: Callable[[BackendEvent], None],
+    state_root: str | None,
+    out: Console,
+    after_plan: Callable[[], None],
+) -> Served:
     if ray.served is not None:  # the plan in force: a node's loss may have moved roles since
         previous = ray.served.plan
-    kept = (ray.ray_fleet.fleet, ray.ray_fleet.connections, ray.fleet, ray.served)
+    kept = (ray.ray_fleet.fleet, ray.ray_fleet.connections, ray.fleet, ray.served, ray.memory)
+    agents_before = dict(ray.agents)
     undo: list[Callable[[], None]] = []
     try:
         await asyncio.to_thread(ray.ray_fleet.refit, fleet)
@@ -102,13 +134,19 @@ async def serve_fleet_config(
             state_root=state_root,
             out=out,
         )
+        ray.memory = memory  # a later loss moves roles with these figures
         return dataclasses.replace(served, replaced_nodes=tuple(back))
     except BaseException:
+        started = [n for n, a in ray.agents.items() if agents_before.get(n) is not a]
+        for node in started:  # agents this reload started (a node taken back's too)
+            ray.agents.pop(node, None)
+            with contextlib.suppress(Exception):
+                await ray.ray_fleet.drop_agent(node)
         for step in undo:
             step()
         ray.ray_fleet.fleet, ray.ray_fleet.connections = kept[0], kept[1]
         ray.adopt(kept[2])
-        ray.served = kept[3]
+        ray.served, ray.memory = kept[3], kept[4]
         raise
 
 

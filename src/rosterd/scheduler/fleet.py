@@ -164,8 +164,16 @@ class Scheduler:
         """
         before = dict(self._node_of)
         for name in replace:  # a node that came back after its loss: a scheduler afresh
-            if name in self.nodes:
-                self._drain(name, self.nodes.pop(name))
+            old = self.nodes.pop(name, None)
+            if old is not None:
+                # Its requests follow their roles to the fresh scheduler (RoleMovedError).
+                old.apply(
+                    {},
+                    capacity_bytes=old.capacity_bytes,
+                    backends=old.backends,
+                    moved={role: name for role in old.specs},
+                )
+                self._drain(name, old)
         placed = {role: name for name, config in nodes.items() for role in config.specs}
         changes: dict[str, NodeChange] = {}
         added_nodes: list[str] = []
