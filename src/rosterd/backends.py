@@ -147,9 +147,10 @@ class PeakSource(Protocol):
 
         Contract: only roles these backends started; a running backend is sampled
         now; a stopped one keeps the peak sampled just before its stop (so it is not
-        lost with the process) until it starts again; roles never started are absent. A role of a shared
-        server (ollama) is no process of its own: its figure is the size the server
-        reports holding for its model (ollama's ``/api/ps`` ``size``), the largest seen.
+        lost with the process) until it starts again; roles never started are absent.
+        A role of a shared server (ollama) is no process of its own: its figure is the
+        size the server reports holding for its model (ollama's ``/api/ps`` ``size``),
+        the largest seen.
         """
         ...
 
