@@ -482,36 +482,34 @@ async def test_a_request_waiting_on_a_lost_node_is_served_where_its_role_moved()
 # --------------------------------------------------------------------------- new exclusions
 
 
-def test_a_new_exclusion_stops_the_later_loaded_of_two_idle_roles() -> None:
+def test_a_new_exclusion_stops_the_one_without_precedence_the_smaller_id_stays() -> None:
     bench = Bench([spec("a", 100), spec("b", 100)], 1000)
-    bench.use("a")
-    bench.now = 1.0
     bench.use("b")
+    bench.now = 1.0
+    bench.use("a")
     respec(bench, "b", 100, restart=False, excludes=("a",))  # an overlay reload
-    assert bench.stops() == ["b"]
+    assert bench.stops() == ["b"]  # the residency policy's order: a before b
     assert "a re-plan made it exclude a, which stays resident" in bench.records("stopping")[0].cause
     bench.stop_done("b")
     assert bench.machine.resident() == ("a",)
 
 
-def test_a_new_exclusion_keeps_the_busy_role_and_the_interactive_one() -> None:
-    bench = Bench([spec("busy", 100), spec("idle", 100)], 1000)
-    bench.use("idle")
-    bench.now = 1.0
-    bench.acquire("busy")
-    bench.settle()
-    respec(bench, "idle", 100, restart=False, excludes=("busy",))
-    assert bench.stops() == ["idle"]  # loaded first, but idle
-
+def test_a_new_exclusion_keeps_the_interactive_role_then_the_sticky_one() -> None:
     voice = Bench([spec("chat", 100), spec("voice", 100, interactive=True)], 1000)
-    voice.use("chat")
-    voice.now = 1.0
     voice.use("voice")
+    voice.now = 1.0
+    voice.use("chat")
     respec(voice, "chat", 100, restart=False, excludes=("voice",))
     assert voice.stops() == ["chat"]  # the interactive role stays
 
+    sticky = Bench([spec("a", 100, sticky=False), spec("b", 100)], 1000)
+    sticky.use("a")
+    sticky.use("b")
+    respec(sticky, "b", 100, restart=False, excludes=("a",))
+    assert sticky.stops() == ["a"]  # the sticky one stays, though its id is larger
 
-def test_a_new_exclusion_between_busy_roles_drains_then_cuts_the_later_loaded() -> None:
+
+def test_a_new_exclusion_with_a_busy_loser_drains_then_cuts_it() -> None:
     bench = Bench([spec("a", 100), spec("b", 100)], 1000)
     bench.acquire("a")
     bench.settle()

@@ -382,3 +382,35 @@ async def test_a_reload_that_adds_an_exclusion_stops_one_of_the_two(tmp_path: Pa
             e["kind"] == "stopped" and e["role"] == "second" and "exclude first" in e["cause"]
             for e in events
         )
+
+
+async def test_a_reload_whose_weights_are_missing_is_refused_and_the_backend_keeps_running(
+    tmp_path: Path,
+) -> None:
+    prepare_example_models()
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18761)])
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml", {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
+    )
+    options = UpOptions(
+        roster_path=roster,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        auto_backend_ports=True,
+        warm_up=False,
+    )
+    async with (
+        serving(options) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
+    ):
+        assert (await client.post("/rosterd/load/tiny")).status_code == 200
+        pid = (await client.get("/status")).json()["nodes"]["box"]["roles"]["tiny"]["pid"]
+        write_box_fleet(fleet, {"tiny-a": {"path": str(tmp_path / "nope.gguf")}})
+        refused = await client.post("/rosterd/reload")
+        assert refused.status_code == 422
+        message = refused.json()["error"]["message"]
+        assert "nope.gguf does not exist" in message
+        assert "the running configuration stays" in message
+        role = (await client.get("/status")).json()["nodes"]["box"]["roles"]["tiny"]
+        assert (role["phase"], role["pid"]) == ("ready", pid)

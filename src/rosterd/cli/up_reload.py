@@ -132,6 +132,26 @@ async def plan_config(
     return result
 
 
+def refuse_lost_weights(old: Served, new: Served) -> None:
+    """Refuse a configuration in which a role has weights it cannot use (missing, not
+    allowed) that it did not have in ``old``: the running backend would be stopped for a
+    role that cannot start again. At start such a role is served as unavailable instead.
+
+    Raises:
+        RosterdError: naming each such role and why, and that nothing changed.
+    """
+    before = {r for config in old.nodes.values() for r in config.unavailable}
+    lost = {
+        role: why
+        for config in new.nodes.values()
+        for role, why in config.unavailable.items()
+        if role not in before
+    }
+    if lost:
+        said = "; ".join(f"role {role}: {why}" for role, why in sorted(lost.items()))
+        raise RosterdError(f"{said}; the running configuration stays")
+
+
 def restarted_roles(old: Served, new: Served) -> list[str]:
     """Roles served by both whose launch changed outside their spec: their weights, or
     their run fingerprint (weights, ``ctx_size``, ``parallel``, ``extra_args``), so
@@ -350,6 +370,7 @@ class ConfigReloader:
     async def _reload(self) -> Mapping[str, object]:
         roster, fleet = read_config(self.options)
         served = await self._serve_config(roster, fleet, self.served.result)
+        refuse_lost_weights(self.served, served)
         result = served.result
         restart = restarted_roles(self.served, served)
         # One step, no await: the scheduler and the router change together.

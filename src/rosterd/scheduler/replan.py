@@ -18,8 +18,9 @@ under the machine's own rules: one transition per node, memory free only at
   grants no new lease; once its requests finished (or after ``drain_s``) it
   stops, takes the new spec and, if it was resident, loads again as a warm-up
   does (evicting nothing). Without a restart the spec applies at once.
-- **A new exclusion** between two resident roles: one of them stops (the
-  interactive, busy or longer-loaded one stays), when idle or after ``drain_s``.
+- **A new exclusion** between two resident roles: one of them stops (the one with
+  the residency policy's precedence stays: interactive, then sticky, then the
+  smaller id), when idle or after ``drain_s``.
 - **A new capacity**: while the resident roles hold more than it, they are
   evicted to fit (:func:`rosterd.residency.fit_to_capacity`: idle ones first,
   in the policy's eviction order); busy ones drain (no new leases to newer
@@ -240,9 +241,9 @@ class ReplanRules(MachineState):
 
     def _schedule_exclusions(self, now: float, holds: dict[str, float]) -> bool:
         """Stop one of two resident roles that a re-plan made exclude each other (a new
-        ``excludes`` applies at once, without a restart): the one to keep is interactive
-        before batch, then busy before idle, then loaded first; the other stops when idle,
-        or after ``drain_s`` (newer requests wait meanwhile)."""
+        ``excludes`` applies at once, without a restart): the one kept has the residency
+        policy's precedence (interactive, then sticky, then the smaller id); the other
+        stops when idle, or after ``drain_s`` (newer requests wait meanwhile)."""
         held = [r for r, st in self._roles.items() if st.phase in HOLDS_MEMORY]
         pair = next(
             (
@@ -259,11 +260,11 @@ class ReplanRules(MachineState):
         if self._conflict_since is None:
             self._conflict_since = now
 
-        def keep_first(role: str) -> tuple[bool, bool, float]:
-            st = self._roles[role]
-            interactive = st.spec.latency_class is LatencyClass.INTERACTIVE
-            loaded = st.loaded_at if st.loaded_at is not None else now
-            return (not interactive, st.in_flight == 0, loaded)
+        def keep_first(role: str) -> tuple[bool, bool, str]:
+            # The residency policy's precedence (interactive, then sticky, then the
+            # smaller id), so the set kept is the one requests would have led to.
+            spec = self._roles[role].spec
+            return (spec.latency_class is not LatencyClass.INTERACTIVE, not spec.sticky, role)
 
         keep, stop = sorted(pair, key=keep_first)
         st = self._roles[stop]
