@@ -263,3 +263,19 @@ def test_a_fleet_with_every_key_is_valid(schemas: dict[str, Any]) -> None:
     )
     parse_fleet(text)
     assert errors(schemas["fleet"], yaml.safe_load(text)) == []
+
+
+def test_ps_notes_say_why_a_role_is_unavailable_retiring_or_about_to_restart() -> None:
+    from rosterd.cli.client_cmd import _role_notes
+
+    notes = _role_notes(
+        "chat",
+        {"unavailable_reason": "models: chat: /m.gguf does not exist", "restart_pending": True},
+    )
+    assert notes == [
+        "chat: unavailable: models: chat: /m.gguf does not exist",
+        "chat: restarts once idle (or after --drain): a reload changed what it launches",
+    ]
+    assert _role_notes("old", {"retiring": True}) == [
+        "old: retiring: a reload removed it here; it stops once idle"
+    ]

@@ -232,6 +232,14 @@ def _role_notes(role: str, info: dict[str, Any]) -> list[str]:
     """Lines under the table: why a role's queued requests wait (and for how long), its
     load backoff and its last error (load failure, crash, failed probe)."""
     notes: list[str] = []
+    if info.get("unavailable_reason"):
+        notes.append(f"{role}: unavailable: {info['unavailable_reason']}")
+    if info.get("retiring"):
+        notes.append(f"{role}: retiring: a reload removed it here; it stops once idle")
+    if info.get("restart_pending"):
+        notes.append(
+            f"{role}: restarts once idle (or after --drain): a reload changed what it launches"
+        )
     if info.get("queued") and info.get("waiting_reason"):
         waited = _age(info.get("waiting_s"))
         notes.append(f"{role}: {info['queued']} queued (oldest {waited}): {info['waiting_reason']}")
