@@ -414,3 +414,44 @@ async def test_a_reload_whose_weights_are_missing_is_refused_and_the_backend_kee
         assert "the running configuration stays" in message
         role = (await client.get("/status")).json()["nodes"]["box"]["roles"]["tiny"]
         assert (role["phase"], role["pid"]) == ("ready", pid)
+
+
+async def test_a_reload_says_why_it_stopped_serving_a_role(tmp_path: Path) -> None:
+    entries = [llama_entry("kept", "tiny-a", 0.1, 18771), llama_entry("typo", "tiny-b", 0.1, 18772)]
+    roster = write_roster(tmp_path / "roster.yaml", entries)
+    models: dict[str, dict[str, object]] = {
+        name: {"path": str(MODELS / f"{name}.gguf")} for name in ("tiny-a", "tiny-b")
+    }
+    prepare_example_models()
+    fleet = write_box_fleet(tmp_path / "fleet.yaml", models)
+    options = UpOptions(
+        roster_path=roster,
+        fleet_path=fleet,
+        port=pick_free_port(),
+        state_dir=tmp_path / "state",
+        warm_up=False,
+    )
+    async with (
+        serving(options) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
+    ):
+        typo = {k: v for k, v in entries[1].items() if k != "ram_gb"} | {"ramgb": 0.1}
+        write_roster(roster, [entries[0], typo])
+        said = await asyncio.to_thread(
+            subprocess.run,
+            [*rosterd_argv(), "reload", "--url", up.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert said.returncode == 0, said.stderr
+        assert "node box: retired typo" in said.stdout
+        assert (
+            "role typo is no longer served: the roster import skips it: "
+            "ram_gb is missing or not a number"
+        ) in said.stdout
+        last = (await client.get("/status")).json()["config"]["last_change"]
+        assert last["why"] == {
+            "typo": "the roster import skips it: ram_gb is missing or not a number"
+        }

@@ -316,6 +316,8 @@ def reload_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
     for key, what in (("added_nodes", "nodes added"), ("drained_nodes", "nodes drained")):
         if data.get(key):
             lines.append(f"{what}: {', '.join(data[key])}")
+    for role, reason in (data.get("why") or {}).items():
+        lines.append(f"role {role} is no longer served: {reason}")
     if not lines:
         lines.append("reloaded: nothing changed")
     for line in lines:

@@ -152,6 +152,30 @@ def refuse_lost_weights(old: Served, new: Served) -> None:
         raise RosterdError(f"{said}; the running configuration stays")
 
 
+def retired_reasons(
+    change: Mapping[str, object], roster: ImportedRoster, result: Plan
+) -> dict[str, str]:
+    """Role -> why a reload stopped serving it, for each role it retired and did not place
+    elsewhere: the import's reason for skipping it, or the plan's for leaving it unplaced."""
+    nodes = change.get("nodes")
+    retired = {
+        role
+        for node in (nodes.values() if isinstance(nodes, dict) else ())
+        if isinstance(node, dict)
+        for role in node.get("retired", ())
+    }
+    skipped, unplaced = dict(roster.skipped), dict(result.unplaced)
+    why: dict[str, str] = {}
+    for role in sorted(retired - set(result.placements)):
+        if role in skipped:
+            why[role] = f"the roster import skips it: {skipped[role]}"
+        elif role in unplaced:
+            why[role] = f"unplaced: {unplaced[role]}"
+        else:
+            why[role] = "no longer in the roster"
+    return why
+
+
 def restarted_roles(old: Served, new: Served) -> list[str]:
     """Roles served by both whose launch changed outside their spec: their weights, or
     their run fingerprint (weights, ``ctx_size``, ``parallel``, ``extra_args``), so
@@ -374,9 +398,16 @@ class ConfigReloader:
         result = served.result
         restart = restarted_roles(self.served, served)
         # One step, no await: the scheduler and the router change together.
-        change = self.scheduler.apply_plan(
-            served.nodes, restart=restart, replace=served.replaced_nodes
-        ).as_json()
+        change = dict(
+            self.scheduler.apply_plan(
+                served.nodes, restart=restart, replace=served.replaced_nodes
+            ).as_json()
+        )
+        why = retired_reasons(change, roster, result)
+        if why:
+            change["why"] = why
+            for role, reason in why.items():
+                log.warning("reload: role %s is no longer served: %s", role, reason)
         self.routes.replace(
             role_routes(self.scheduler.roles, roster, result),
             unserved_reasons(result, roster, served.nodes),
