@@ -96,6 +96,9 @@ def test_up_on_the_example_serves_real_completions_and_stops_clean(
         ps = rosterd("ps", *url)
         assert "scratch-b" in ps
         assert "ready" in ps
+        # chat-small counts the roster's "~0.5" guess: marked in ram_gb and in GiB
+        chat_row = next(line for line in ps.splitlines() if "chat-small" in line)
+        assert chat_row.count("~0.50") == 2, chat_row
         resident = up.get("/status")["nodes"]["local"]["resident"]
         assert "scratch-b" in resident
         assert "scratch-a" not in resident

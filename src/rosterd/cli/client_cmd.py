@@ -216,7 +216,8 @@ def ps_cmd(
                 else "-",
                 _gib_or_dash(memory.get("estimated_bytes")),
                 _gib_or_dash(memory.get("measured_bytes")),
-                _gib(info["resident_bytes"]),
+                # "~": what counts is the roster's guess (unmeasured, as ram_gb's column)
+                ("~" if _guessed(memory) else "") + _gib(info["resident_bytes"]),
                 _gib(rss) if isinstance(rss, int) else "-",
                 str(info["in_flight"]),
                 str(info["queued"]),
@@ -226,6 +227,11 @@ def ps_cmd(
         for role, info in node.get("roles", {}).items():
             for line in _role_notes(role, info):
                 console.print(Text(line), soft_wrap=True)
+
+
+def _guessed(memory: dict[str, Any]) -> bool:
+    """Whether the figure that counts is the roster's unmeasured ``"~N"`` guess."""
+    return bool(memory.get("declared_unmeasured")) and memory.get("counted_from") == "roster"
 
 
 def _role_notes(role: str, info: dict[str, Any]) -> list[str]:

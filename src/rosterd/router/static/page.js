@@ -381,7 +381,9 @@ function updateRow(row, role, info) {
   row.querySelector(".in-flight").textContent = String(info.in_flight);
   row.querySelector(".queued").textContent = String(info.queued);
   row.querySelector(".idle").textContent = age(info.idle_s);
-  row.querySelector(".counted").textContent = gib(counted(info));
+  const memory = info.memory || {};
+  const guessed = memory.declared_unmeasured && memory.counted_from === "roster";
+  row.querySelector(".counted").textContent = (guessed ? "~" : "") + gib(counted(info));
   row.querySelector(".rss").textContent = gib(info.measured_rss_bytes);
   const note = roleNote(role, info);
   const cell = row.querySelector(".note");
