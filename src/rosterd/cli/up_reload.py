@@ -148,7 +148,10 @@ def refuse_lost_weights(old: Served, new: Served) -> None:
         if role not in before
     }
     if lost:
-        said = "; ".join(f"role {role}: {why}" for role, why in sorted(lost.items()))
+        said = "; ".join(
+            why if why.startswith(f"role {role}:") else f"role {role}: {why}"
+            for role, why in sorted(lost.items())
+        )
         raise RosterdError(f"{said}; the running configuration stays")
 
 
