@@ -70,89 +70,56 @@ async def serve_fleet_config(
             or could not learn its roles.
         RosterdError: no node of the fleet runs.
     """
-    # What the reload changes of the run's view of the cluster, put back if it is refused.
     async with ray.replan_lock:  # not beside a re-plan after a node's loss
-        return await _serve_fleet_config(
-            ray,
-            roster,
-            fleet,
-            previous,
-            memory,
-            options=options,
-            supervisor=supervisor,
-            on_event=on_event,
-            state_root=state_root,
-            out=out,
-            after_plan=after_plan,
-        )
-
-
-async def _serve_fleet_config(
-    ray: UpFleet,
-    roster: ImportedRoster,
-    fleet: Fleet,
-    previous: Plan,
-    memory: RosterMemory,
-    *,
-    options: UpOptions,
-    supervisor: Supervisor,
-    on_event: Callable[[BackendEvent], None],
-    state_root: str | None,
-    out: Console,
-    after_plan: Callable[[], None],
-) -> Served:
-    if ray.served is not None:  # the plan in force: a node's loss may have moved roles since
-        previous = ray.served.plan
-    kept = (ray.ray_fleet.fleet, ray.ray_fleet.connections, ray.fleet, ray.served, ray.memory)
-    agents_before = dict(ray.agents)
-    undo: list[Callable[[], None]] = []
-    try:
-        await asyncio.to_thread(ray.ray_fleet.refit, fleet)
-        ray.adopt(fleet)
-        # A lost node whose Ray node is live again is taken back, with a fresh scheduler.
-        back = [
-            n for n in ray.lost if n in fleet_names(fleet) and ray.ray_fleet.connection(n).connected
-        ]
-        undo = [ray.take_back(node) for node in back]
-        full = await plan_config(roster, fleet, previous, options, memory, after_plan=after_plan)
-        specs = memory.planning_specs(s.spec for s in roster.specs)
+        if ray.served is not None:  # the plan in force: a node's loss may have moved roles since
+            previous = ray.served.plan
+        # What the reload changes of the run's view of the cluster, put back if refused.
+        kept = (ray.ray_fleet.fleet, ray.ray_fleet.connections, ray.fleet, ray.served, ray.memory)
+        agents_before = dict(ray.agents)
+        undo: list[Callable[[], None]] = []
         try:
-            served_plan = await asyncio.to_thread(
-                ray.plan, specs, full, previous=previous, memory_notes=memory.reason_notes()
+            await asyncio.to_thread(ray.ray_fleet.refit, fleet)
+            ray.adopt(fleet)
+            # A lost node whose Ray node is live again is taken back, with a fresh scheduler.
+            in_fleet = {n.name for n in fleet.nodes}
+            back = [n for n in ray.lost if n in in_fleet and ray.ray_fleet.connection(n).connected]
+            undo = [ray.take_back(node) for node in back]
+            full = await plan_config(
+                roster, fleet, previous, options, memory, after_plan=after_plan
             )
-        finally:
-            after_plan()
-        served = await _served(
-            ray,
-            roster,
-            fleet,
-            served_plan.plan,
-            memory,
-            options,
-            supervisor,
-            on_event=on_event,
-            state_root=state_root,
-            out=out,
-        )
-        ray.memory = memory  # a later loss moves roles with these figures
-        return dataclasses.replace(served, replaced_nodes=tuple(back))
-    except BaseException:
-        started = [n for n, a in ray.agents.items() if agents_before.get(n) is not a]
-        for node in started:  # agents this reload started (a node taken back's too)
-            ray.agents.pop(node, None)
-            with contextlib.suppress(Exception):
-                await ray.ray_fleet.drop_agent(node)
-        for step in undo:
-            step()
-        ray.ray_fleet.fleet, ray.ray_fleet.connections = kept[0], kept[1]
-        ray.adopt(kept[2])
-        ray.served, ray.memory = kept[3], kept[4]
-        raise
-
-
-def fleet_names(fleet: Fleet) -> set[str]:
-    """The names of ``fleet``'s nodes."""
-    return {n.name for n in fleet.nodes}
+            specs = memory.planning_specs(s.spec for s in roster.specs)
+            try:
+                served_plan = await asyncio.to_thread(
+                    ray.plan, specs, full, previous=previous, memory_notes=memory.reason_notes()
+                )
+            finally:
+                after_plan()
+            served = await _served(
+                ray,
+                roster,
+                fleet,
+                served_plan.plan,
+                memory,
+                options,
+                supervisor,
+                on_event=on_event,
+                state_root=state_root,
+                out=out,
+            )
+            ray.memory = memory  # a later loss moves roles with these figures
+            return dataclasses.replace(served, replaced_nodes=tuple(back))
+        except BaseException:
+            started = [n for n, a in ray.agents.items() if agents_before.get(n) is not a]
+            for node in started:  # agents this reload started (a node taken back's too)
+                ray.agents.pop(node, None)
+                with contextlib.suppress(Exception):
+                    await ray.ray_fleet.drop_agent(node)
+            for step in undo:
+                step()
+            ray.ray_fleet.fleet, ray.ray_fleet.connections = kept[0], kept[1]
+            ray.adopt(kept[2])
+            ray.served, ray.memory = kept[3], kept[4]
+            raise
 
 
 async def _served(
@@ -183,8 +150,9 @@ async def _served(
         model_names=names,
     )
     nodes: dict[str, NodeConfig] = {}
+    in_fleet = {n.name for n in fleet.nodes}
     for name, agent in agents.items():
-        if name in ray.lost or name not in fleet_names(fleet):
+        if name in ray.lost or name not in in_fleet:
             continue  # a lost node not back stays lost; one left out of the fleet drains
         placed: dict[str, InferenceSpec] = {
             role: by_role[role].spec for role, node in result.placements.items() if node == name

@@ -357,26 +357,20 @@ class UpRun:
                 memory=memory,
             )
             nodes = {name: new_node(c) for name, c in served.nodes.items()}
-            self._backends = {
-                name: c.backends
-                for name, c in served.nodes.items()
-                if isinstance(c.backends, SupervisorBackends)
-            }
-            recorders = self._follow_peaks(nodes, [], served.fingerprints(), state_dir)
             if ray is not None:
+                by_role = first_by_role(roster)
                 nodes |= await ray.node_schedulers(
-                    {role: s.spec for role, s in first_by_role(roster).items()},
-                    repos={role: s.repo or None for role, s in first_by_role(roster).items()},
+                    {role: s.spec for role, s in by_role.items()},
+                    repos={role: s.repo or None for role, s in by_role.items()},
                     on_event=on_backend_event,
                     options=options,
                     metrics=metrics,
                     state_root=str(state_dir) if options.state_dir is not None else None,
                     memory=memory,
-                    model_names={role: s.name for role, s in first_by_role(roster).items()},
+                    model_names={role: s.name for role, s in by_role.items()},
                 )
-                # An agent measures its node's backends there; the peaks are kept here.
-                self._backends.update(ray.agents)
-                recorders += self._follow_peaks(nodes, recorders, served.fingerprints(), state_dir)
+            self._take_peak_sources(served, ray)
+            recorders = self._follow_peaks(nodes, [], served.fingerprints(), state_dir)
             scheduler = Scheduler(nodes, new_node=new_node)
             routes = RouteTable(
                 role_routes(scheduler.roles, roster, result),
@@ -387,15 +381,7 @@ class UpRun:
             def warm_up_added(served: Served, change: Mapping[str, object]) -> None:
                 # The new backends report the peaks of what they start, under the new
                 # settings' fingerprints; a node the reload added gets its recorder.
-                self._backends.update(
-                    {
-                        name: c.backends
-                        for name, c in served.nodes.items()
-                        if isinstance(c.backends, SupervisorBackends)
-                    }
-                )
-                if ray is not None:
-                    self._backends.update(ray.agents)
+                self._take_peak_sources(served, ray)
                 recorders.extend(
                     self._follow_peaks(running.nodes, recorders, served.fingerprints(), state_dir)
                 )
@@ -549,6 +535,19 @@ class UpRun:
             task = asyncio.get_running_loop().create_task(self.reloader.try_reload())
             self._reloads.add(task)
             task.add_done_callback(self._reloads.discard)
+
+    def _take_peak_sources(self, served: Served, ray: UpFleet | None) -> None:
+        """Each node's backends measure its peaks where they run: this machine's supervisor
+        for its nodes, a node agent on its node (the peaks are kept here all the same)."""
+        self._backends.update(
+            {
+                name: c.backends
+                for name, c in served.nodes.items()
+                if isinstance(c.backends, SupervisorBackends)
+            }
+        )
+        if ray is not None:
+            self._backends.update(ray.agents)
 
     def _follow_peaks(
         self,
