@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +33,13 @@ from test_up_support import (
     llama_entry,
     prepare_example_models,
     serving,
+    write_box_fleet,
     write_roster,
 )
 
 _register()
 
 pytestmark = pytest.mark.slow
-
-
-def _fleet(path: Path, models: Mapping[str, object], **node: object) -> Path:
-    box = {"name": "box", "memory_gb": 4, "reserved_gb": 1, "platform": "linux-x86_64", **node}
-    doc = {"nodes": [box], "models": dict(models), "model_roots": [str(MODELS)]}
-    path.write_text(json.dumps(doc))
-    return path
 
 
 def _needs_llama_server() -> None:
@@ -65,7 +59,9 @@ async def test_measured_peak_counts_on_the_next_up_and_in_plan(tmp_path: Path) -
     _needs_llama_server()
     # ram_gb 0.001 GB (1 MiB): far below what llama-server holds for the tiny model.
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.001, 18971)])
-    fleet = _fleet(tmp_path / "fleet.yaml", {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}})
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml", {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
+    )
     state = tmp_path / "state"
     options = UpOptions(
         roster_path=roster,
@@ -109,7 +105,7 @@ async def test_measured_peak_counts_on_the_next_up_and_in_plan(tmp_path: Path) -
 
     # plan reads the same state folder; a node smaller than the counted figure (but far
     # bigger than ram_gb) leaves the role unplaced, naming both numbers.
-    small = _fleet(
+    small = write_box_fleet(
         tmp_path / "small.yaml",
         {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}},
         memory_gb=0.01,
@@ -142,7 +138,7 @@ async def test_two_four_slot_roles_under_a_node_limit_of_four_run_four_at_once(
         name: {"path": str(MODELS / f"{name}.gguf"), "ctx_size": 1024, "parallel": 4}
         for name in ("tiny-a", "tiny-b")
     }
-    fleet = _fleet(tmp_path / "fleet.yaml", models, max_concurrency=4)
+    fleet = write_box_fleet(tmp_path / "fleet.yaml", models, max_concurrency=4)
     options = UpOptions(
         roster_path=roster,
         fleet_path=fleet,

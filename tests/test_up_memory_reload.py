@@ -37,18 +37,18 @@ from rosterd.role_memory import gather_memory
 from rosterd.roster import load_roster
 from rosterd.tokens import GB
 from test_ollama_fake import fake_ollama_binary
-from test_up_support import MODELS, llama_entry, prepare_example_models, serving, write_roster
+from test_up_support import (
+    MODELS,
+    llama_entry,
+    prepare_example_models,
+    serving,
+    write_box_fleet,
+    write_roster,
+)
 
 _register()
 
 pytestmark = pytest.mark.slow
-
-
-def _fleet(path: Path, models: dict[str, object], **node: object) -> Path:
-    box = {"name": "box", "memory_gb": 4, "reserved_gb": 1, "platform": "linux-x86_64", **node}
-    doc = {"nodes": [box], "models": models, "model_roots": [str(MODELS)]}
-    path.write_text(json.dumps(doc))
-    return path
 
 
 async def _serve(options: UpOptions, work: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
@@ -70,11 +70,11 @@ async def test_a_role_a_reload_adds_shows_and_records_its_memory(tmp_path: Path)
         pytest.skip("llama-server is not built (scripts/build-llama-server)")
     prepare_example_models()
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("first", "tiny-a", 0.001, 18981)])
-    models: dict[str, object] = {
+    models: dict[str, dict[str, object]] = {
         "tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256},
         "tiny-b": {"path": str(MODELS / "tiny-b.gguf"), "ctx_size": 512, "parallel": 2},
     }
-    fleet = _fleet(tmp_path / "fleet.yaml", models, max_concurrency=1)
+    fleet = write_box_fleet(tmp_path / "fleet.yaml", models, max_concurrency=1)
     state = tmp_path / "state"
     options = UpOptions(
         roster_path=roster,
@@ -96,7 +96,7 @@ async def test_a_role_a_reload_adds_shows_and_records_its_memory(tmp_path: Path)
                 llama_entry("added", "tiny-b", 0.001, 18982),
             ],
         )
-        _fleet(fleet, models, max_concurrency=3)
+        write_box_fleet(fleet, models, max_concurrency=3)
         answer = await client.post("/rosterd/reload")
         assert answer.status_code == 200, answer.text
         status = (await client.get("/status")).json()
@@ -135,7 +135,7 @@ async def test_an_ollama_role_counts_the_size_ollama_reported_once_loaded(
     monkeypatch.setenv("FAKE_OLLAMA_MODELS", f"llama3.2:1b={OLLAMA_SIZE}")
     entry = {**llama_entry("small", "llama3.2:1b", 0.5, 11434), "backend": "ollama"}
     roster = write_roster(tmp_path / "roster.yaml", [entry])
-    fleet = _fleet(tmp_path / "fleet.yaml", {})
+    fleet = write_box_fleet(tmp_path / "fleet.yaml", {})
     state = tmp_path / "state"
     options = UpOptions(
         roster_path=roster,
@@ -181,8 +181,8 @@ async def test_a_reload_plans_with_the_counted_figure_as_the_start_does(tmp_path
     prepare_example_models()
     # ram_gb 0.001 (1 MiB): far below tiny-a's estimate; no backend is started here.
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.001, 18983)])
-    models: dict[str, object] = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
-    fleet = _fleet(tmp_path / "fleet.yaml", models)
+    models: dict[str, dict[str, object]] = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
+    fleet = write_box_fleet(tmp_path / "fleet.yaml", models)
     options = UpOptions(
         roster_path=roster,
         fleet_path=fleet,
@@ -195,7 +195,7 @@ async def test_a_reload_plans_with_the_counted_figure_as_the_start_does(tmp_path
 
     async def shrink(client: httpx.AsyncClient) -> None:
         # 10 MiB: room for ram_gb's 1 MiB, not for what tiny-a is estimated to hold.
-        _fleet(fleet, models, memory_gb=0.01, reserved_gb=0)
+        write_box_fleet(fleet, models, memory_gb=0.01, reserved_gb=0)
         answer = await client.post("/rosterd/reload")
         assert answer.status_code == 200, answer.text
         seen["status"] = (await client.get("/status")).json()

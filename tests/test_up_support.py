@@ -172,9 +172,11 @@ def write_box_fleet(
     reserved_gb: float = 1,
     flavors: list[str] | None = None,
     address: str | None = None,
+    max_concurrency: int | None = None,
 ) -> Path:
-    """A fleet file of one linux-x86_64 node ``box`` (with ``flavors`` and ``address`` when
-    given), the fleet's ``models`` map and ``MODELS`` as its model root (JSON is valid YAML)."""
+    """A fleet file of one linux-x86_64 node ``box`` (with ``flavors``, ``address`` and
+    ``max_concurrency`` when given), the fleet's ``models`` map and ``MODELS`` as its model
+    root (JSON is valid YAML)."""
     node: dict[str, object] = {
         "name": "box",
         "memory_gb": memory_gb,
@@ -185,6 +187,8 @@ def write_box_fleet(
         node["flavors"] = flavors
     if address is not None:
         node["address"] = address
+    if max_concurrency is not None:
+        node["max_concurrency"] = max_concurrency
     path.write_text(json.dumps({"nodes": [node], "models": models, "model_roots": [str(MODELS)]}))
     return path
 
