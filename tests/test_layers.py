@@ -33,14 +33,15 @@ LAYERS: dict[str, int] = {
     # 3. pure decisions
     "rosterd.residency": 3,
     "rosterd.placement": 3,
-    "rosterd.memory_estimate": 3,
-    "rosterd.memory_count": 3,
+    "rosterd.memory": 3,
+    "rosterd.memory.estimate": 3,
+    "rosterd.memory.count": 3,
     # 4. adapters: argv and probe builders per flavor
     "rosterd.adapters": 4,
     # 5. processes and the state folder
     "rosterd.supervisor": 5,
-    "rosterd.measured_peaks": 5,
-    "rosterd.role_memory": 5,
+    "rosterd.memory.peaks": 5,
+    "rosterd.memory.gathering": 5,
     # 6. the scheduler and the backends boundary it applies effects through
     "rosterd.metrics": 6,
     "rosterd.backends": 6,
@@ -53,7 +54,7 @@ LAYERS: dict[str, int] = {
     "rosterd.node_agent.head": 6,
     "rosterd.ray_cluster": 6,
     "rosterd.ray_match": 6,
-    "rosterd.memory_watch": 6,
+    "rosterd.memory.watch": 6,
     # 7. HTTP
     "rosterd.router": 7,
     # 8. the command and the runtime of `rosterd up`

@@ -12,10 +12,10 @@ from typing import cast
 
 import pytest
 
-from rosterd.backends import RoleBackends
+from rosterd.backends.interface import RoleBackends
 from rosterd.errors import MeasuredPeaksError
-from rosterd.measured_peaks import MeasuredPeaks
-from rosterd.memory_watch import PeakRecorder
+from rosterd.memory.peaks import MeasuredPeaks
+from rosterd.memory.watch import PeakRecorder
 from rosterd.scheduler import NodeScheduler
 from rosterd.supervisor import process_tree_peak_rss_bytes
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rosterd.memory_count import (
+from rosterd.memory.count import (
     FigureSource,
     count_memory,
     counted_memory_spec,
     memory_warning,
     show_declared,
 )
-from rosterd.memory_estimate import MemoryEstimate
+from rosterd.memory.estimate import MemoryEstimate
 from rosterd.roster import is_unmeasured_ram_gb, ram_bytes
 from rosterd.tokens import GB
 

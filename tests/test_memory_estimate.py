@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rosterd.memory_estimate import (
+from rosterd.memory.estimate import (
     LlamaCppSettings,
     estimate_memory,
     estimate_ollama,

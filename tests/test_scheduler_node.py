@@ -20,7 +20,7 @@ import pytest
 import spec_helpers
 from backend_helpers import NoLiveness
 from rosterd.adapters import WeightsSource
-from rosterd.backends import SupervisorBackends
+from rosterd.backends.local import SupervisorBackends
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler import (
     Endpoint,

@@ -25,7 +25,7 @@ from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli import _register, app
 from rosterd.cli.up_runtime import UpOptions
-from rosterd.measured_peaks import MeasuredPeaks
+from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.tokens import GB
 from test_up_support import (
     MODELS,

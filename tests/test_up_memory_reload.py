@@ -32,8 +32,8 @@ from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli import _register, app
 from rosterd.cli.up_runtime import UpOptions
 from rosterd.fleet import load_fleet
-from rosterd.measured_peaks import MeasuredPeaks
-from rosterd.role_memory import gather_memory
+from rosterd.memory.gathering import gather_memory
+from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.roster import load_roster
 from rosterd.tokens import GB
 from test_ollama_fake import fake_ollama_binary

@@ -30,7 +30,7 @@ from rich.console import Console
 from backend_helpers import gone, pick_free_port
 from ray_helpers import HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 from rosterd.cli.up_runtime import UpOptions
-from rosterd.measured_peaks import MeasuredPeaks
+from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.scheduler import SchedulerLimits
 from test_up_support import rosterd_argv, serving
 

@@ -5,7 +5,7 @@ Per role: where its weights are (path), their format, architecture, parameter
 count, quantization and trained context, the serving context and slots, and the
 estimate in its parts (weights, KV cache, overhead, each with where it came from),
 beside the roster's ``ram_gb``; a role without readable weights says why. The
-figures come from ``rosterd.role_memory`` (no state folder: measured peaks are
+figures come from ``rosterd.memory.gathering`` (no state folder: measured peaks are
 ``plan``'s and ``ps``'s). ``--json`` prints ``{"models": {role: {...}}}``.
 
 The readers (``gguf``'s tables, ``huggingface_hub``) are imported when the command
@@ -24,7 +24,7 @@ from rosterd.cli import app, make_console
 from rosterd.cli.edge import errors_as_json
 
 if TYPE_CHECKING:
-    from rosterd.role_memory import RoleMemory
+    from rosterd.memory.gathering import RoleMemory
 
 
 def model_to_json(memory: RoleMemory) -> dict[str, object]:
@@ -32,7 +32,7 @@ def model_to_json(memory: RoleMemory) -> dict[str, object]:
     ``architecture``, ``parameter_count``, ``quantization``, ``context_length``, or
     ``None``), ``ctx_size``, ``parallel``, ``declared_bytes``, ``declared_unmeasured``,
     ``estimate`` (parts, notes, or ``None``) and ``estimate_note``."""
-    from rosterd.role_memory import serving_settings
+    from rosterd.memory.gathering import serving_settings
 
     facts = memory.facts
     estimate = memory.estimate
@@ -93,8 +93,8 @@ def models_cmd(
     from rich.text import Text
 
     from rosterd.fleet import load_fleet, local_fleet
-    from rosterd.memory_count import show_declared, show_gb
-    from rosterd.role_memory import gather_memory, serving_settings
+    from rosterd.memory.count import show_declared, show_gb
+    from rosterd.memory.gathering import gather_memory, serving_settings
     from rosterd.roster import load_roster
 
     imported = load_roster(roster, overlay)

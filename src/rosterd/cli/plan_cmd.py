@@ -3,7 +3,7 @@
 
 Per node: a Rich table of its roles (resident always / swappable) with each role's
 memory (the roster's ``ram_gb``, the estimate from its weights, the peak measured on
-its last run, and the figure that counts: the largest; ``rosterd.role_memory``) and a
+its last run, and the figure that counts: the largest; ``rosterd.memory.gathering``) and a
 memory bar of the node's peak use (interactive roles plus the largest batch role)
 against its capacity; then the roles left unplaced, each with its reason. A role whose
 counted figure is more than 20 % away from ``ram_gb`` is named once on stderr. A role
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from rich.text import Text
 
     from rosterd.fleet import Fleet
+    from rosterd.memory.gathering import RosterMemory
     from rosterd.placement import Plan
-    from rosterd.role_memory import RosterMemory
     from rosterd.roster import ImportedRoster
     from rosterd.spec import InferenceSpec
 
@@ -97,7 +97,7 @@ def _render(
     from rich.table import Table
     from rich.text import Text
 
-    from rosterd.role_memory import describe
+    from rosterd.memory.gathering import describe
 
     specs: dict[str, InferenceSpec] = {}
     names: dict[str, str] = {}  # the roster's display name (spec.model drops some, e.g. a:b)
@@ -200,8 +200,8 @@ def plan_cmd(
         errors_as_json(ctx)
     from rosterd.cli import default_state_dir
     from rosterd.fleet import load_fleet, local_fleet
+    from rosterd.memory.gathering import gather_memory
     from rosterd.placement import plan
-    from rosterd.role_memory import gather_memory
     from rosterd.roster import load_roster
 
     out = make_console()  # wide and unwrapped when piped

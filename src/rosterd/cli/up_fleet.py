@@ -43,16 +43,16 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from rosterd.backends import SupervisorBackends
+from rosterd.backends.local import SupervisorBackends
 from rosterd.cli.up_plan import is_local_address, replanned_reasons, with_unplaced_reasons
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
+from rosterd.memory.gathering import RosterMemory
 from rosterd.metrics import RosterdMetrics
 from rosterd.node_agent import AgentBackends
 from rosterd.placement import Plan, plan
 from rosterd.ray_cluster import RayFleet, connect_fleet, disconnect
 from rosterd.ray_match import NodeLost
-from rosterd.role_memory import RosterMemory
 from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent

@@ -36,8 +36,8 @@ from rosterd.cli.up_options import UpOptions
 from rosterd.cli.up_plan import first_by_role
 from rosterd.cli.up_reload import Served, plan_config, served_config
 from rosterd.fleet import Fleet
+from rosterd.memory.gathering import RosterMemory
 from rosterd.placement import Plan
-from rosterd.role_memory import RosterMemory
 from rosterd.roster import ImportedRoster
 from rosterd.scheduler import NodeConcurrency, NodeConfig
 from rosterd.spec import InferenceSpec

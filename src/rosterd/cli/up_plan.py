@@ -27,8 +27,8 @@ from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB
 
 if TYPE_CHECKING:
+    from rosterd.memory.gathering import RosterMemory
     from rosterd.placement import Plan
-    from rosterd.role_memory import RosterMemory
     from rosterd.router import RoleRoute
 
 

@@ -51,8 +51,8 @@ from rosterd.cli.up_plan import (
 )
 from rosterd.errors import InputError, RosterdError
 from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
+from rosterd.memory.gathering import RosterMemory
 from rosterd.placement import Plan, plan
-from rosterd.role_memory import RosterMemory
 from rosterd.roster import ImportedRoster, load_roster
 from rosterd.router import RouteTable
 from rosterd.scheduler import NodeConcurrency, NodeConfig, Scheduler, SupervisorBackends

@@ -36,7 +36,8 @@ import uvicorn
 from rich.console import Console
 from rich.text import Text
 
-from rosterd.backends import PeakSource, SupervisorBackends
+from rosterd.backends.interface import PeakSource
+from rosterd.backends.local import SupervisorBackends
 from rosterd.cli import default_state_dir
 from rosterd.cli.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
 from rosterd.cli.up_listen import (
@@ -73,11 +74,11 @@ from rosterd.cli.up_reload import (
 )
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
-from rosterd.measured_peaks import MeasuredPeaks
-from rosterd.memory_watch import PeakRecorder, follow_peaks
+from rosterd.memory.gathering import RosterMemory, gather_memory
+from rosterd.memory.peaks import MeasuredPeaks
+from rosterd.memory.watch import PeakRecorder, follow_peaks
 from rosterd.metrics import RosterdMetrics
 from rosterd.placement import Plan, plan
-from rosterd.role_memory import RosterMemory, gather_memory
 from rosterd.roster import ImportedRoster
 from rosterd.router import RouterConfig, RouteTable, create_app
 from rosterd.router.streams import LiveStreams
@@ -556,7 +557,7 @@ class UpRun:
         fingerprints: Mapping[str, str],
         state_dir: Path,
     ) -> list[PeakRecorder]:
-        """:func:`~rosterd.memory_watch.follow_peaks` over this run's backends, a peak that
+        """:func:`~rosterd.memory.watch.follow_peaks` over this run's backends, a peak that
         cannot be stored said as a warning."""
         return follow_peaks(
             nodes,

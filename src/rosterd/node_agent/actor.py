@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
 
 from rosterd.adapters import WeightsSource
-from rosterd.backends import Endpoint, SupervisorBackends
+from rosterd.backends.interface import Endpoint
+from rosterd.backends.local import SupervisorBackends
 from rosterd.errors import NodeAgentError, RosterdError
 from rosterd.fleet import Fleet
 from rosterd.spec import InferenceSpec
@@ -256,7 +257,7 @@ class NodeAgent:
 
     async def peak_rss_bytes(self) -> dict[str, int]:
         """Role -> the largest peak RSS (bytes) of its backend on this node so far
-        (``rosterd.backends.PeakSource``)."""
+        (``rosterd.backends.interface.PeakSource``)."""
         if self._backends is None:
             return {}
         return await self._backends.peak_rss_bytes()

@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from rosterd.backends import Endpoint
+from rosterd.backends.interface import Endpoint
 from rosterd.errors import NodeAgentError, NodeLostError
 from rosterd.fleet import Fleet
 from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo, CarriedError
@@ -217,7 +217,7 @@ class AgentBackends:
 
     async def peak_rss_bytes(self) -> dict[str, int]:
         """Role -> the largest peak RSS (bytes) of its backend on the node so far, sampled
-        there (``rosterd.backends.PeakSource``; ``{}`` when lost)."""
+        there (``rosterd.backends.interface.PeakSource``; ``{}`` when lost)."""
         if self._lost_reason is not None:
             return {}
         peaks: dict[str, int] = await self.call(self._actor.peak_rss_bytes.remote())

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rosterd.fleet import Fleet, Node
-from rosterd.memory_count import UNMEASURED_NOTE
+from rosterd.memory.count import UNMEASURED_NOTE
 from rosterd.residency import excludes_each_other, gib
 from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB

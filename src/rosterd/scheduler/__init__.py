@@ -14,13 +14,14 @@
 - :mod:`~rosterd.scheduler.node`: ``NodeScheduler``, the node's public API over its loop.
 - :mod:`~rosterd.scheduler.fleet`: ``Scheduler``, the nodes of one process by role.
 
-Effects reach backends through :mod:`rosterd.backends` (``RoleBackends``).
+Effects reach backends through :mod:`rosterd.backends.interface` (``RoleBackends``).
 ``docs/scheduler.md`` draws the state table.
 """
 
 from __future__ import annotations
 
-from rosterd.backends import Endpoint, RoleBackends, SupervisorBackends, free_port
+from rosterd.backends.interface import Endpoint, RoleBackends
+from rosterd.backends.local import SupervisorBackends, free_port
 from rosterd.errors import (
     LoadBackoffError,
     LoadFailedError,

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from rosterd.backends import BackendEventSource, RoleBackends
+from rosterd.backends.interface import BackendEventSource, RoleBackends
 from rosterd.errors import RoleMovedError, UnknownRoleError
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import Lease, NodeChange, NodeConcurrency, SchedulerEvent

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rosterd.backends import BackendEventSource, RoleBackends
+from rosterd.backends.interface import BackendEventSource, RoleBackends
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (
     Effect,

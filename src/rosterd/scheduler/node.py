@@ -23,7 +23,7 @@ import itertools
 import time
 from collections.abc import Callable, Collection, Mapping
 
-from rosterd.backends import BackendEventSource, MeasuredBackends, RoleBackends
+from rosterd.backends.interface import BackendEventSource, MeasuredBackends, RoleBackends
 from rosterd.errors import RoleUnavailableError, RosterdError, ShuttingDownError, UnknownRoleError
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (

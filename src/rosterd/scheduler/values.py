@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rosterd.backends import Endpoint
+from rosterd.backends.interface import Endpoint
 
 if TYPE_CHECKING:
     import asyncio

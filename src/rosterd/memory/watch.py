@@ -1,10 +1,10 @@
 """Recording each role's measured peak while ``rosterd up`` runs (DESIGN.md layer 6).
 
 A :class:`PeakRecorder` per node asks the node's backends boundary for its
-peaks (``rosterd.backends.PeakSource``: the local supervisor's backends or a
+peaks (``rosterd.backends.interface.PeakSource``: the local supervisor's backends or a
 node agent's, sampled on the node, so nothing here reads a pid) and stores
-each one that changed in the state folder (``rosterd.measured_peaks``), under
-the role's run fingerprint (``rosterd.role_memory.run_fingerprint``), so the
+each one that changed in the state folder (``rosterd.memory.peaks``), under
+the role's run fingerprint (``rosterd.memory.gathering.run_fingerprint``), so the
 next ``up`` and ``plan`` count it. It records after every backend stop (the
 boundary sampled the peak just before it), every ``interval_s`` while serving
 (a crash loses nothing older), and once more at shutdown, after the last stop.
@@ -12,7 +12,7 @@ boundary sampled the peak just before it), every ``interval_s`` while serving
 What is stored is the largest peak of the role during this ``up`` under its
 settings (the backends report each run's own peak; the recorder keeps the largest
 for the same fingerprint): it replaces what an earlier ``up`` measured, as
-``rosterd.memory_count`` wants it.
+``rosterd.memory.count`` wants it.
 A reload gives a node new backends and new fingerprints (:meth:`PeakRecorder.add_source`):
 the backends of before keep reporting the roles they started (they stop them), and
 a role's figure comes from the newest backends that started it, under their
@@ -29,9 +29,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from rosterd.backends import PeakSource
+from rosterd.backends.interface import PeakSource
 from rosterd.errors import MeasuredPeaksError
-from rosterd.measured_peaks import MeasuredPeaks
+from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.scheduler import NodeScheduler, SchedulerEvent
 
 log = logging.getLogger("rosterd.memory")

@@ -1,9 +1,9 @@
 """Which memory figure counts for a role, and how the figures are shown (layer 3, pure).
 
 DESIGN.md's rule: placement and residency count the largest of the roster's
-``ram_gb``, the estimate from the weights' metadata (``rosterd.memory_estimate``)
+``ram_gb``, the estimate from the weights' metadata (``rosterd.memory.estimate``)
 and the peak RSS measured on the role's last run on that node
-(``rosterd.measured_peaks``). A ``"~N"`` roster value is the operator's guess:
+(``rosterd.memory.peaks``). A ``"~N"`` roster value is the operator's guess:
 it is marked as unmeasured wherever it is shown. When the figure that counts is
 more than 20 % away from ``ram_gb``, ``up`` and ``plan`` say so once per role
 with both numbers (``memory_warning``). No I/O, no clock, no logging.
@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-from rosterd.memory_estimate import MemoryEstimate
+from rosterd.memory.estimate import MemoryEstimate
 from rosterd.spec import MemorySpec
 from rosterd.tokens import GB
 

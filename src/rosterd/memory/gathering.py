@@ -2,13 +2,13 @@
 
 DESIGN.md's rule, applied: a role counts the largest of its roster ``ram_gb``
 (declared), the estimate from its weights' metadata and the peak RSS measured
-on its last run on that node (``rosterd.memory_count`` decides, purely). This
+on its last run on that node (``rosterd.memory.count`` decides, purely). This
 module gathers those figures for a roster on a fleet, which is I/O: it resolves
 each role's weights (``rosterd.weights``; never downloading), reads their facts
 (``rosterd.model_facts``: a GGUF's header, an MLX folder's config and
-safetensors headers), estimates (``rosterd.memory_estimate``, with the
+safetensors headers), estimates (``rosterd.memory.estimate``, with the
 settings the adapter launches with) and reads the measured peaks kept in the
-state folder (``rosterd.measured_peaks``), under the run's fingerprint
+state folder (``rosterd.memory.peaks``), under the run's fingerprint
 (:func:`run_fingerprint`), so a peak measured with other settings does not count.
 
 It then hands out specs whose ``memory`` is the counted figure:
@@ -20,7 +20,7 @@ be read keeps the roster's figure (and the measured peak); why is in
 reports its size only once loaded (``/api/ps``), so before a role's first load
 the roster's figure stands and nothing is estimated; once it was loaded, the
 size ollama reported is kept as its measured figure (the backends boundary reads
-it, ``rosterd.memory_watch`` stores it) and is its estimate too (``estimate_ollama``).
+it, ``rosterd.memory.watch`` stores it) and is its estimate too (``estimate_ollama``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ from pathlib import Path
 from rosterd.adapters.llamacpp import DEFAULT_CTX_SIZE, DEFAULT_PARALLEL
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet
-from rosterd.measured_peaks import MeasuredPeaks
-from rosterd.memory_count import (
+from rosterd.memory.count import (
     UNMEASURED_NOTE,
     CountedMemory,
     FigureSource,
@@ -46,7 +45,8 @@ from rosterd.memory_count import (
     show_declared,
     show_gb,
 )
-from rosterd.memory_estimate import MemoryEstimate, estimate_memory, estimate_ollama
+from rosterd.memory.estimate import MemoryEstimate, estimate_memory, estimate_ollama
+from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.model_facts import ModelFacts, read_model_facts
 from rosterd.roster import ImportedRoster, ImportedSpec
 from rosterd.spec import InferenceSpec, InferFlavor

@@ -1,6 +1,6 @@
 """Measured peaks: each role's peak RSS on its last run per node, in the state folder (layer 5).
 
-The next ``rosterd up`` starts from what was measured: ``rosterd.memory_count``
+The next ``rosterd up`` starts from what was measured: ``rosterd.memory.count``
 counts the largest of ``ram_gb``, the estimate and this figure. One JSON file
 per node, ``<state_dir>/memory/<node>.json``::
 

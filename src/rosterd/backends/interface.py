@@ -1,0 +1,129 @@
+"""The backends boundary (between DESIGN.md layers 5 and 6): what a node's scheduler asks of
+the backends of its roles, as Protocols and plain values.
+
+The node scheduler decides; whatever implements this boundary acts. It is the
+scheduler's syscall table: :class:`RoleBackends` (start a role, stop a role,
+probe that it generates, restart it when it does not) and
+:class:`BackendEventSource` (what happened to a backend by itself: a crash, a
+restart, a restart given up). Everything that crosses it is a plain,
+picklable value (role ids, :class:`Endpoint`, ``BackendEvent``) and every call
+is async, so the same boundary can be served by a node agent on another
+machine. Implementations: :class:`rosterd.backends.local.SupervisorBackends`
+(this machine's supervisor and the flavor adapters) and
+``rosterd.node_agent.AgentBackends`` (a node agent over Ray).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from rosterd.supervisor import BackendEvent, ProbeResult
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A ready backend: ``base_url`` (``http://host:port``, no trailing slash), the model
+    name it answers to (``served_model``) and its process id (``None`` if not a local process).
+    """
+
+    base_url: str
+    served_model: str
+    pid: int | None = None
+
+
+class RoleBackends(Protocol):
+    """How a node scheduler starts and stops a role's backend (the syscall table).
+
+    The node scheduler calls ``start`` and ``stop`` only as its state machine
+    says: never two transitions of one node at once, except that shutdown stops
+    a role whose start is under way. Arguments and results are plain values.
+    """
+
+    async def start(self, role: str) -> Endpoint:
+        """Start ``role``'s backend; return once it is ready to serve.
+
+        Contract: raises on failure (any exception; its message, or its
+        ``client_message`` attribute when it has one, reaches the waiting
+        requests). A start that fails must leave no process holding memory
+        once ``stop(role)`` returned.
+        """
+        ...
+
+    async def stop(self, role: str) -> None:
+        """Stop ``role``'s backend; return only after it exited, so its memory is free.
+
+        Contract: a no-op for a role that is not running. Called while
+        ``start(role)`` is still running (shutdown), it makes that start fail
+        promptly and leaves no process.
+        """
+        ...
+
+    async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
+        """Run the flavor's generation probe (a one-token completion) against ``role``'s
+        running backend, bounded by ``timeout_s`` seconds.
+
+        Contract: never raises for a backend that does not answer or answers wrong;
+        that is a result with ``ok`` false and ``detail`` saying what happened.
+        """
+        ...
+
+    async def restart(self, role: str) -> None:
+        """Kill ``role``'s running (wedged) backend and start it again at once, as after a
+        crash; return once the kill was sent.
+
+        Contract: the outcome reaches the scheduler as backend events of ``role``
+        (``exited``, ``restarting``, then ``ready`` or ``restart_failed``); the
+        role's memory stays held meanwhile. Raises if ``role`` is not running.
+        """
+        ...
+
+
+class BackendEventSource(Protocol):
+    """Where a node's backend events come from when the node's backends are not in this
+    process (a node agent).
+
+    Locally the supervisor's ``on_event`` callback reaches the scheduler
+    directly (``Scheduler.backend_event``); a remote node agent has no callback
+    into us, so the node scheduler asks it instead.
+    """
+
+    async def changes(self) -> Sequence[BackendEvent]:
+        """Wait until something happened to a backend by itself; return it, oldest first.
+
+        Contract: returns at least one event; never the same event twice; only
+        events of this node's roles (``BackendEvent.name`` is the role id); the
+        kinds and fields as ``Supervisor(on_event=...)`` gives them.
+        """
+        ...
+
+
+@runtime_checkable
+class MeasuredBackends(Protocol):
+    """Backends that can say how much memory their processes hold, measured where they run.
+
+    The one way rosterd learns a role's measured RSS: locally the supervisor
+    measures its process tree; a node agent measures on its node (a pid of
+    another machine means nothing here).
+    """
+
+    async def measured_bytes(self) -> Mapping[str, int]:
+        """Role -> resident memory (RSS, bytes) of its backend and its children, measured
+        now; roles without a running process are left out."""
+
+
+class PeakSource(Protocol):
+    """What a node's backends measured of their memory (implemented beside ``RoleBackends``)."""
+
+    async def peak_rss_bytes(self) -> dict[str, int]:
+        """Role -> the largest peak RSS (bytes) of its backend's process tree in its last run.
+
+        Contract: only roles these backends started; a running backend is sampled
+        now; a stopped one keeps the peak sampled just before its stop (so it is not
+        lost with the process) until it starts again; roles never started are absent.
+        A role of a shared server (ollama) is no process of its own: its figure is the
+        size the server reports holding for its model (ollama's ``/api/ps`` ``size``),
+        the largest seen.
+        """
+        ...
