@@ -37,7 +37,7 @@ HEAVY = (
     "rosterd.supervisor",
     "rosterd.scheduler",
     "rosterd.router",
-    "rosterd.cli.up_runtime",
+    "rosterd.up.runtime",
 )
 
 _PROBE = """

@@ -60,9 +60,9 @@ LAYERS: dict[str, int] = {
     # 8. the command and the runtime of `rosterd up`
     "rosterd.up": 8,
     "rosterd.cli": 8,
-    "rosterd.cli.up_listen": 8,
-    "rosterd.cli.up_options": 8,
-    "rosterd.cli.up_progress": 8,
+    "rosterd.up.listen": 8,
+    "rosterd.up.options": 8,
+    "rosterd.up.progress": 8,
     "rosterd.__main__": 8,
 }
 

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 import spec_helpers
 from backend_helpers import pick_free_port
 from rosterd.cli import _register, app
-from rosterd.cli.up_runtime import UpOptions
 from rosterd.fleet import local_fleet
 from rosterd.placement import plan
 from rosterd.placement.conflicts import port_conflicts, without_port_conflicts
 from rosterd.spec import InferenceSpec, InferFlavor, ServeSpec
+from rosterd.up.runtime import UpOptions
 from test_up_support import (
     MODELS,
     llama_entry,

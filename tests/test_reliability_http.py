@@ -30,7 +30,7 @@ from reliability_support import (
     raise_nofile,
     start_fake_up,
 )
-from rosterd.cli.http_protocol import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
+from rosterd.up.http_protocol import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
 from test_up_support import Up
 
 pytestmark = [pytest.mark.slow, pytest.mark.reliability]

@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli import _register, app
-from rosterd.cli.up_runtime import UpOptions
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.tokens import GB
+from rosterd.up.runtime import UpOptions
 from test_up_support import (
     MODELS,
     console_text,

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from backend_helpers import pick_free_port
-from rosterd.cli.up_runtime import UpOptions
+from rosterd.up.runtime import UpOptions
 from test_up_support import (
     GEMMA,
     MODELS,

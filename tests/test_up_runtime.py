@@ -15,8 +15,8 @@ from rich.console import Console
 
 from backend_helpers import pick_free_port, wait_gone
 from rosterd.adapters.llamacpp import find_llama_server
-from rosterd.cli.up_runtime import UpOptions, UpRun
 from rosterd.errors import RosterdError
+from rosterd.up.runtime import UpOptions, UpRun
 from test_up_support import (
     MODELS,
     llama_entry,

@@ -23,7 +23,7 @@ import psutil
 from rich.console import Console
 
 from backend_helpers import gone
-from rosterd.cli.up_runtime import UpOptions, UpRun
+from rosterd.up.runtime import UpOptions, UpRun
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
@@ -35,13 +33,6 @@ if TYPE_CHECKING:
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8400
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
-
-
-def default_state_dir() -> Path:
-    """``$XDG_STATE_HOME/rosterd`` (default ``~/.local/state/rosterd``): logs, pid records and
-    measured memory peaks (``rosterd up`` writes them, ``rosterd plan`` reads them)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "rosterd"
 
 
 class _RosterdGroup(TyperGroup):

@@ -198,11 +198,11 @@ def plan_cmd(
     role cannot be placed."""
     if as_json:
         errors_as_json(ctx)
-    from rosterd.cli import default_state_dir
     from rosterd.fleet import load_fleet, local_fleet
     from rosterd.memory.gathering import gather_memory
     from rosterd.placement import plan
     from rosterd.roster import load_roster
+    from rosterd.supervisor import default_state_dir
 
     out = make_console()  # wide and unwrapped when piped
     imported = load_roster(roster, overlay)
@@ -214,10 +214,10 @@ def plan_cmd(
     planned = memory.planning_specs(s.spec for s in imported.specs)
     result = plan(planned, nodes, time_limit_s=time_limit, memory_notes=memory.reason_notes())
     if not auto_backend_ports:
-        from rosterd.cli.up_plan import check_ports
+        from rosterd.up.plan_view import check_ports
 
         result = check_ports(result, imported, nodes, router_port=port)
-    from rosterd.cli.up_plan import is_local_address
+    from rosterd.up.plan_view import is_local_address
 
     here = {n.name for n in nodes.nodes if is_local_address(n.address)}
     for role, node in result.placements.items():

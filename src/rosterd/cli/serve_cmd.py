@@ -1,5 +1,5 @@
 """``rosterd up``: serve the roster (layer 8). The command parses its options into an
-:class:`~rosterd.cli.up_runtime.UpOptions` and runs :func:`~rosterd.cli.up_runtime.run_up`.
+:class:`~rosterd.up.runtime.UpOptions` and runs :func:`~rosterd.up.runtime.run_up`.
 
 ``rosterd up ROSTER [--overlay F] [--fleet F] [--host H] [--port P]`` imports
 the roster, plans it on the fleet (printing the plan), starts the supervisor on
@@ -8,11 +8,11 @@ anything (showing each load as it happens), and serves the OpenAI-compatible
 router until Ctrl-C or SIGTERM; then it lets in-flight requests finish (up to
 ``--drain``) and stops every backend it started. SIGHUP, ``rosterd reload`` and,
 with ``--watch``, a change of the roster, overlay or fleet file reload them
-without a restart (:mod:`rosterd.cli.up_reload`). Without Ray, nodes of the
+without a restart (:mod:`rosterd.up.reload`). Without Ray, nodes of the
 fleet whose address is not this machine are planned but not started here (it
 says so). With ``--ray-address HOST:PORT`` (or ``RAY_ADDRESS``) it joins that
 Ray cluster and runs every fleet node a live Ray node matches by address through
-that node's agent (:mod:`rosterd.cli.up_fleet`); a node with none is reported
+that node's agent (:mod:`rosterd.up.ray_fleet`); a node with none is reported
 not connected and its roles are planned on the others.
 
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 after a clean stop (Ctrl-C or
@@ -224,9 +224,9 @@ def up_cmd(
     keys = check_api_keys(api_key or [], os.environ)
     origins = check_cors_origins(cors_origin or [])
     # The runtime (uvicorn, the scheduler, OR-Tools) only now: other commands never load it.
-    from rosterd.cli.up_runtime import UpOptions, run_up
     from rosterd.ray_cluster import ray_address as ray_address_of  # imports no Ray
     from rosterd.scheduler import SchedulerLimits
+    from rosterd.up.runtime import UpOptions, run_up
 
     options = UpOptions(
         roster_path=roster_path,

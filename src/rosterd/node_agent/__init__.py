@@ -20,7 +20,6 @@ from rosterd.node_agent.actor import (
     AgentInfo,
     CarriedError,
     NodeAgent,
-    default_state_root,
 )
 from rosterd.node_agent.head import AgentBackends, map_ray_errors
 
@@ -31,6 +30,5 @@ __all__ = [
     "AgentInfo",
     "CarriedError",
     "NodeAgent",
-    "default_state_root",
     "map_ray_errors",
 ]

@@ -32,7 +32,14 @@ from rosterd.backends.local import SupervisorBackends
 from rosterd.errors import NodeAgentError, RosterdError
 from rosterd.fleet import Fleet
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent, ProbeResult, StateDirLock, Supervisor, lock_state_dir
+from rosterd.supervisor import (
+    BackendEvent,
+    ProbeResult,
+    StateDirLock,
+    Supervisor,
+    default_state_dir,
+    lock_state_dir,
+)
 from rosterd.weights import resolve_for_fleet
 
 #: How long one pull of the agent's backend events waits for one to happen (seconds).
@@ -40,14 +47,6 @@ EVENT_POLL_S: Final[float] = 5.0
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-def default_state_root() -> Path:
-    """``$XDG_STATE_HOME/rosterd`` (default ``~/.local/state/rosterd``) on the machine that
-    calls it; an agent's state folder is ``<root>/nodes/<node>``. (Same rule as ``rosterd
-    up``'s ``--state-dir`` default, which lives in the CLI layer.)"""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "rosterd"
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class AgentConfig:
     ``repos``: role -> the roster's Hugging Face repo; ``model_names``: role -> the
     roster's ``name`` (as ``SupervisorBackends``' ``model_names``); ``state_root``: the folder
     under which the agent keeps ``nodes/<node>/`` (``None``: the node's
-    :func:`default_state_root`); ``auto_ports``, ``ready_timeout_s`` (seconds):
+    :func:`~rosterd.supervisor.default_state_dir`); ``auto_ports``, ``ready_timeout_s`` (seconds):
     as ``SupervisorBackends``; ``grace_s``: SIGTERM to SIGKILL, seconds.
     """
 
@@ -152,7 +151,7 @@ class NodeAgent:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        root = Path(config.state_root) if config.state_root else default_state_root()
+        root = Path(config.state_root) if config.state_root else default_state_dir()
         self.state_dir = root / "nodes" / config.node
         self._events: list[BackendEvent] = []
         self._arrived = asyncio.Event()

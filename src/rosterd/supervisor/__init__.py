@@ -60,7 +60,12 @@ from rosterd.supervisor.process import (
     process_tree_peak_rss_bytes,
     tree_rss_bytes,
 )
-from rosterd.supervisor.run_records import StateDirLock, lock_state_dir, reap_leftovers
+from rosterd.supervisor.run_records import (
+    StateDirLock,
+    default_state_dir,
+    lock_state_dir,
+    reap_leftovers,
+)
 
 __all__ = [
     "READY_BASE_S",
@@ -86,6 +91,7 @@ __all__ = [
     "SupervisorError",
     "backoff_delay",
     "check_port_free",
+    "default_state_dir",
     "describe_exit",
     "free_port",
     "lock_state_dir",

@@ -35,6 +35,14 @@ from rosterd.supervisor.process import stop_foreign_group
 _SAME_START_S: Final[float] = 0.05
 
 
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/rosterd`` (default ``~/.local/state/rosterd``) on the machine that
+    calls it: logs, pid records and measured memory peaks (``rosterd up`` writes them,
+    ``rosterd plan`` reads them); a node agent's folder is ``<it>/nodes/<node>``."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "rosterd"
+
+
 class StateDirLock:
     """An exclusive ``fcntl.flock`` on ``<state_dir>/rosterd.lock``, held until :meth:`release`.
 

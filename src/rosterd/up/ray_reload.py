@@ -1,7 +1,7 @@
 """A reload of ``rosterd up --ray-address`` (layer 8): the fleet on Ray serves the newly read
 roster, overlay and fleet files without a restart.
 
-:func:`serve_fleet_config` is ``serve_config`` of :class:`~rosterd.cli.up_reload.ConfigReloader`
+:func:`serve_fleet_config` is ``serve_config`` of :class:`~rosterd.up.reload.ConfigReloader`
 when the fleet runs on Ray. It matches the reloaded fleet to the cluster again
 (``RayFleet.refit``: a node with an agent keeps it; a node the reload added, or
 one not connected before, runs once its Ray node is live), plans the whole
@@ -10,7 +10,7 @@ fleet with the plan in force as ``previous``, then the nodes that run
 starts an agent on each node connected now that has none, tells every agent
 the roles, weights and model names it serves from now on
 (``AgentBackends.reconfigure``) and builds this machine's nodes as without Ray
-(:func:`~rosterd.cli.up_reload.served_config`). Nothing is applied here: the
+(:func:`~rosterd.up.reload.served_config`). Nothing is applied here: the
 reloader applies the result in one step, and a refusal (a node on Ray given a
 new address, an agent that cannot start) leaves the running configuration as
 it is.
@@ -31,10 +31,6 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from rosterd.cli.up_fleet import UpFleet
-from rosterd.cli.up_options import UpOptions
-from rosterd.cli.up_plan import first_by_role
-from rosterd.cli.up_reload import Served, plan_config, served_config
 from rosterd.fleet import Fleet
 from rosterd.memory.gathering import RosterMemory
 from rosterd.placement import Plan
@@ -42,6 +38,10 @@ from rosterd.roster import ImportedRoster
 from rosterd.scheduler import NodeConcurrency, NodeConfig
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, Supervisor
+from rosterd.up.options import UpOptions
+from rosterd.up.plan_view import first_by_role
+from rosterd.up.ray_fleet import UpFleet
+from rosterd.up.reload import Served, plan_config, served_config
 
 
 async def serve_fleet_config(

@@ -42,13 +42,6 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.adapters import WeightsSource, adapter_for
-from rosterd.cli.up_plan import (
-    check_ports,
-    first_by_role,
-    is_local_address,
-    role_routes,
-    unserved_reasons,
-)
 from rosterd.errors import InputError, RosterdError
 from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
 from rosterd.memory.gathering import RosterMemory
@@ -58,11 +51,18 @@ from rosterd.router import RouteTable
 from rosterd.scheduler import NodeConcurrency, NodeConfig, Scheduler, SupervisorBackends
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import Supervisor
+from rosterd.up.plan_view import (
+    check_ports,
+    first_by_role,
+    is_local_address,
+    role_routes,
+    unserved_reasons,
+)
 from rosterd.weights import resolve_for_fleet
 
 if TYPE_CHECKING:
-    from rosterd.cli.up_fleet import UpFleet
-    from rosterd.cli.up_runtime import UpOptions
+    from rosterd.up.ray_fleet import UpFleet
+    from rosterd.up.runtime import UpOptions
 
 log = logging.getLogger("rosterd.reload")
 

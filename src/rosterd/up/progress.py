@@ -14,10 +14,10 @@ from collections.abc import Collection, Mapping
 from rich.console import Console
 from rich.text import Text
 
-from rosterd.cli.up_plan import warm_up_order
 from rosterd.fleet import Fleet, Node
 from rosterd.scheduler import NodeConfig, Scheduler, SchedulerError
 from rosterd.supervisor import BackendEvent, describe_exit
+from rosterd.up.plan_view import warm_up_order
 
 
 def say_remote_nodes(fleet: Fleet, local_nodes: Collection[Node], out: Console) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rosterd.fleet import Node
 
 if TYPE_CHECKING:
-    from rosterd.cli.up_fleet import ServedPlan, UpFleet
+    from rosterd.up.ray_fleet import ServedPlan, UpFleet
 
 
 def node_views(ray: UpFleet) -> dict[str, dict[str, object]]:

@@ -1,5 +1,5 @@
 """The options of one ``rosterd up`` (layer 8): :class:`UpOptions`, the command's options
-parsed into one value, which :mod:`rosterd.cli.up_runtime` runs."""
+parsed into one value, which :mod:`rosterd.up.runtime` runs."""
 
 from __future__ import annotations
 

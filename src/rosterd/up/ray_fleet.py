@@ -21,7 +21,7 @@ stays ``lost`` on its node (its requests time out naming the loss). Each move
 or unplaced role is a log line with its cause and a ``moved`` / ``unplaced``
 event in ``/rosterd/events``. A node that comes back (a live Ray node at its
 address again) is said, and ``up`` reloads (``on_back`` of :meth:`UpFleet.watch`):
-the reload on Ray (``rosterd.cli.up_fleet_reload``) matches the fleet again
+the reload on Ray (``rosterd.up.ray_reload``) matches the fleet again
 (:meth:`UpFleet.adopt`), takes the node back (:meth:`UpFleet.take_back`) and
 starts the agents missing (:meth:`UpFleet.start_agents`).
 
@@ -44,7 +44,6 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.backends.local import SupervisorBackends
-from rosterd.cli.up_plan import is_local_address, replanned_reasons, with_unplaced_reasons
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
 from rosterd.memory.gathering import RosterMemory
@@ -56,9 +55,10 @@ from rosterd.ray_match import NodeLost
 from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
+from rosterd.up.plan_view import is_local_address, replanned_reasons, with_unplaced_reasons
 
 if TYPE_CHECKING:
-    from rosterd.cli.up_runtime import UpOptions
+    from rosterd.up.runtime import UpOptions
 
 log = logging.getLogger("rosterd.fleet")
 
@@ -147,7 +147,7 @@ class UpFleet:
     ) -> ServedPlan:
         """The plan of the nodes that run: ``full`` itself when every node runs, else a plan
         of the fleet without the nodes not connected (or lost), whose moved and unplaced
-        roles carry their reasons (:func:`~rosterd.cli.up_plan.replanned_reasons`);
+        roles carry their reasons (:func:`~rosterd.up.plan_view.replanned_reasons`);
         ``previous`` (the plan in force, on a reload) and ``memory_notes`` as ``plan``'s.
 
         Raises:
@@ -504,8 +504,8 @@ class UpFleet:
 
     def node_views(self) -> dict[str, dict[str, object]]:
         """What ``/status``, ``rosterd ps`` and ``/metrics`` show of every fleet node,
-        connected or not (:func:`rosterd.cli.up_fleet_views.node_views`)."""
-        from rosterd.cli.up_fleet_views import node_views
+        connected or not (:func:`rosterd.up.ray_views.node_views`)."""
+        from rosterd.up.ray_views import node_views
 
         return node_views(self)
 

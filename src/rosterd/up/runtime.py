@@ -5,7 +5,7 @@ drain and stop every backend.
 :func:`run_up` is the whole process (SIGINT and SIGTERM stop it);
 :class:`UpRun` is one run inside a running event loop, stopped by its own
 handle (:meth:`UpRun.stop`), which is how tests run it without a subprocess or
-Typer. Both take an :class:`~rosterd.cli.up_options.UpOptions` value (re-exported
+Typer. Both take an :class:`~rosterd.up.options.UpOptions` value (re-exported
 here); ``rosterd up`` only parses its options into one (:mod:`rosterd.cli.serve_cmd`).
 
 It lives in the CLI layer, not beside the router, because it prints: the plan,
@@ -15,8 +15,8 @@ each role it cannot serve, backend crashes and restarts, "serving", "stopped"
 uvicorn serves the ASGI router in rosterd's own event loop (so the scheduler,
 supervisor and router share one loop); its signal capture is replaced by
 rosterd's, so Ctrl-C drains and stops the backends before the process exits
-(the socket, that server and the open-files limit: :mod:`rosterd.cli.up_listen`;
-backend events printed and the warm-up: :mod:`rosterd.cli.up_progress`).
+(the socket, that server and the open-files limit: :mod:`rosterd.up.listen`;
+backend events printed and the warm-up: :mod:`rosterd.up.progress`).
 
 Errors: every failure a user can act on is a :class:`~rosterd.errors.RosterdError`
 (a bad roster, overlay or fleet, a port in use, a locked or unusable state
@@ -38,40 +38,6 @@ from rich.text import Text
 
 from rosterd.backends.interface import PeakSource
 from rosterd.backends.local import SupervisorBackends
-from rosterd.cli import default_state_dir
-from rosterd.cli.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
-from rosterd.cli.up_listen import (
-    LISTEN_BACKLOG,
-    NoSignalServer,
-    bind_listener,
-    open_files_wanted,
-    raise_open_files_limit,
-)
-from rosterd.cli.up_options import UpOptions
-from rosterd.cli.up_plan import (
-    check_ports,
-    first_by_role,
-    is_local_address,
-    is_loopback_host,
-    print_plan,
-    role_routes,
-    unserved_reasons,
-)
-from rosterd.cli.up_progress import (
-    added_roles,
-    print_backend_event,
-    say_remote_nodes,
-    warm_up,
-    warn_open_listener,
-)
-from rosterd.cli.up_reload import (
-    ConfigReloader,
-    Served,
-    plan_config,
-    read_config,
-    served_config,
-    status_extra,
-)
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet, Node
 from rosterd.memory.gathering import RosterMemory, gather_memory
@@ -83,10 +49,43 @@ from rosterd.roster import ImportedRoster
 from rosterd.router import RouterConfig, RouteTable, create_app
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler
-from rosterd.supervisor import BackendEvent, Supervisor, lock_state_dir
+from rosterd.supervisor import BackendEvent, Supervisor, default_state_dir, lock_state_dir
+from rosterd.up.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
+from rosterd.up.listen import (
+    LISTEN_BACKLOG,
+    NoSignalServer,
+    bind_listener,
+    open_files_wanted,
+    raise_open_files_limit,
+)
+from rosterd.up.options import UpOptions
+from rosterd.up.plan_view import (
+    check_ports,
+    first_by_role,
+    is_local_address,
+    is_loopback_host,
+    print_plan,
+    role_routes,
+    unserved_reasons,
+)
+from rosterd.up.progress import (
+    added_roles,
+    print_backend_event,
+    say_remote_nodes,
+    warm_up,
+    warn_open_listener,
+)
+from rosterd.up.reload import (
+    ConfigReloader,
+    Served,
+    plan_config,
+    read_config,
+    served_config,
+    status_extra,
+)
 
 if TYPE_CHECKING:
-    from rosterd.cli.up_fleet import UpFleet
+    from rosterd.up.ray_fleet import UpFleet
 
 #: What other modules import from here (``UpOptions`` and the open-files sizing moved).
 __all__ = ["UpOptions", "UpRun", "open_files_wanted", "raise_open_files_limit", "run_up"]
@@ -227,7 +226,7 @@ class UpRun:
                 say_remote_nodes(fleet, local_nodes, self.out)
             else:
                 # Joining blocks for a moment; it comes before any signal handler is set.
-                from rosterd.cli.up_fleet import UpFleet
+                from rosterd.up.ray_fleet import UpFleet
 
                 ray = UpFleet.join(options.ray_address, fleet, self.out)
                 result = ray.plan(specs, result, memory_notes=memory.reason_notes()).plan
@@ -319,7 +318,7 @@ class UpRun:
                 self._warn_memory(memory)
                 after_plan = self._set_signal_handlers if self.stop_on_signals else lambda: None
                 if ray is not None:
-                    from rosterd.cli.up_fleet_reload import serve_fleet_config
+                    from rosterd.up.ray_reload import serve_fleet_config
 
                     return await serve_fleet_config(
                         ray,
