@@ -55,14 +55,12 @@ LAYERS: dict[str, int] = {
     "rosterd.ray_cluster": 6,
     "rosterd.ray_match": 6,
     "rosterd.memory.watch": 6,
+    "rosterd.fleet_scheduler": 6,
     # 7. HTTP
     "rosterd.router": 7,
     # 8. the command and the runtime of `rosterd up`
     "rosterd.up": 8,
     "rosterd.cli": 8,
-    "rosterd.up.listen": 8,
-    "rosterd.up.options": 8,
-    "rosterd.up.progress": 8,
     "rosterd.__main__": 8,
 }
 
@@ -74,6 +72,14 @@ _PURE_STATE_MACHINE = (
     "rosterd.scheduler.replan",
     "rosterd.scheduler.grants",
     "rosterd.scheduler.liveness",
+    # the fleet machine (DESIGN.md: "a pure function of (fleet state, event)")
+    "rosterd.fleet_scheduler.values",
+    "rosterd.fleet_scheduler.events",
+    "rosterd.fleet_scheduler.effects",
+    "rosterd.fleet_scheduler.machine",
+    "rosterd.fleet_scheduler.served",
+    "rosterd.fleet_scheduler.notices",
+    "rosterd.fleet_scheduler.views",
 )
 
 

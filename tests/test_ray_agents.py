@@ -29,6 +29,7 @@ import pytest
 
 from backend_helpers import gone
 from ray_helpers import ABSENT_IP, HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
+from rosterd.backends.node_host import ServingFacts
 from rosterd.errors import (
     ClusterError,
     NodeLostError,
@@ -36,9 +37,9 @@ from rosterd.errors import (
     WeightsError,
 )
 from rosterd.fleet import Fleet, ModelSource, Node, Platform
-from rosterd.node_agent import CarriedError
-from rosterd.ray_cluster import RayFleet, connect_fleet, import_ray, ray_address
-from rosterd.ray_match import NodeLost, RayNode, match_fleet
+from rosterd.node_agent import AgentBackends, AgentConfig, CarriedError
+from rosterd.ray_cluster import RayCluster, import_ray, join, ray_address
+from rosterd.ray_match import RayNode, lost_agents, match_fleet, nodes_back
 from rosterd.scheduler import NodeScheduler, Scheduler, SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedError
@@ -88,6 +89,49 @@ async def complete(base_url: str, model: str) -> str:
     text = answer.json()["choices"][0]["text"]
     assert isinstance(text, str)
     return text
+
+
+class Lab:
+    """The joined cluster, a fleet matched to it, and the agents a test started there (as
+    the fleet scheduler starts them); :meth:`close` ends every agent."""
+
+    def __init__(self, address: str, fleet: Fleet) -> None:
+        self.cluster: RayCluster = join(address)
+        self.fleet = fleet
+        self.connections = {c.node: c for c in self.cluster.connections(fleet)[0]}
+        self.agents: dict[str, AgentBackends] = {}
+        self.lost: dict[str, str] = {}
+
+    async def start(
+        self,
+        node: str,
+        specs: dict[str, InferenceSpec],
+        *,
+        on_event: Callable[[BackendEvent], None] | None = None,
+        state_root: str | None = None,
+        auto_ports: bool = False,
+        grace_s: float = 10.0,
+    ) -> AgentBackends:
+        conn = self.connections[node]
+        if conn.ray_node_id is None:
+            raise ClusterError(f"node {node} is not connected to the Ray cluster: {conn.reason}")
+        config = AgentConfig(
+            node=node,
+            host=self.fleet.node(node).address,
+            specs=specs,
+            facts=ServingFacts(self.fleet),
+            state_root=state_root,
+            auto_ports=auto_ports,
+            grace_s=grace_s,
+        )
+        agent = await self.cluster.start_agent(
+            config, conn.ray_node_id, on_event=on_event, on_lost=self.lost.__setitem__
+        )
+        self.agents[node] = agent
+        return agent
+
+    async def close(self) -> None:
+        await asyncio.gather(*(a.close() for a in self.agents.values()))
 
 
 async def eventually(done: Callable[[], bool], timeout_s: float) -> bool:
@@ -149,29 +193,36 @@ def test_fleet_nodes_match_ray_nodes_by_ip() -> None:
     assert got["f"].reason == "address gpu-box-2 does not resolve to an IP address"
 
 
-def test_a_lost_node_is_said_back_once_when_a_live_ray_node_has_its_address() -> None:
+def test_a_lost_node_is_back_when_a_live_ray_node_has_its_address() -> None:
     fleet = Fleet(nodes=(node("a", "10.0.0.1"), node("b", "10.0.0.2")))
-    old = [RayNode("aa" * 14, "10.0.0.1", alive=True), RayNode("bb" * 14, "10.0.0.2", alive=True)]
-    ray_fleet = RayFleet(fleet, match_fleet(fleet, old))
-    ray_fleet.lost["b"] = NodeLost("b", "bb" * 14, "node b is lost")
-    dead = [old[0], RayNode("bb" * 14, "10.0.0.2", alive=False)]
-    assert ray_fleet.back(dead) == []  # still only the dead one there
+    addresses = {"a": ["10.0.0.1"], "b": ["10.0.0.2"]}
+    dead = [RayNode("aa" * 14, "10.0.0.1", alive=True), RayNode("bb" * 14, "10.0.0.2", alive=False)]
+    assert nodes_back(fleet, ["b"], dead, addresses) == {}  # still only the dead one there
     again = [*dead, RayNode("b2" * 14, "10.0.0.2", alive=True)]  # the machine rejoined
-    assert ray_fleet.back(again) == ["b"]
-    assert ray_fleet.back(again) == []  # said once
-    ray_fleet.forget_lost("b")  # a reload took it back
-    assert "b" not in ray_fleet.lost
-    assert ray_fleet.back(again) == []
+    back = nodes_back(fleet, ["b"], again, addresses)
+    assert list(back) == ["b"]
+    assert back["b"].ray_node_id == "b2" * 14
 
 
-def test_a_lost_node_named_by_a_hostname_is_said_back_by_its_resolved_address() -> None:
+def test_a_lost_node_named_by_a_hostname_is_back_by_its_resolved_address() -> None:
     fleet = Fleet(nodes=(node("gpu", "gpu-box"),))
-    live = [RayNode("gg" * 14, "10.0.0.7", alive=True)]
-    ray_fleet = RayFleet(
-        fleet, match_fleet(fleet, live, {"gpu": ["10.0.0.7"]}), {"gpu": ["10.0.0.7"]}
+    back = nodes_back(
+        fleet, ["gpu"], [RayNode("g2" * 14, "10.0.0.7", alive=True)], {"gpu": ["10.0.0.7"]}
     )
-    ray_fleet.lost["gpu"] = NodeLost("gpu", "gg" * 14, "node gpu is lost")
-    assert ray_fleet.back([RayNode("g2" * 14, "10.0.0.7", alive=True)]) == ["gpu"]
+    assert list(back) == ["gpu"]
+
+
+def test_an_agents_ray_node_that_died_or_left_the_listing_is_lost() -> None:
+    agents = {"a": "aa" * 14, "b": "bb" * 14, "c": "cc" * 14}
+    listed = [
+        RayNode("aa" * 14, "10.0.0.1", alive=True),
+        RayNode("bb" * 14, "10.0.0.2", alive=False, death_reason="no heartbeat"),
+    ]
+    lost = lost_agents(agents, listed, {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3"})
+    assert lost == {
+        "b": "node b is lost: its Ray node at 10.0.0.2 is no longer alive: no heartbeat",
+        "c": "node c is lost: its Ray node at 10.0.0.3 is no longer alive",
+    }
 
 
 def test_a_rosterd_error_crosses_the_agent_boundary_whole() -> None:
@@ -197,7 +248,7 @@ def test_ray_address_without_ray_says_how_to_install_it(monkeypatch: pytest.Monk
         import_ray()
     assert str(caught.value) == "Ray is not installed: pip install 'rosterd[ray]'"
     with pytest.raises(RayNotInstalledError):
-        connect_fleet("10.0.0.1:6379", Fleet(nodes=(node("a", "10.0.0.1"),)))
+        join("10.0.0.1:6379")
 
 
 def test_the_ray_address_comes_from_the_option_else_the_environment() -> None:
@@ -225,11 +276,10 @@ def test_joining_never_starts_a_cluster_and_says_why_it_cannot_join() -> None:
     code = (
         "import sys\n"
         "from rosterd.errors import ClusterConnectError\n"
-        "from rosterd.fleet import local_fleet\n"
-        "from rosterd.ray_cluster import connect_fleet\n"
+        "from rosterd.ray_cluster import join\n"
         "for address in sys.argv[1:]:\n"
         "    try:\n"
-        "        connect_fleet(address, local_fleet())\n"
+        "        join(address)\n"
         "    except ClusterConnectError as err:\n"
         "        print(err)\n"
         "import ray\n"
@@ -263,21 +313,21 @@ async def test_roles_on_two_nodes_are_served_by_their_own_agents(
         {"head": HEAD_IP, "worker": WORKER_IP, "absent": ABSENT_IP}, tiny_gguf, ["chat", "code"]
     )
     sigterm = signal.getsignal(signal.SIGTERM)
-    ray_fleet = connect_fleet(cluster.address, fleet)
+    lab = Lab(cluster.address, fleet)
     assert signal.getsignal(signal.SIGTERM) is sigterm  # rosterd's own drain stays in charge
-    conns = {c.node: c for c in ray_fleet.connections}
+    conns = lab.connections
     assert conns["head"].ray_node_id == cluster.head_node.node_id
     assert conns["worker"].ray_node_id == next(iter(cluster.worker_nodes)).node_id
     assert not conns["absent"].connected
     assert conns["absent"].reason.startswith("no live Ray node has address 127.0.0.9")
     with pytest.raises(ClusterError, match="node absent is not connected"):
-        await ray_fleet.start_agent("absent", {})
+        await lab.start("absent", {})
 
     events: list[BackendEvent] = []
     placed = {"head": "chat", "worker": "code"}
     try:
         backends = {
-            name: await ray_fleet.start_agent(
+            name: await lab.start(
                 name,
                 {role: tiny_spec(role)},
                 on_event=events.append,
@@ -336,7 +386,7 @@ async def test_roles_on_two_nodes_are_served_by_their_own_agents(
             lambda: {e.name for e in events if e.kind == "stopped"} == stopped, 10.0
         )
     finally:
-        await ray_fleet.close()
+        await lab.close()
     for pid in agent_pids.values():
         assert await wait_until_gone(pid, 30.0)
 
@@ -347,24 +397,22 @@ async def test_a_node_error_is_raised_on_the_head_as_itself(
     cluster: Any, tiny_gguf: Path, tmp_path: Path
 ) -> None:
     fleet = fleet_of({"worker": WORKER_IP}, tiny_gguf, [])  # no weights known for any role
-    ray_fleet = connect_fleet(cluster.address, fleet)
+    lab = Lab(cluster.address, fleet)
     try:
-        backends = await ray_fleet.start_agent(
+        backends = await lab.start(
             "worker", {"chat": tiny_spec("chat")}, state_root=str(tmp_path / "state")
         )
         with pytest.raises(WeightsError, match="role chat: no weights found"):
             await backends.start("chat")
-        with pytest.raises(ClusterError, match="already has an agent"):
-            await ray_fleet.start_agent("worker", {})
         # A second rosterd on the same node and state folder is refused, not let in.
-        second = connect_fleet(cluster.address, fleet)
+        second = Lab(cluster.address, fleet)
         with pytest.raises(StateDirLockedError) as caught:
-            await second.start_agent("worker", {}, state_root=str(tmp_path / "state"))
+            await second.start("worker", {}, state_root=str(tmp_path / "state"))
         assert caught.value.lock_path == tmp_path / "state" / "nodes" / "worker" / "rosterd.lock"
         assert caught.value.owner_pid == (backends.info.pid if backends.info else None)
         assert second.agents == {}
     finally:
-        await ray_fleet.close()
+        await lab.close()
 
 
 @pytest.mark.slow
@@ -376,13 +424,20 @@ async def test_a_lost_node_is_reported_and_its_backend_dies_with_its_agent(
     cluster.wait_for_nodes()
     removed = False
     fleet = fleet_of({"spare": SPARE_IP}, tiny_gguf, ["chat"])
-    ray_fleet = connect_fleet(cluster.address, fleet)
-    assert ray_fleet.connection("spare").ray_node_id == spare.node_id
+    lab = Lab(cluster.address, fleet)
+    assert lab.connections["spare"].ray_node_id == spare.node_id
     events: list[BackendEvent] = []
-    losses: list[NodeLost] = []
-    watcher = asyncio.create_task(ray_fleet.watch(losses.append, poll_s=0.5))
+    looks: list[list[RayNode]] = []
+    watcher = asyncio.create_task(
+        lab.cluster.watch(lambda nodes: looks.append(list(nodes)), poll_s=0.5)
+    )
+
+    def losses() -> dict[str, str]:
+        agents = {"spare": spare.node_id}
+        return lost_agents(agents, looks[-1], {"spare": SPARE_IP}) if looks else {}
+
     try:
-        backends = await ray_fleet.start_agent(
+        backends = await lab.start(
             "spare",
             {"chat": tiny_spec("chat")},
             on_event=events.append,
@@ -395,10 +450,11 @@ async def test_a_lost_node_is_reported_and_its_backend_dies_with_its_agent(
 
         cluster.remove_node(spare)
         removed = True
-        assert await eventually(lambda: bool(losses), 60.0)
-        assert [lost.node for lost in losses] == ["spare"]
-        assert losses[0].ray_node_id == spare.node_id
-        assert losses[0].reason.startswith("node spare is lost")
+        assert await eventually(lambda: bool(losses()), 60.0)
+        [(lost, why)] = losses().items()
+        assert lost == "spare"
+        assert why.startswith("node spare is lost")
+        backends.lost(why)  # what the fleet scheduler's MarkLost does
         assert await wait_until_gone(pid, 30.0)  # it died with its agent
         assert [(e.name, e.kind, e.pid, e.final) for e in events[-2:]] == [
             ("chat", "exited", pid, False),
@@ -407,12 +463,12 @@ async def test_a_lost_node_is_reported_and_its_backend_dies_with_its_agent(
         with pytest.raises(NodeLostError, match="node spare is lost"):
             await backends.start("chat")
         await backends.stop("chat")  # nothing is left to stop: returns at once
-        again = connect_fleet(cluster.address, fleet).connection("spare")
+        again = Lab(cluster.address, fleet).connections["spare"]
         assert not again.connected
         assert again.reason == f"the Ray node at {SPARE_IP} is not alive"
     finally:
         watcher.cancel()
-        await ray_fleet.close()
+        await lab.close()
         if not removed:
             cluster.remove_node(spare)
 
@@ -423,10 +479,10 @@ async def test_an_agent_that_dies_takes_its_backends_and_its_node_is_lost(
     cluster: Any, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
 ) -> None:
     fleet = fleet_of({"worker": WORKER_IP}, tiny_gguf, ["chat"])
-    ray_fleet = connect_fleet(cluster.address, fleet)
+    lab = Lab(cluster.address, fleet)
     events: list[BackendEvent] = []
     try:
-        backends = await ray_fleet.start_agent(
+        backends = await lab.start(
             "worker",
             {"chat": tiny_spec("chat")},
             on_event=events.append,
@@ -438,14 +494,14 @@ async def test_an_agent_that_dies_takes_its_backends_and_its_node_is_lost(
         assert backends.info is not None
         os.kill(backends.info.pid, signal.SIGKILL)  # the agent's process, by its pid
 
-        assert await eventually(lambda: "worker" in ray_fleet.lost, 30.0)
-        assert "its agent died" in ray_fleet.lost["worker"].reason
+        assert await eventually(lambda: "worker" in lab.lost, 30.0)
+        assert "its agent died" in lab.lost["worker"]
         assert await wait_until_gone(pid, 30.0)  # the parent-death signal took it
         assert ("chat", "restart_failed", True) in [(e.name, e.kind, e.final) for e in events]
         with pytest.raises(NodeLostError):
             await backends.start("chat")
     finally:
-        await ray_fleet.close()
+        await lab.close()
 
 
 @pytest.mark.slow
@@ -454,29 +510,22 @@ async def test_a_ray_node_marked_dead_is_a_lost_node(cluster: Any, tmp_path: Pat
     # A Ray node can be declared dead while its agent's calls have not failed yet (a
     # network split); here the cluster's listing says so, and the node is lost at once.
     fleet = fleet_of({"worker": WORKER_IP}, Path("unused.gguf"), [])
-    ray_fleet = connect_fleet(cluster.address, fleet)
-    losses: list[NodeLost] = []
-    watcher = asyncio.create_task(ray_fleet.watch(losses.append, poll_s=0.2))
+    lab = Lab(cluster.address, fleet)
     try:
-        backends = await ray_fleet.start_agent("worker", {}, state_root=str(tmp_path / "state"))
-        await asyncio.sleep(0.5)
-        assert losses == []  # alive: nothing to report
-        worker_id = ray_fleet.connection("worker").ray_node_id
+        backends = await lab.start("worker", {}, state_root=str(tmp_path / "state"))
+        worker_id = lab.connections["worker"].ray_node_id
         assert worker_id is not None
-        ray_fleet.check([RayNode(worker_id, WORKER_IP, alive=False, death_reason="no heartbeat")])
-        assert losses == [
-            NodeLost(
-                "worker",
-                worker_id,
-                f"node worker is lost: its Ray node at {WORKER_IP} is no longer alive: "
-                "no heartbeat",
-            )
-        ]
-        assert backends.lost_reason == losses[0].reason
+        listed = [RayNode(worker_id, WORKER_IP, alive=False, death_reason="no heartbeat")]
+        [(_, why)] = lost_agents({"worker": worker_id}, listed, {"worker": WORKER_IP}).items()
+        assert why == (
+            f"node worker is lost: its Ray node at {WORKER_IP} is no longer alive: no heartbeat"
+        )
+        backends.lost(why)  # what the fleet scheduler's MarkLost does
+        assert lab.lost == {"worker": why}
+        assert backends.lost_reason == why
         with pytest.raises(NodeLostError):
             await backends.start("chat")
         assert backends.info is not None
         assert await wait_until_gone(backends.info.pid, 30.0)  # a lost node's agent is ended
     finally:
-        watcher.cancel()
-        await ray_fleet.close()
+        await lab.close()

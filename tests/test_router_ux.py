@@ -360,7 +360,7 @@ async def test_openapi_documents_every_route_the_app_serves(tmp_path: Path) -> N
     }
     scheduler = Scheduler({"n1": NodeScheduler("n1", 100 * MIB, specs, NoBackends())})
 
-    async def reload() -> dict[str, object]:
+    async def reload(force: bool) -> dict[str, object]:
         return {}
 
     # Every optional route on: the reload, the logs.

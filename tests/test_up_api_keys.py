@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from backend_helpers import pick_free_port
 from rosterd.cli import _register, app
-from rosterd.up.plan_view import is_loopback_host
+from rosterd.up.listen import is_loopback_host
 from test_up_support import EXAMPLE_LAB, start_up
 
 _register()

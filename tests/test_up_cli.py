@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
 from rosterd.cli.client_cmd import role_path
-from rosterd.up.plan_view import is_local_address
+from rosterd.fleet.addresses import is_this_machine as is_local_address
 from test_up_support import EXAMPLES
 
 _register()

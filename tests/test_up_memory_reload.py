@@ -196,7 +196,10 @@ async def test_a_reload_plans_with_the_counted_figure_as_the_start_does(tmp_path
     async def shrink(client: httpx.AsyncClient) -> None:
         # 10 MiB: room for ram_gb's 1 MiB, not for what tiny-a is estimated to hold.
         write_box_fleet(fleet, models, memory_gb=0.01, reserved_gb=0)
-        answer = await client.post("/rosterd/reload")
+        refused = await client.post("/rosterd/reload")  # it would serve nothing
+        assert refused.status_code == 422, refused.text
+        assert "serves no role" in refused.json()["error"]["message"]
+        answer = await client.post("/rosterd/reload?force=true")
         assert answer.status_code == 200, answer.text
         seen["status"] = (await client.get("/status")).json()
 

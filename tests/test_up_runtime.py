@@ -15,6 +15,7 @@ from rich.console import Console
 
 from backend_helpers import pick_free_port, wait_gone
 from rosterd.adapters.llamacpp import find_llama_server
+from rosterd.cli.up_report import ConsoleReporter
 from rosterd.errors import RosterdError
 from rosterd.up.runtime import UpOptions, UpRun
 from test_up_support import (
@@ -76,8 +77,7 @@ async def test_up_runs_in_process_and_stops_by_its_handle(tmp_path: Path) -> Non
 async def test_bad_roster_is_a_rosterd_error_and_starts_nothing(tmp_path: Path) -> None:
     up = UpRun(
         UpOptions(roster_path=tmp_path / "nope.yaml", state_dir=tmp_path / "state"),
-        out=_console(),
-        err=_console(),
+        ConsoleReporter(_console(), _console()),
     )
     with pytest.raises(RosterdError, match=r"nope\.yaml"):
         await up.run()
@@ -102,8 +102,7 @@ async def test_stop_before_serving_returns_without_serving(tmp_path: Path) -> No
             state_dir=tmp_path / "state",
             warm_up=False,
         ),
-        out=out,
-        err=_console(),
+        ConsoleReporter(out, _console()),
     )
     up.stop()
     await asyncio.wait_for(up.run(), 60)

@@ -23,6 +23,7 @@ import psutil
 from rich.console import Console
 
 from backend_helpers import gone
+from rosterd.cli.up_report import ConsoleReporter
 from rosterd.up.runtime import UpOptions, UpRun
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,7 +253,7 @@ async def serving(
     """
     out = out if out is not None else text_console()
     err = err if err is not None else text_console()
-    up = UpRun(options, out=out, err=err)
+    up = UpRun(options, ConsoleReporter(out, err))
     run = asyncio.create_task(up.run(), name="rosterd-up-in-test")
     try:
         url = await _until_serving(up, run, ready_timeout_s)
@@ -277,12 +278,14 @@ async def _until_serving(up: UpRun, run: asyncio.Task[None], timeout_s: float) -
         ready.cancel()
     if ready.done() and not ready.cancelled() and ready.exception() is None:
         return ready.result()
+    said = up.reporter
+    assert isinstance(said, ConsoleReporter)
     if run.done():
         run.result()  # raises the run's own error
-        raise AssertionError(f"rosterd up ended before it served:\n{console_text(up.out)}")
+        raise AssertionError(f"rosterd up ended before it served:\n{console_text(said.out)}")
     raise AssertionError(
-        f"rosterd up did not serve within {timeout_s} s:\n{console_text(up.out)}"
-        f"{console_text(up.err)}"
+        f"rosterd up did not serve within {timeout_s} s:\n{console_text(said.out)}"
+        f"{console_text(said.err)}"
     )
 
 

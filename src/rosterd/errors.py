@@ -30,6 +30,8 @@
     │   ├── LoadBackoffError              its last loads failed: no new try until the backoff ends
     │   ├── RoleUnavailableError          the role cannot be served at all (weights missing)
     │   └── ShuttingDownError             rosterd is stopping
+    ├── ConfigRefusedError                a configuration (the start's, a reload's) was refused
+    │                                     whole: nothing serves it, or it would break what runs
     ├── ClusterError                      running the fleet on a Ray cluster failed
     │   ├── RayNotInstalledError          --ray-address without the ``ray`` extra
     │   ├── ClusterConnectError           the cluster cannot be joined
@@ -317,6 +319,12 @@ class ShuttingDownError(SchedulerError):
 
 
 # ---------------------------------------------------- the fleet on Ray (layer 6)
+
+
+class ConfigRefusedError(RosterdError):
+    """A configuration was refused as a whole by the fleet scheduler (no node of it runs,
+    it serves no role while roles are served, a role would lose usable weights, a node
+    agent could not start); the configuration in force stays. The message says why."""
 
 
 class ClusterError(RosterdError):

@@ -1,17 +1,20 @@
-"""The fleet on a Ray cluster (beside DESIGN.md layer 5, with ``node_agent``): join, match, pin.
+"""A Ray cluster for the fleet (beside DESIGN.md layer 5, with ``node_agent``): join, match, pin.
 
 ``rosterd up --ray-address HOST:PORT`` joins a Ray cluster the lab started
 (``ray start --head`` on one machine, ``ray start --address`` on the others)
-with :func:`connect_fleet`, which never starts a cluster of its own. Each fleet
-node is matched to the live Ray node whose IP (Ray's ``NodeManagerAddress``)
-is the node's ``address`` (``rosterd.ray_match.match_fleet``, pure); a fleet node without
-exactly one live Ray node there is reported not connected, with why.
-:meth:`RayFleet.start_agent` runs a node's :class:`~rosterd.node_agent.NodeAgent`
-as a Ray actor pinned to that Ray node (hard node affinity: it runs there or
-not at all; ``num_cpus=0``: it holds no CPU a task could use; no restarts: a
-restarted agent would not own the backends its predecessor took with it), and
-returns the node's backends boundary. :meth:`RayFleet.watch` polls the Ray
-nodes' ``Alive`` flags and reports a lost node (so does an agent found dead).
+with :func:`join`, which never starts a cluster of its own.
+:meth:`RayCluster.connections` matches each fleet node to the live Ray node
+whose IP (Ray's ``NodeManagerAddress``) is the node's ``address``
+(``rosterd.ray_match.match_fleet``, pure); a fleet node without exactly one live
+Ray node there is not connected, with why. :meth:`RayCluster.start_agent` runs a
+node's :class:`~rosterd.node_agent.NodeAgent` as a Ray actor pinned to that Ray
+node (hard node affinity: it runs there or not at all; ``num_cpus=0``: it holds
+no CPU a task could use; no restarts: a restarted agent would not own the
+backends its predecessor took with it), and returns the node's backends
+boundary. :meth:`RayCluster.watch` hands each look at the cluster's nodes (their
+``Alive`` flags: Ray's own node-death signal) to its caller. Which nodes run,
+which are lost and which agents run is the fleet scheduler's to know
+(``rosterd.fleet_scheduler``), not this module's.
 
 Agents are owned by the process that connected (Ray's default lifetime), so
 they, and through the parent-death signal their backends, end with it. Every
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import importlib
 import logging
@@ -44,16 +46,16 @@ from rosterd.errors import (
     RosterdError,
 )
 from rosterd.fleet import Fleet
+from rosterd.fleet.addresses import node_addresses
 from rosterd.node_agent import AgentBackends, AgentConfig, AgentInfo, NodeAgent, map_ray_errors
-from rosterd.ray_match import NodeConnection, NodeLost, RayNode, match_fleet, node_addresses
-from rosterd.spec import InferenceSpec
+from rosterd.ray_match import NodeConnection, RayNode, match_fleet
 from rosterd.supervisor import BackendEvent
 
 #: What a user is told when a Ray fleet is asked for without the extra.
 RAY_MISSING: Final[str] = "Ray is not installed: pip install 'rosterd[ray]'"
 #: How long the cluster's address is given to accept a TCP connection before joining (seconds).
 CONNECT_CHECK_S: Final[float] = 5.0
-#: How often :meth:`RayFleet.watch` looks at the Ray nodes (seconds).
+#: How often :meth:`RayCluster.watch` looks at the Ray nodes (seconds).
 WATCH_POLL_S: Final[float] = 1.0
 
 
@@ -129,21 +131,12 @@ def ray_address(option: str | None, environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def connect_fleet(
-    address: str,
-    fleet: Fleet,
-    *,
-    resolve: Callable[[str], Sequence[str]] = node_addresses,
-) -> RayFleet:
-    """Join the Ray cluster at ``address`` and match ``fleet``'s nodes to its nodes.
-
-    ``address``: ``HOST:PORT`` of the cluster's head (``--ray-address`` or
-    ``RAY_ADDRESS``), or ``auto`` (the cluster this machine joined). A cluster
-    is never started here. Joining twice in one process reuses the first
-    connection. ``resolve``: a fleet address -> its IPs (default
-    :func:`node_addresses`). Blocks while joining (seconds): call it from the
-    main thread before serving; the process's SIGTERM handler is left as it
-    was. The connections are in :attr:`RayFleet.connections`.
+def join(address: str) -> RayCluster:
+    """Join the Ray cluster at ``address``: ``HOST:PORT`` of the cluster's head
+    (``--ray-address`` or ``RAY_ADDRESS``), or ``auto`` (the cluster this machine
+    joined). A cluster is never started here. Joining twice in one process reuses the
+    first connection. Blocks while joining (seconds): call it from the main thread
+    before serving; the process's SIGTERM handler is left as it was.
 
     Raises:
         RayNotInstalledError: the ``ray`` extra is not installed.
@@ -167,9 +160,7 @@ def connect_fleet(
         finally:
             if main:
                 signal.signal(signal.SIGTERM, sigterm)
-    nodes = list_ray_nodes()
-    addresses = {node.name: tuple(resolve(node.address)) for node in fleet.nodes}
-    return RayFleet(fleet, match_fleet(fleet, nodes, addresses), addresses)
+    return RayCluster(address)
 
 
 @functools.cache
@@ -185,175 +176,61 @@ def _agent_actor_class() -> Any:
     return ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(RayNodeAgent)
 
 
-class RayFleet:
-    """The fleet's nodes on a joined Ray cluster: connections, agents, loss.
-
-    ``connections``: per fleet node (fleet order; then any node a reload left out
-    whose agent still runs), whether it is connected and why (see
-    :func:`match_fleet`); ``addresses``: node -> the IPs its address resolved to.
-    ``lost``: node -> :class:`NodeLost` for every node lost so far. Use from one
-    event loop.
-    """
+class RayCluster:
+    """The joined Ray cluster at ``address`` (made by :func:`join`): its nodes, matched to
+    a fleet's; node agents started on them; a watch over their ``Alive`` flags.
+    ``resolve``: a fleet address -> its IPs (default ``node_addresses``)."""
 
     def __init__(
-        self,
-        fleet: Fleet,
-        connections: Sequence[NodeConnection],
-        addresses: Mapping[str, Sequence[str]] | None = None,
+        self, address: str, *, resolve: Callable[[str], Sequence[str]] = node_addresses
     ) -> None:
-        self.fleet = fleet
-        #: Fleet node -> the IPs its address resolved to (for :meth:`back`).
-        self.addresses: dict[str, Sequence[str]] = dict(addresses or {})
-        self.connections = tuple(connections)
-        self.lost: dict[str, NodeLost] = {}
-        self._agents: dict[str, AgentBackends] = {}
-        self._on_lost: Callable[[NodeLost], None] | None = None
-        self._back: set[str] = set()  # lost nodes whose Ray node was seen live again
+        self.address = address
+        self.resolve = resolve
 
-    def connection(self, node: str) -> NodeConnection:
-        """The connection of fleet node ``node``; raises ``KeyError`` for an unknown name."""
-        for conn in self.connections:
-            if conn.node == node:
-                return conn
-        raise KeyError(node)
-
-    def refit(
-        self, fleet: Fleet, *, resolve: Callable[[str], Sequence[str]] = node_addresses
-    ) -> None:
-        """Take ``fleet`` (a reloaded fleet file) as the fleet from now on, matched to the
-        cluster's nodes again (blocks briefly: it lists them, as :func:`connect_fleet`).
-
-        A node with a running agent keeps its connection (its agent goes on); every
-        other node is matched again, so a node the reload added, one not connected
-        before, or one lost whose Ray node is live again, runs once its Ray node is
-        there (a lost node is taken back with :meth:`forget_lost`).
+    def connections(
+        self, fleet: Fleet
+    ) -> tuple[tuple[NodeConnection, ...], dict[str, tuple[str, ...]]]:
+        """Each node of ``fleet`` matched to the cluster's live nodes now (fleet order), and
+        node -> the IPs its address resolved to (blocks briefly: it lists the nodes).
 
         Raises:
-            ClusterError: a node with a running agent has a new address (its agent
-                runs at the old one: that needs a restart of ``rosterd up``).
+            ClusterError: the cluster's nodes cannot be listed.
         """
-        running = set(self._agents) - set(self.lost)
-        kept = {c.node: c for c in self.connections if c.node in running}
-        for node in fleet.nodes:
-            old = kept.get(node.name)
-            if old is not None and old.address != node.address:
-                raise ClusterError(
-                    f"node {node.name} is on Ray at {old.address}; its new address "
-                    f"{node.address} takes effect when rosterd up restarts"
-                )
-        addresses = {n.name: tuple(resolve(n.address)) for n in fleet.nodes if n.name not in kept}
-        fresh = {c.node: c for c in match_fleet(fleet, list_ray_nodes(), addresses)}
-        names = {n.name for n in fleet.nodes}
-        # A node left out of the fleet whose agent still runs (it drains) keeps its own.
-        agents_left = tuple(c for c in self.connections if c.node in set(self._agents) - names)
-        self.fleet = fleet
-        self.addresses = {**self.addresses, **addresses}
-        self.connections = (
-            *(kept.get(n.name) or fresh[n.name] for n in fleet.nodes),
-            *agents_left,
-        )
-
-    async def drop_agent(self, node: str) -> None:
-        """End ``node``'s agent (its backends stop) and forget it: a refused reload started it."""
-        agent = self._agents.pop(node, None)
-        if agent is not None:
-            await agent.close()
-
-    def forget_lost(self, node: str) -> None:
-        """Take lost ``node`` back (its Ray node is live again, :meth:`refit` matched it):
-        its dead agent is dropped, so :meth:`start_agent` may start a new one there."""
-        self.lost.pop(node, None)
-        self._agents.pop(node, None)
-        self._back.discard(node)
-
-    def restore_lost(self, node: str, lost: NodeLost | None, agent: AgentBackends | None) -> None:
-        """Undo :meth:`forget_lost` (a reload that took ``node`` back was refused)."""
-        if lost is not None:
-            self.lost[node] = lost
-            self._back.add(node)  # said already: the next reload (or rosterd reload) retries
-        if agent is not None:
-            self._agents[node] = agent
-
-    def back(self, ray_nodes: Sequence[RayNode]) -> list[str]:
-        """The lost nodes a live Ray node in ``ray_nodes`` now has the address of (not said
-        before): each is said once, until :meth:`forget_lost` takes it back (pure
-        matching, as :func:`match_fleet` without resolving names)."""
-        lost = [n for n in self.fleet.nodes if n.name in self.lost and n.name not in self._back]
-        if not lost:
-            return []
-        fleet = dataclasses.replace(self.fleet, nodes=tuple(lost))
-        addresses = {n.name: self.addresses[n.name] for n in lost if n.name in self.addresses}
-        found = [c.node for c in match_fleet(fleet, ray_nodes, addresses) if c.connected]
-        self._back.update(found)
-        return found
-
-    @property
-    def agents(self) -> Mapping[str, AgentBackends]:
-        """Node name -> the backends of its running agent."""
-        return dict(self._agents)
+        addresses = {node.name: tuple(self.resolve(node.address)) for node in fleet.nodes}
+        return match_fleet(fleet, list_ray_nodes(), addresses), addresses
 
     async def start_agent(
         self,
-        node: str,
-        specs: Mapping[str, InferenceSpec],
+        config: AgentConfig,
+        ray_node_id: str,
         *,
-        repos: Mapping[str, str | None] | None = None,
-        model_names: Mapping[str, str] | None = None,
         on_event: Callable[[BackendEvent], None] | None = None,
-        state_root: str | None = None,
-        auto_ports: bool = False,
-        ready_timeout_s: float | None = None,
-        grace_s: float = 10.0,
+        on_lost: Callable[[str, str], None] | None = None,
     ) -> AgentBackends:
-        """Run ``node``'s agent on its Ray node and return the node's backends boundary.
-
-        ``specs``: role -> spec of the roles planned on it; ``repos``: role ->
-        roster repo (weights are resolved on the node with the fleet's
-        ``models``); ``model_names``: role -> the roster's ``name`` (``AgentConfig``);
-        ``on_event``: hears its backend events (wire it where
-        ``Supervisor(on_event=...)`` goes); ``state_root``: the folder on the
-        node under which ``nodes/<node>/`` keeps logs and pid records
-        (``None``: that machine's ``$XDG_STATE_HOME/rosterd``); ``auto_ports``,
-        ``ready_timeout_s``, ``grace_s`` (seconds): as for local backends.
-        Backends listen on the node's ``address``. Returns once the agent has
-        locked its state folder and reaped what an earlier run left there.
+        """Run the agent of ``config.node`` on Ray node ``ray_node_id`` and return the node's
+        backends boundary (``on_event`` hears its backend events, ``on_lost(node, why)``
+        once if it is lost). Returns once the agent has locked its state folder and
+        reaped what an earlier run left there.
 
         Raises:
-            ClusterError: the node is not connected (the reason), or already has an agent.
             NodeLostError / NodeAgentError: the agent could not be started there.
             StateDirLockedError: another rosterd runs this node from that folder.
         """
-        conn = self.connection(node)
-        if conn.ray_node_id is None:
-            raise ClusterError(f"node {node} is not connected to the Ray cluster: {conn.reason}")
-        if node in self._agents:
-            raise ClusterError(f"node {node} already has an agent")
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        config = AgentConfig(
-            node=node,
-            host=self.fleet.node(node).address,
-            specs=dict(specs),
-            fleet=self.fleet,
-            repos=dict(repos or {}),
-            model_names=dict(model_names or {}),
-            state_root=state_root,
-            auto_ports=auto_ports,
-            ready_timeout_s=ready_timeout_s,
-            grace_s=grace_s,
-        )
+        node = config.node
         with map_ray_errors(node):
             actor = (
                 _agent_actor_class()
                 .options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(conn.ray_node_id, soft=False)
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False)
                 )
                 .remote(config)
             )
-        backends = AgentBackends(node, actor, on_event=on_event, on_lost=self._node_lost)
+        backends = AgentBackends(node, actor, on_event=on_event, on_lost=on_lost)
         try:
             where: str = await backends.call(actor.ray_node_id.remote())
-            if where != conn.ray_node_id:  # hard affinity makes this impossible; say so if not
+            if where != ray_node_id:  # hard affinity makes this impossible; say so if not
                 raise NodeAgentError(node, f"the agent of node {node} runs on Ray node {where}")
             info: AgentInfo = await backends.call(actor.open.remote())
         except BaseException:
@@ -361,68 +238,17 @@ class RayFleet:
             raise
         backends.info = info
         backends.start_events()
-        self._agents[node] = backends
         return backends
 
     async def watch(
-        self,
-        on_lost: Callable[[NodeLost], None] | None = None,
-        *,
-        on_back: Callable[[str], None] | None = None,
-        poll_s: float = WATCH_POLL_S,
+        self, look: Callable[[Sequence[RayNode]], None], *, poll_s: float = WATCH_POLL_S
     ) -> None:
-        """Report lost nodes until cancelled: every ``poll_s`` seconds, a node whose Ray node
-        is no longer alive (or no longer listed) is lost; so is one whose agent died.
-
-        ``on_lost`` hears each loss once (losses found before the call, too); the
-        node's backends then act as ``AgentBackends.lost`` says. ``on_back`` hears
-        once the name of each lost node whose address a live Ray node has again
-        (:meth:`back`). A failed look at the cluster is tried again at the next poll.
-        """
-        self._on_lost = on_lost
-        if on_lost is not None:
-            for event in list(self.lost.values()):
-                on_lost(event)
+        """Hand ``look`` the cluster's nodes, alive and dead, every ``poll_s`` seconds, until
+        cancelled (a failed look is tried again at the next poll)."""
         while True:
             with contextlib.suppress(RosterdError):
-                ray_nodes = await asyncio.to_thread(list_ray_nodes)
-                self.check(ray_nodes)
-                if on_back is not None:
-                    for node in self.back(ray_nodes):
-                        on_back(node)
+                look(await asyncio.to_thread(list_ray_nodes))
             await asyncio.sleep(poll_s)
-
-    def check(self, ray_nodes: Sequence[RayNode]) -> None:
-        """Take as lost every node with an agent whose Ray node is not alive (or not listed)
-        in ``ray_nodes`` (what :meth:`watch` does at each poll; a lost node stays lost)."""
-        by_id = {rn.node_id: rn for rn in ray_nodes}
-        known = {c.node: c for c in self.connections}
-        for node, backends in list(self._agents.items()):
-            conn = known.get(node)
-            if conn is None:
-                continue  # an agent a refused reload started and is closing
-            rn = by_id.get(conn.ray_node_id or "")
-            if rn is None or not rn.alive:
-                why = f": {rn.death_reason}" if rn is not None and rn.death_reason else ""
-                backends.lost(
-                    f"node {node} is lost: its Ray node at {conn.address} is no longer alive{why}"
-                )
-
-    async def close(self) -> None:
-        """Stop every agent's backends and end the agents (concurrently); returns once done.
-
-        The connection to Ray stays (:func:`disconnect` ends it).
-        """
-        agents, self._agents = list(self._agents.values()), {}
-        await asyncio.gather(*(a.close() for a in agents))
-
-    def _node_lost(self, node: str, reason: str) -> None:
-        if node in self.lost:
-            return
-        event = NodeLost(node, self.connection(node).ray_node_id or "", reason)
-        self.lost[node] = event
-        if self._on_lost is not None:
-            self._on_lost(event)
 
 
 def disconnect() -> None:

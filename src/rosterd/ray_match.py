@@ -2,19 +2,18 @@
 values of a Ray cluster's nodes and of each fleet node's connection, and the match itself.
 
 :func:`match_fleet` is pure: a fleet node is connected when exactly one live Ray
-node has one of its IPs (:func:`node_addresses` resolves a name, the one I/O
-here). No Ray import: these are plain values, so the matching is tested without
-a cluster.
+node has one of its IPs (``rosterd.fleet.addresses.node_addresses`` resolves a
+name, before). :func:`lost_agents` and :func:`nodes_back` read what a look at the
+cluster says of the nodes with agents and the nodes lost. No Ray import: these are
+plain values, so the matching is tested without a cluster.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rosterd.fleet import Fleet
+from rosterd.fleet.model import Fleet, normal_ip
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,28 +57,6 @@ class NodeLost:
     reason: str
 
 
-def _ip(text: str) -> str | None:
-    """``text`` as a normalised IP address, or ``None`` if it is not one."""
-    try:
-        return str(ipaddress.ip_address(text.strip("[]").split("%", 1)[0]))
-    except ValueError:
-        return None
-
-
-def node_addresses(address: str) -> tuple[str, ...]:
-    """The IP addresses a fleet node's ``address`` stands for: itself when it is an IP,
-    else what the resolver gives for the name (``()`` when it does not resolve)."""
-    ip = _ip(address)
-    if ip is not None:
-        return (ip,)
-    try:
-        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return ()
-    found = (_ip(str(info[4][0])) for info in infos)
-    return tuple(dict.fromkeys(ip for ip in found if ip is not None))
-
-
 def match_fleet(
     fleet: Fleet,
     ray_nodes: Sequence[RayNode],
@@ -88,7 +65,8 @@ def match_fleet(
     """Match each fleet node to the live Ray node at its address (pure; fleet order).
 
     ``addresses``: fleet node name -> the IPs its address stands for (see
-    :func:`node_addresses`; default: the address itself, when it is an IP).
+    ``rosterd.fleet.addresses.node_addresses``; default: the address itself, when it is
+    an IP).
     A node is connected when exactly one live Ray node has one of those IPs;
     otherwise ``reason`` says whether none is there, only a dead one, several
     (one Ray node per machine is needed to tell them apart), or the address
@@ -97,15 +75,15 @@ def match_fleet(
     live: dict[str, list[RayNode]] = {}
     dead: dict[str, list[RayNode]] = {}
     for rn in sorted(ray_nodes, key=lambda n: n.node_id):
-        ip = _ip(rn.address) or rn.address
+        ip = normal_ip(rn.address) or rn.address
         (live if rn.alive else dead).setdefault(ip, []).append(rn)
     live_text = ", ".join(sorted(live)) or "none"
     out: list[NodeConnection] = []
     for node in fleet.nodes:
         if addresses is not None and node.name in addresses:
-            ips = [_ip(a) or a for a in addresses[node.name]]
+            ips = [normal_ip(a) or a for a in addresses[node.name]]
         else:
-            own = _ip(node.address)
+            own = normal_ip(node.address)
             ips = [own] if own is not None else []
         if not ips:
             reason = f"address {node.address} does not resolve to an IP address"
@@ -132,3 +110,36 @@ def match_fleet(
             )
         out.append(NodeConnection(node.name, node.address, None, reason))
     return tuple(out)
+
+
+def lost_agents(
+    agents: Mapping[str, str], ray_nodes: Sequence[RayNode], addresses: Mapping[str, str]
+) -> dict[str, str]:
+    """Fleet node -> why it is lost, for each node with an agent (``agents``: node -> the
+    Ray node id its agent runs on) whose Ray node is not alive, or no longer listed, in
+    ``ray_nodes``; ``addresses``: node -> its address, for the words."""
+    by_id = {rn.node_id: rn for rn in ray_nodes}
+    lost: dict[str, str] = {}
+    for node, ray_node_id in agents.items():
+        rn = by_id.get(ray_node_id)
+        if rn is None or not rn.alive:
+            why = f": {rn.death_reason}" if rn is not None and rn.death_reason else ""
+            where = addresses.get(node, "?")
+            lost[node] = f"node {node} is lost: its Ray node at {where} is no longer alive{why}"
+    return lost
+
+
+def nodes_back(
+    fleet: Fleet,
+    lost: Sequence[str],
+    ray_nodes: Sequence[RayNode],
+    addresses: Mapping[str, Sequence[str]],
+) -> dict[str, NodeConnection]:
+    """Lost node -> its connection, for each node of ``lost`` that a live Ray node in
+    ``ray_nodes`` now has the address of (as :func:`match_fleet`, with ``addresses``:
+    node -> the IPs its address resolved to)."""
+    wanted = tuple(n for n in fleet.nodes if n.name in set(lost))
+    if not wanted:
+        return {}
+    sub = Fleet(nodes=wanted, models=fleet.models, model_roots=fleet.model_roots)
+    return {c.node: c for c in match_fleet(sub, ray_nodes, addresses) if c.connected}

@@ -127,3 +127,16 @@ class PeakSource(Protocol):
         the largest seen.
         """
         ...
+
+
+@runtime_checkable
+class NodeBackends(RoleBackends, MeasuredBackends, PeakSource, Protocol):
+    """One fleet node's backends as the fleet scheduler holds them: a node scheduler's
+    :class:`RoleBackends` that also measure memory where they run and report peaks.
+    Implemented by ``SupervisorBackends`` (this machine) and ``AgentBackends`` (a node
+    agent on Ray)."""
+
+    @property
+    def pids_are_local(self) -> bool:
+        """Whether an endpoint's pid is a process of this machine (a node agent's are not)."""
+        ...

@@ -104,10 +104,26 @@ class SupervisorBackends:
         self._peaks: dict[str, int] = {}
         self._started: set[str] = set()  # whose peaks are this instance's to report
 
+    #: Whether an endpoint's pid is a process of this machine (``NodeBackends``).
+    pids_are_local = True
+
     def add_specs(self, specs: Mapping[str, InferenceSpec]) -> None:
         """Run the roles ``specs`` (role -> spec) too, from now on (a re-plan moved them
         to this node); a role already known takes the new spec for its next start."""
         self.specs.update(specs)
+
+    def reconfigure(
+        self,
+        specs: Mapping[str, InferenceSpec],
+        resolve_weights: Callable[[InferenceSpec], WeightsSource],
+        model_names: Mapping[str, str],
+    ) -> None:
+        """Serve a reloaded configuration from now on: the roles ``specs`` too, weights
+        found by ``resolve_weights``, shared-server models named by ``model_names``. A
+        role running now keeps its process; its next start takes the new spec."""
+        self.add_specs(specs)
+        self.resolve_weights = resolve_weights
+        self.model_names = dict(model_names)
 
     async def start(self, role: str) -> Endpoint:
         """Resolve the weights, build the adapter's launch, start it and wait until ready.

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 #: Where ``rosterd up`` listens unless told otherwise, and where ``ps``/``load``/``unload`` ask.
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8400
+from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
+
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 

@@ -308,9 +308,23 @@ def _say(line: str) -> None:
 
 
 @app.command("reload")
-def reload_cmd(url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
+def reload_cmd(
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Apply the files even if they serve no role (a reload that would "
+            "stop every role is refused without it).",
+        ),
+    ] = False,
+) -> None:
     """Re-read the roster, overlay and fleet of rosterd up; apply them if they are valid."""
-    data = call("POST", url, "/rosterd/reload", api_key, 120.0)
+    path = "/rosterd/reload?force=true" if force else "/rosterd/reload"
+    data = call("POST", url, path, api_key, 120.0)
+    for warning in data.get("warnings") or ():  # the import's notes, as `roster import` says
+        typer.echo(f"warning: {warning}", err=True)
     lines: list[str] = []
     for name, node in data.get("nodes", {}).items():
         for key in ("added", "retired", "restarted", "updated"):

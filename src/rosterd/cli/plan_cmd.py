@@ -213,13 +213,13 @@ def plan_cmd(
         typer.echo(f"warning: {warning}", err=True)
     planned = memory.planning_specs(s.spec for s in imported.specs)
     result = plan(planned, nodes, time_limit_s=time_limit, memory_notes=memory.reason_notes())
+    from rosterd.fleet.addresses import is_this_machine
+
+    here = {n.name for n in nodes.nodes if is_this_machine(n.address)}
     if not auto_backend_ports:
-        from rosterd.up.plan_view import check_ports
+        from rosterd.up.config import check_ports
 
-        result = check_ports(result, imported, nodes, router_port=port)
-    from rosterd.up.plan_view import is_local_address
-
-    here = {n.name for n in nodes.nodes if is_local_address(n.address)}
+        result = check_ports(result, imported, nodes, router_port=port, router_nodes=here)
     for role, node in result.placements.items():
         note = memory.roles[role].estimate_note if role in memory.roles else ""
         if node in here and note.startswith("no estimate: "):

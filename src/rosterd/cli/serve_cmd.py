@@ -34,9 +34,10 @@ from typing import Annotated
 
 import typer
 
-from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT, app, make_console
+from rosterd.cli import app, make_console
 from rosterd.cli.edge import show_tracebacks
 from rosterd.errors import RosterdError
+from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
 
 def check_api_keys(given: Iterable[str], environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -257,4 +258,6 @@ def up_cmd(
         watch=watch,
         ray_address=ray_address_of(ray_address, os.environ),
     )
-    run_up(options, out=make_console(), err=make_console(stderr=True))
+    from rosterd.cli.up_report import ConsoleReporter
+
+    run_up(options, ConsoleReporter(make_console(), make_console(stderr=True)))

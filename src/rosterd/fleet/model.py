@@ -11,6 +11,7 @@ model's weights are; a :class:`Node` is one machine with its memory budget
 from __future__ import annotations
 
 import enum
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,3 +116,12 @@ def default_reserved_bytes(memory_bytes: int) -> int:
     if memory_bytes < 2 * GB:
         return tenth
     return min(max(tenth, 2 * GB), memory_bytes // 2)
+
+
+def normal_ip(text: str) -> str | None:
+    """``text`` as a normalised IP address (``[::1]`` and ``fe80::1%eth0`` too), or ``None``
+    if it is not one."""
+    try:
+        return str(ipaddress.ip_address(text.strip("[]").split("%", 1)[0]))
+    except ValueError:
+        return None

@@ -200,6 +200,15 @@ class RosterMemory:
         """Role -> its backend's parallel slots."""
         return {role: memory.slots for role, memory in self.roles.items()}
 
+    def role_json(self, role: str, node: str | None) -> dict[str, object] | None:
+        """``role``'s figures on ``node`` (``RoleMemory.as_json``), or ``None`` if unknown."""
+        memory = self.roles.get(role)
+        return memory.as_json(node) if memory is not None else None
+
+    def fingerprints(self) -> dict[str, str]:
+        """Role -> its run fingerprint (``RoleMemory.fingerprint``)."""
+        return {role: memory.fingerprint for role, memory in self.roles.items()}
+
 
 _SOURCE_WORDS = {
     FigureSource.MEASURED: "the peak measured on its last run",

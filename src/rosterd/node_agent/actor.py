@@ -2,10 +2,10 @@
 run on that node.
 
 A fleet node that is not this machine is run by a :class:`NodeAgent`: a Ray
-actor pinned to the node's Ray node (see ``rosterd.ray_cluster``) that owns the
-node's :class:`~rosterd.supervisor.Supervisor` and starts, stops and measures
-the node's backends through the same adapters and weights resolution as the
-local backends (``rosterd.scheduler.SupervisorBackends``). Backends listen on
+actor pinned to the node's Ray node (see ``rosterd.ray_cluster``) that runs the
+node exactly as ``rosterd up`` runs this machine's nodes: a
+:class:`~rosterd.backends.node_host.NodeHost` (the state folder's lock, a
+supervisor, leftovers reaped) and its ``SupervisorBackends``. Backends listen on
 the node's address, so the router reaches them over HTTP directly: control
 goes through Ray, request and stream bytes never do. A rosterd error raised on
 the node (``WeightsError``, ``PortInUseError``, ``BackendStartError`` ...)
@@ -22,25 +22,16 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
 
-from rosterd.adapters import WeightsSource
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.local import SupervisorBackends
+from rosterd.backends.node_host import NodeHost, ServingFacts, weights_resolver
 from rosterd.errors import NodeAgentError, RosterdError
-from rosterd.fleet import Fleet
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import (
-    BackendEvent,
-    ProbeResult,
-    StateDirLock,
-    Supervisor,
-    default_state_dir,
-    lock_state_dir,
-)
-from rosterd.weights import resolve_for_fleet
+from rosterd.supervisor import BackendEvent, ProbeResult, default_state_dir
 
 #: How long one pull of the agent's backend events waits for one to happen (seconds).
 EVENT_POLL_S: Final[float] = 5.0
@@ -55,20 +46,17 @@ class AgentConfig:
 
     ``node``: the fleet node's name; ``host``: the address its backends listen on
     (the node's ``address``); ``specs``: role -> spec of the roles planned on it;
-    ``fleet``: its ``models``/``model_roots`` resolve the weights, on the node;
-    ``repos``: role -> the roster's Hugging Face repo; ``model_names``: role -> the
-    roster's ``name`` (as ``SupervisorBackends``' ``model_names``); ``state_root``: the folder
-    under which the agent keeps ``nodes/<node>/`` (``None``: the node's
-    :func:`~rosterd.supervisor.default_state_dir`); ``auto_ports``, ``ready_timeout_s`` (seconds):
-    as ``SupervisorBackends``; ``grace_s``: SIGTERM to SIGKILL, seconds.
+    ``facts``: how its weights are found and its shared-server models named
+    (``ServingFacts``; resolved on the node); ``state_root``: the folder under
+    which the agent keeps ``nodes/<node>/`` (``None``: the node's
+    ``default_state_dir``); ``auto_ports``, ``ready_timeout_s`` (seconds): as
+    ``SupervisorBackends``; ``grace_s``: SIGTERM to SIGKILL, seconds.
     """
 
     node: str
     host: str
     specs: Mapping[str, InferenceSpec]
-    fleet: Fleet
-    repos: Mapping[str, str | None] = field(default_factory=dict)
-    model_names: Mapping[str, str] = field(default_factory=dict)
+    facts: ServingFacts
     state_root: str | None = None
     auto_ports: bool = False
     ready_timeout_s: float | None = None
@@ -155,10 +143,8 @@ class NodeAgent:
         self.state_dir = root / "nodes" / config.node
         self._events: list[BackendEvent] = []
         self._arrived = asyncio.Event()
-        self._lock: StateDirLock | None = None
-        self._supervisor: Supervisor | None = None
+        self._host: NodeHost | None = None
         self._backends: SupervisorBackends | None = None
-        self._reaped: tuple[int, ...] = ()
 
     @_carry_errors
     async def open(self) -> AgentInfo:
@@ -167,23 +153,19 @@ class NodeAgent:
         Raises (carried): ``StateDirLockedError`` when another rosterd runs this
         node from the same folder.
         """
-        if self._supervisor is None:
-            self._lock = lock_state_dir(self.state_dir)
-            self._supervisor = Supervisor(
-                self.state_dir, grace_s=self.config.grace_s, on_event=self._record
+        config = self.config
+        if self._host is None:
+            host = NodeHost(
+                self.state_dir,
+                grace_s=config.grace_s,
+                on_event=self._record,
+                auto_ports=config.auto_ports,
+                ready_timeout_s=config.ready_timeout_s,
             )
-            self._reaped = tuple(await self._supervisor.reap_leftovers())
-            self._backends = SupervisorBackends(
-                self._supervisor,
-                self.config.specs,
-                host=self.config.host,
-                resolve_weights=self._weights_for,
-                auto_ports=self.config.auto_ports,
-                ready_timeout_s=self.config.ready_timeout_s,
-                node=self.config.node,
-                model_names=self.config.model_names,
-            )
-        return AgentInfo(self.config.node, os.getpid(), str(self.state_dir), self._reaped)
+            await host.open()
+            self._host = host
+            self._backends = host.backends(config.node, config.host, config.specs, config.facts)
+        return AgentInfo(config.node, os.getpid(), str(self.state_dir), self._host.reaped)
 
     @_carry_errors
     async def add_roles(self, specs: Mapping[str, InferenceSpec]) -> None:
@@ -192,27 +174,13 @@ class NodeAgent:
         self._opened().add_specs(specs)
 
     @_carry_errors
-    async def reconfigure(
-        self,
-        specs: Mapping[str, InferenceSpec],
-        fleet: Fleet,
-        repos: Mapping[str, str | None],
-        model_names: Mapping[str, str],
-    ) -> None:
+    async def reconfigure(self, specs: Mapping[str, InferenceSpec], facts: ServingFacts) -> None:
         """Serve a reloaded configuration from now on: the roles ``specs`` (role -> spec)
-        too, weights resolved with ``fleet``'s ``models``/``model_roots`` and ``repos``,
-        shared-server models named by ``model_names`` (a reload on the head). A role
-        running now keeps its process; its next start takes the new spec and weights."""
+        too, weights found and shared-server models named by ``facts`` (a reload on the
+        head). A role running now keeps its process; its next start takes the new spec."""
         backends = self._opened()
-        self.config = replace(
-            self.config,
-            specs={**self.config.specs, **specs},
-            fleet=fleet,
-            repos=dict(repos),
-            model_names=dict(model_names),
-        )
-        backends.add_specs(specs)
-        backends.model_names = dict(model_names)
+        self.config = replace(self.config, specs={**self.config.specs, **specs}, facts=facts)
+        backends.reconfigure(specs, weights_resolver(facts), facts.model_names)
 
     @_carry_errors
     async def start(self, role: str) -> Endpoint:
@@ -241,16 +209,14 @@ class NodeAgent:
     @_carry_errors
     async def close(self) -> None:
         """Stop every backend (returns once all exited) and release the state folder."""
-        if self._supervisor is not None:
-            await self._supervisor.stop_all()
-        if self._lock is not None:
-            self._lock.release()
+        if self._host is not None:
+            await self._host.close()
 
     async def measured_bytes(self) -> dict[str, int]:
         """Backend name -> resident memory (RSS, bytes) of it and its children, measured now."""
-        supervisor = self._supervisor
-        if supervisor is None:
+        if self._host is None:
             return {}
+        supervisor = self._host.supervisor
         measured = {name: supervisor.measured_bytes(name) for name in supervisor.names()}
         return {name: rss for name, rss in measured.items() if rss is not None}
 
@@ -263,9 +229,9 @@ class NodeAgent:
 
     async def backend_pids(self) -> dict[str, int]:
         """Backend name -> its current process id on this node."""
-        supervisor = self._supervisor
-        if supervisor is None:
+        if self._host is None:
             return {}
+        supervisor = self._host.supervisor
         backends = (supervisor.backend(name) for name in supervisor.names())
         return {b.name: b.pid for b in backends if b is not None}
 
@@ -282,12 +248,6 @@ class NodeAgent:
     def _record(self, event: BackendEvent) -> None:
         self._events.append(event)
         self._arrived.set()
-
-    def _weights_for(self, spec: InferenceSpec) -> WeightsSource:
-        found = resolve_for_fleet(spec, self.config.fleet, repo=self.config.repos.get(spec.role))
-        if found is None:
-            raise RosterdError(f"role {spec.role}: its flavor keeps its own weights")
-        return found
 
     def _opened(self) -> SupervisorBackends:
         if self._backends is None:

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from rosterd.backends.interface import Endpoint
+from rosterd.backends.node_host import ServingFacts
 from rosterd.errors import NodeAgentError, NodeLostError
-from rosterd.fleet import Fleet
 from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo, CarriedError
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, ProbeResult
@@ -95,6 +95,9 @@ class AgentBackends:
     agent is ended if it still runs (its backends die with it).
     """
 
+    #: An endpoint's pid is a process of the node's machine, not of this one.
+    pids_are_local = False
+
     def __init__(
         self,
         node: str,
@@ -152,26 +155,17 @@ class AgentBackends:
         self._check_not_lost()
         await self.call(self._actor.add_roles.remote(dict(specs)))
 
-    async def reconfigure(
-        self,
-        specs: Mapping[str, InferenceSpec],
-        *,
-        fleet: Fleet,
-        repos: Mapping[str, str | None],
-        model_names: Mapping[str, str],
-    ) -> None:
+    async def reconfigure(self, specs: Mapping[str, InferenceSpec], facts: ServingFacts) -> None:
         """Let the node serve a reloaded configuration: the roles ``specs`` (role -> spec),
-        weights resolved there with ``fleet`` and ``repos``, ollama models named by
-        ``model_names``; call before the node scheduler is given them.
+        weights found there and ollama models named by ``facts``; call before the node
+        scheduler is given them.
 
         Raises:
             NodeLostError: the node (or its agent) is gone.
             NodeAgentError: the agent failed otherwise.
         """
         self._check_not_lost()
-        await self.call(
-            self._actor.reconfigure.remote(dict(specs), fleet, dict(repos), dict(model_names))
-        )
+        await self.call(self._actor.reconfigure.remote(dict(specs), facts))
 
     async def stop(self, role: str) -> None:
         """Stop ``role``'s backend on the node; returns after it exited (at once when lost:

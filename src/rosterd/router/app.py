@@ -63,7 +63,7 @@ def create_app(
     unserved: Mapping[str, str] | None = None,
     log_path: LogPath | None = None,
     streams: LiveStreams | None = None,
-    reload: Callable[[], Awaitable[Mapping[str, object]]] | None = None,
+    reload: Callable[[bool], Awaitable[Mapping[str, object]]] | None = None,
     node_views: Callable[[], Mapping[str, Mapping[str, object]]] | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
@@ -80,9 +80,10 @@ def create_app(
     the lifespan). The scheduler's tasks are started with the app's lifespan.
     A :class:`RouteTable` given as ``routes`` is used as
     it is: its owner swaps it on a reload (``unserved`` is then its own).
-    ``reload()`` serves ``POST /rosterd/reload``: it returns what changed, or
-    raises a ``RosterdError`` (answered 422 ``invalid_config``) when the new
-    configuration is refused and the running one stays.
+    ``reload(force)`` serves ``POST /rosterd/reload`` (``?force=true``: apply a
+    configuration that serves no role too): it returns what changed, or raises a
+    ``RosterdError`` (answered 422 ``invalid_config``) when the new configuration is
+    refused and the running one stays.
     ``node_views()``: per fleet node (in fleet order), keys added to its entry of
     ``/status`` and ``/rosterd/ps`` (``connected``, ``address``, ...; a node the
     scheduler does not run gets an entry of these keys alone). Measured RSS comes
@@ -226,10 +227,11 @@ def create_app(
         except RouterError as err:
             return error_response(err)
 
-    async def reload_config(_: Request) -> Response:
+    async def reload_config(request: Request) -> Response:
         assert reload is not None
+        force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
         try:
-            changed = await reload()
+            changed = await reload(force)
         except RosterdError as exc:
             return error_response(RouterError("invalid_config", str(exc)))
         return JSONResponse(dict(changed))

@@ -193,6 +193,15 @@ def openapi_document() -> dict[str, Any]:
             "post": {
                 "summary": "re-read the roster, overlay and fleet; apply them if valid "
                 "(404 when this process cannot reload)",
+                "parameters": [
+                    {
+                        "name": "force",
+                        "in": "query",
+                        "required": False,
+                        "description": "apply a configuration that serves no role too",
+                        "schema": {"type": "string", "enum": ["true", "false", "1", "0"]},
+                    }
+                ],
                 "responses": {**_ok(_OBJECT), **_errors("invalid_config", "not_found")},
             }
         },

@@ -158,9 +158,11 @@ class Tick:
 
 @dataclass(frozen=True, slots=True)
 class Shutdown:
-    """Stop taking requests, drain up to ``drain_s``, stop everything; ``FinishShutdown`` after."""
+    """Stop taking requests, drain up to ``drain_s``, stop everything; ``FinishShutdown`` after.
+    ``at_once``: no drain (a second Ctrl-C): requests in flight are cut now."""
 
     now: float
+    at_once: bool = False
 
 
 # A re-plan (a reload, a lost node) reaches a node as these events, posted together

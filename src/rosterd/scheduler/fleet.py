@@ -323,6 +323,11 @@ class Scheduler:
         nodes = [*self.nodes.values(), *self._draining.values()]
         await asyncio.gather(*(node.shutdown() for node in nodes))
 
+    def stop_now(self) -> None:
+        """Cut the drain of a :meth:`shutdown` under way on every node (a second Ctrl-C)."""
+        for node in (*self.nodes.values(), *self._draining.values()):
+            node.stop_now()
+
     def snapshot(self) -> dict[str, object]:
         """``{"nodes": {name: NodeScheduler.snapshot() + {"draining"}}}``; ``draining``:
         a re-plan left the node out and it is stopping."""

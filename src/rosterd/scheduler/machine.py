@@ -118,7 +118,7 @@ class NodeMachine(LivenessRules, ReplanRules):
         elif isinstance(event, ProbeDone):
             self._on_probe_done(event, now)
         elif isinstance(event, Shutdown):
-            self._on_shutdown(now)
+            self._on_shutdown(now, at_once=event.at_once)
         elif isinstance(event, ReplanEvent):
             self._on_replan(event, now)
         else:
@@ -230,10 +230,13 @@ class NodeMachine(LivenessRules, ReplanRules):
         else:
             self._finish_stop(tr, now)
 
-    def _on_shutdown(self, now: float) -> None:
-        if self.shutting_down:
+    def _on_shutdown(self, now: float, *, at_once: bool = False) -> None:
+        if at_once:  # the drain is over now: in-flight requests are cut at the next step
+            self._shutdown_since = min(self._shutdown_since or now, now - self.limits.drain_s)
+        if self.shutting_down and not at_once:
             return
-        self._shutdown_since = now
+        if self._shutdown_since is None:
+            self._shutdown_since = now
         tr = self._transition
         if tr is None:
             return

@@ -366,6 +366,12 @@ class NodeScheduler(NodeLoop):
                 future.set_result(None)
         self._unloading.clear()
 
+    def stop_now(self) -> None:
+        """Cut the drain of a :meth:`shutdown` under way (a second Ctrl-C): requests in
+        flight end now and every backend stops (SIGTERM, its grace, then SIGKILL)."""
+        if self._shut_down is not None and not self._shut_down.done():
+            self._post(Shutdown(self._clock(), at_once=True))
+
     def snapshot(self) -> dict[str, object]:
         """The node's state as JSON-ready data (``/status``, ``rosterd ps``).
 

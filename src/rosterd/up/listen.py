@@ -12,6 +12,7 @@ uvicorn serves the ASGI router (a well-kept server; rosterd only hands it a sock
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import resource
 import socket
 from collections.abc import Generator
@@ -57,6 +58,16 @@ def raise_open_files_limit(wanted: int) -> str | None:
         "admitted requests may need (two sockets each); raise it (ulimit -Hn) or lower "
         "--max-concurrency / --max-queue, or requests will fail with backend_error"
     )
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on ``host`` keeps the server on this machine (localhost, 127.x, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class NoSignalServer(uvicorn.Server):

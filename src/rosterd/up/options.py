@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
 from rosterd.scheduler import SchedulerLimits
+from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class UpOptions:
 
     ``api_keys``: the keys requests must carry (empty: none, checked non-blank by
     the caller); ``state_dir``: backend logs, pid records and the lock (``None``:
-    :func:`default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
+    :func:`~rosterd.supervisor.default_state_dir`); ``grace_s``: SIGTERM to SIGKILL, seconds;
     ``max_body_bytes``: the largest request body; ``auto_backend_ports``: let the
     OS choose backend ports; ``warm_up``: load interactive and sticky roles that
     fit at start (and the roles a reload adds); ``watch``: reload when the roster,
