@@ -9,14 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rosterd.errors import FleetError
-from rosterd.fleet import (
-    Fleet,
-    Platform,
-    default_reserved_bytes,
-    load_fleet,
-    local_fleet,
-    parse_fleet,
-)
+from rosterd.fleet import Fleet, Platform, default_reserved_bytes, load_fleet, parse_fleet
+from rosterd.fleet.local import local_fleet
 from rosterd.spec import InferFlavor
 from rosterd.tokens import GB
 

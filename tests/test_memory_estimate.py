@@ -21,7 +21,8 @@ from rosterd.memory.estimate import (
     ollama_formula_bytes,
     parse_llamacpp_settings,
 )
-from rosterd.model_facts import ModelFacts, read_model_facts
+from rosterd.model_facts import ModelFacts
+from rosterd.model_facts.reader import read_model_facts
 from rosterd.spec import InferFlavor
 from test_model_facts import write_gguf
 

@@ -39,7 +39,9 @@ from rosterd.fleet import Fleet, ModelSource, Node, Platform
 from rosterd.node_agent import CarriedError
 from rosterd.ray_cluster import RayFleet, connect_fleet, import_ray, ray_address
 from rosterd.ray_match import NodeLost, RayNode, match_fleet
-from rosterd.scheduler import NodeScheduler, Scheduler, SchedulerLimits
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedError
 from rosterd.tokens import GB

@@ -14,6 +14,17 @@ import socket
 import pytest
 from starlette.types import Message
 
+from rosterd.errors import (
+    LoadBackoffError,
+    LoadFailedError,
+    QueueFullError,
+    QueueTimeoutError,
+    RoleRefusedError,
+    RoleUnavailableError,
+    SchedulerError,
+    ShuttingDownError,
+    UnknownRoleError,
+)
 from rosterd.router import ERROR_KINDS, RouterError, error_body
 from rosterd.router.openai_errors import (
     LIMIT_OPTIONS,
@@ -34,18 +45,7 @@ from rosterd.router.upstream import (
     UpstreamProtocolError,
     UpstreamTimeoutError,
 )
-from rosterd.scheduler import (
-    LoadBackoffError,
-    LoadFailedError,
-    QueueFullError,
-    QueueTimeoutError,
-    Revocation,
-    RoleRefusedError,
-    RoleUnavailableError,
-    SchedulerError,
-    ShuttingDownError,
-    UnknownRoleError,
-)
+from rosterd.scheduler.values import Revocation
 
 #: Every error code -> (status, OpenAI type, Retry-After header or None). The README and the
 #: end-to-end tests pin these; a new code needs a row here.

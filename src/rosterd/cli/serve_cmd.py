@@ -225,7 +225,7 @@ def up_cmd(
     origins = check_cors_origins(cors_origin or [])
     # The runtime (uvicorn, the scheduler, OR-Tools) only now: other commands never load it.
     from rosterd.ray_cluster import ray_address as ray_address_of  # imports no Ray
-    from rosterd.scheduler import SchedulerLimits
+    from rosterd.scheduler.values import SchedulerLimits
     from rosterd.up.runtime import UpOptions, run_up
 
     options = UpOptions(

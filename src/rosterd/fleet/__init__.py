@@ -6,12 +6,13 @@ One concept a module: :mod:`~rosterd.fleet.model` holds the value types
 :mod:`~rosterd.fleet.local` builds the fleet of this machine alone when no file
 is given (``local_fleet``, ``detect_platform``).
 
-Everything other modules use is re-exported here; import it from ``rosterd.fleet``.
+The value types and the reader are re-exported here; import them from
+``rosterd.fleet``. ``rosterd.fleet.local`` is not: it reads the machine (psutil), and
+the pure layers that import the value types must not import it along with them.
 """
 
 from __future__ import annotations
 
-from rosterd.fleet.local import detect_platform, local_fleet
 from rosterd.fleet.model import Fleet, ModelSource, Node, Platform, default_reserved_bytes
 from rosterd.fleet.reader import MAX_FLEET_BYTES, MAX_NODES, load_fleet, parse_fleet
 
@@ -23,8 +24,6 @@ __all__ = [
     "Node",
     "Platform",
     "default_reserved_bytes",
-    "detect_platform",
     "load_fleet",
-    "local_fleet",
     "parse_fleet",
 ]

@@ -47,7 +47,8 @@ from rosterd.memory.count import (
 )
 from rosterd.memory.estimate import MemoryEstimate, estimate_memory, estimate_ollama
 from rosterd.memory.peaks import MeasuredPeaks
-from rosterd.model_facts import ModelFacts, read_model_facts
+from rosterd.model_facts import ModelFacts
+from rosterd.model_facts.reader import read_model_facts
 from rosterd.roster import ImportedRoster, ImportedSpec
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import ResolvedWeights, WeightsSource, resolve_for_fleet

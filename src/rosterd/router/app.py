@@ -42,7 +42,8 @@ from rosterd.router.routing import (
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
-from rosterd.scheduler import Scheduler, SchedulerEvent
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.values import SchedulerEvent
 from rosterd.spec import InferenceSpec
 from rosterd.tokens import valid_token
 

@@ -34,20 +34,20 @@ from types import MappingProxyType
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from rosterd.errors import RosterdError
-from rosterd.router.upstream import UpstreamError
-from rosterd.scheduler import (
+from rosterd.errors import (
     LoadBackoffError,
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,
-    Revocation,
     RoleRefusedError,
     RoleUnavailableError,
+    RosterdError,
     SchedulerError,
     ShuttingDownError,
     UnknownRoleError,
 )
+from rosterd.router.upstream import UpstreamError
+from rosterd.scheduler.values import Revocation
 
 log = logging.getLogger("rosterd.router")
 

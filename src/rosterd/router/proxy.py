@@ -57,7 +57,9 @@ from rosterd.router.openai_errors import (
 )
 from rosterd.router.routing import PROXIED_PATHS, ModelNames, RoleRoute, RouterConfig
 from rosterd.router.upstream import Upstream, UpstreamClosedError, UpstreamResponse
-from rosterd.scheduler import Lease, Revocation, Scheduler
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.lease import Lease
+from rosterd.scheduler.values import Revocation
 
 log = logging.getLogger("rosterd.router")
 

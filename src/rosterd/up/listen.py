@@ -19,7 +19,7 @@ from collections.abc import Generator
 import uvicorn
 
 from rosterd.errors import RosterdError
-from rosterd.scheduler import SchedulerLimits
+from rosterd.scheduler.values import SchedulerLimits
 
 #: The router's listen backlog: connections the kernel accepts before rosterd does (Linux
 #: caps it at ``net.core.somaxconn``, 4096 by default since 5.4). Both

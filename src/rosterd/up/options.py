@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rosterd.cli import DEFAULT_HOST, DEFAULT_PORT
-from rosterd.scheduler import SchedulerLimits
+from rosterd.scheduler.values import SchedulerLimits
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from collections.abc import Collection, Mapping
 from rich.console import Console
 from rich.text import Text
 
+from rosterd.errors import SchedulerError
 from rosterd.fleet import Fleet, Node
-from rosterd.scheduler import NodeConfig, Scheduler, SchedulerError
+from rosterd.scheduler.fleet import NodeConfig, Scheduler
 from rosterd.supervisor import BackendEvent, describe_exit
 from rosterd.up.plan_view import warm_up_order
 

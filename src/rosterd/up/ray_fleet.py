@@ -52,7 +52,9 @@ from rosterd.node_agent import AgentBackends
 from rosterd.placement import Plan, plan
 from rosterd.ray_cluster import RayFleet, connect_fleet, disconnect
 from rosterd.ray_match import NodeLost
-from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler
+from rosterd.scheduler.fleet import NodeConfig, Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import NodeConcurrency
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 from rosterd.up.plan_view import is_local_address, replanned_reasons, with_unplaced_reasons

@@ -35,7 +35,8 @@ from rosterd.fleet import Fleet
 from rosterd.memory.gathering import RosterMemory
 from rosterd.placement import Plan
 from rosterd.roster import ImportedRoster
-from rosterd.scheduler import NodeConcurrency, NodeConfig
+from rosterd.scheduler.fleet import NodeConfig
+from rosterd.scheduler.values import NodeConcurrency
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, Supervisor
 from rosterd.up.options import UpOptions

@@ -42,13 +42,16 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.adapters import WeightsSource, adapter_for
+from rosterd.backends.local import SupervisorBackends
 from rosterd.errors import InputError, RosterdError
-from rosterd.fleet import Fleet, Node, load_fleet, local_fleet
+from rosterd.fleet import Fleet, Node, load_fleet
+from rosterd.fleet.local import local_fleet
 from rosterd.memory.gathering import RosterMemory
 from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster, load_roster
 from rosterd.router import RouteTable
-from rosterd.scheduler import NodeConcurrency, NodeConfig, Scheduler, SupervisorBackends
+from rosterd.scheduler.fleet import NodeConfig, Scheduler
+from rosterd.scheduler.values import NodeConcurrency
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import Supervisor
 from rosterd.up.plan_view import (

@@ -48,7 +48,9 @@ from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster
 from rosterd.router import RouterConfig, RouteTable, create_app
 from rosterd.router.streams import LiveStreams
-from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler
+from rosterd.scheduler.fleet import NodeConfig, Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import NodeConcurrency
 from rosterd.supervisor import BackendEvent, Supervisor, default_state_dir, lock_state_dir
 from rosterd.up.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
 from rosterd.up.listen import (
