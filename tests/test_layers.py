@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "rosterd": 1,
     "rosterd.tokens": 1,
     "rosterd.errors": 1,
+    "rosterd.error_table": 1,
     "rosterd.spec": 1,
     "rosterd.rust_debug": 1,
     # the plain values that cross the backends boundary: the supervisor (5) produces them

@@ -227,7 +227,7 @@ def test_joining_never_starts_a_cluster_and_says_why_it_cannot_join() -> None:
     code = (
         "import sys\n"
         "from rosterd.errors import ClusterConnectError\n"
-        "from rosterd.fleet import local_fleet\n"
+        "from rosterd.fleet.local import local_fleet\n"
         "from rosterd.ray_cluster import connect_fleet\n"
         "for address in sys.argv[1:]:\n"
         "    try:\n"

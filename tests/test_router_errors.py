@@ -14,6 +14,7 @@ import socket
 import pytest
 from starlette.types import Message
 
+from rosterd.error_table import retry_after_header
 from rosterd.errors import (
     LoadBackoffError,
     LoadFailedError,
@@ -24,11 +25,15 @@ from rosterd.errors import (
     SchedulerError,
     ShuttingDownError,
     UnknownRoleError,
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
 )
 from rosterd.router import ERROR_KINDS, RouterError, error_body
 from rosterd.router.openai_errors import (
     LIMIT_OPTIONS,
-    retry_after_header,
     revoked_error,
     scheduler_error,
     scheduler_errors,
@@ -37,14 +42,7 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.upstream import (
-    Upstream,
-    UpstreamClosedError,
-    UpstreamConnectError,
-    UpstreamError,
-    UpstreamProtocolError,
-    UpstreamTimeoutError,
-)
+from rosterd.router.upstream import Upstream
 from rosterd.scheduler.values import Revocation
 
 #: Every error code -> (status, OpenAI type, Retry-After header or None). The README and the

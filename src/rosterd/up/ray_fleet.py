@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.text import Text
 
 from rosterd.backends.local import SupervisorBackends
-from rosterd.errors import RosterdError
+from rosterd.errors import NothingToServeError
 from rosterd.fleet import Fleet, Node
 from rosterd.memory.gathering import RosterMemory
 from rosterd.metrics import RosterdMetrics
@@ -153,12 +153,12 @@ class UpFleet:
         ``previous`` (the plan in force, on a reload) and ``memory_notes`` as ``plan``'s.
 
         Raises:
-            RosterdError: no node of the fleet runs.
+            NothingToServeError: no node of the fleet runs.
         """
         absent = self.not_connected()
         running = [n for n in self.fleet.nodes if n.name not in absent and n.name not in self.lost]
         if not running:
-            raise RosterdError(
+            raise NothingToServeError(
                 f"no node of the fleet is connected to the Ray cluster at {self.address} "
                 "or is this machine; nothing to serve"
             )

@@ -43,7 +43,13 @@ from rich.text import Text
 
 from rosterd.adapters import WeightsSource, adapter_for
 from rosterd.backends.local import SupervisorBackends
-from rosterd.errors import InputError, RosterdError
+from rosterd.errors import (
+    InputError,
+    NothingToServeError,
+    ReloadRefusedError,
+    RosterdError,
+    WeightsError,
+)
 from rosterd.fleet import Fleet, Node, load_fleet
 from rosterd.fleet.local import local_fleet
 from rosterd.memory.gathering import RosterMemory
@@ -141,7 +147,7 @@ def refuse_lost_weights(old: Served, new: Served) -> None:
     role that cannot start again. At start such a role is served as unavailable instead.
 
     Raises:
-        RosterdError: naming each such role and why, and that nothing changed.
+        ReloadRefusedError: naming each such role and why, and that nothing changed.
     """
     before = {r for config in old.nodes.values() for r in config.unavailable}
     lost = {
@@ -155,7 +161,7 @@ def refuse_lost_weights(old: Served, new: Served) -> None:
             why if why.startswith(f"role {role}:") else f"role {role}: {why}"
             for role, why in sorted(lost.items())
         )
-        raise RosterdError(f"{said}; the running configuration stays")
+        raise ReloadRefusedError(f"{said}; the running configuration stays")
 
 
 def retired_reasons(
@@ -213,12 +219,12 @@ def served_config(
     (``RosterMemory.node_specs``); without it, the spec's own.
 
     Raises:
-        RosterdError: no ``local_nodes`` given and no node of the fleet is this machine.
+        NothingToServeError: no ``local_nodes`` given and no node of the fleet is this machine.
     """
     if local_nodes is None:
         local_nodes = tuple(n for n in fleet.nodes if is_local_address(n.address))
         if not local_nodes:
-            raise RosterdError("no node of the fleet is this machine; nothing to serve")
+            raise NothingToServeError("no node of the fleet is this machine; nothing to serve")
     local_nodes = tuple(local_nodes)
     by_role = first_by_role(roster)
     repos = {role: s.repo for role, s in by_role.items()}
@@ -226,7 +232,7 @@ def served_config(
     def weights_for(spec: InferenceSpec) -> WeightsSource:
         found = resolve_for_fleet(spec, fleet, repo=repos.get(spec.role) or None)
         if found is None:
-            raise RosterdError(f"role {spec.role}: its flavor keeps its own weights")
+            raise WeightsError(f"role {spec.role}: its flavor keeps its own weights")
         return found
 
     nodes: dict[str, NodeConfig] = {}

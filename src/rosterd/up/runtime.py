@@ -38,7 +38,13 @@ from rich.text import Text
 
 from rosterd.backends.interface import PeakSource
 from rosterd.backends.local import SupervisorBackends
-from rosterd.errors import RosterdError
+from rosterd.errors import (
+    EndedBeforeServingError,
+    NothingToServeError,
+    OptionError,
+    StateDirError,
+    SystemRefusedError,
+)
 from rosterd.fleet import Fleet, Node
 from rosterd.memory.gathering import RosterMemory, gather_memory
 from rosterd.memory.peaks import MeasuredPeaks
@@ -172,8 +178,8 @@ class UpRun:
         """Wait until the router listens; its URL (``http://HOST:PORT``).
 
         Raises:
-            RosterdError: the run ended before it served (its own error is raised by
-                :meth:`run`).
+            EndedBeforeServingError: the run ended before it served (its own error is
+                raised by :meth:`run`).
         """
         waits = [asyncio.ensure_future(e.wait()) for e in (self._serving, self._ended)]
         try:
@@ -182,7 +188,7 @@ class UpRun:
             for w in waits:
                 w.cancel()
         if self.url is None:
-            raise RosterdError("rosterd up ended before it served")
+            raise EndedBeforeServingError("rosterd up ended before it served")
         return self.url
 
     async def run(self) -> None:
@@ -199,7 +205,7 @@ class UpRun:
     async def _run(self) -> None:
         options = self.options
         if not 1 <= options.port <= 65535:
-            raise RosterdError(f"--port {options.port} is not a usable port (1..65535)")
+            raise OptionError(f"--port {options.port} is not a usable port (1..65535)")
         roster, fleet = read_config(options)
         for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows
             self.err.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
@@ -210,7 +216,7 @@ class UpRun:
             # before the plan is printed, so a refused second `up` prints only why.
             state_lock = lock_state_dir(state_dir)
         except OSError as exc:
-            raise RosterdError(_os_message(exc)) from None
+            raise StateDirError(_os_message(exc)) from None
         ray: UpFleet | None = None
         try:
             # Every role counts the largest of ram_gb, its estimate and its last measured peak.
@@ -238,12 +244,12 @@ class UpRun:
                 print_plan(result, fleet, roster, local, self.out, where=where, memory=memory)
                 ray.print_not_connected()
             if not local_nodes and ray is None:
-                raise RosterdError("no node of the fleet is this machine; nothing to serve")
+                raise NothingToServeError("no node of the fleet is this machine; nothing to serve")
             if not options.api_keys and not is_loopback_host(options.host):
                 warn_open_listener(options.host, self.err)
             await self._serve(roster, fleet, result, local_nodes, state_dir, ray, memory)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
-            raise RosterdError(_os_message(exc)) from None
+            raise SystemRefusedError(_os_message(exc)) from None
         finally:
             try:
                 if ray is not None:
