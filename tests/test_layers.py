@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "rosterd.errors": 1,
     "rosterd.error_table": 1,
     "rosterd.spec": 1,
+    "rosterd.flavors": 1,
     "rosterd.rust_debug": 1,
     # the plain values that cross the backends boundary: the supervisor (5) produces them
     # and the pure node machine (6) reads them, so they sit below both
