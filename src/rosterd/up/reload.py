@@ -50,8 +50,9 @@ from rosterd.errors import (
     RosterdError,
     WeightsError,
 )
-from rosterd.fleet import Fleet, Node, load_fleet
+from rosterd.fleet import Fleet, Node
 from rosterd.fleet.local import local_fleet
+from rosterd.fleet.reader import load_fleet
 from rosterd.memory.gathering import RosterMemory
 from rosterd.placement import Plan, plan
 from rosterd.roster import ImportedRoster, load_roster
