@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rosterd.adapters import estimate_memory
 from rosterd.memory.estimate import (
     LlamaCppSettings,
-    estimate_memory,
     estimate_ollama,
     llamacpp_cache_layout,
     llamacpp_checkpoint_bytes,
