@@ -42,7 +42,7 @@ class SupervisorBackends:
     ``specs``: role -> spec for the roles of one node run by ``supervisor``;
     ``host``: where backends listen (the node's address);
     ``resolve_weights(spec)`` gives the role's weights (raises a
-    ``RosterdError`` naming what it looked for); ``auto_ports``: ignore the
+    ``WeightsError`` naming what it looked for); ``auto_ports``: ignore the
     roster's ports and let the OS pick free ones (roles without a port always
     get one); ``ready_timeout_s``: readiness deadline, seconds (``None``: the
     supervisor's, which grows with the weights' size); ``adapters``: flavor ->
@@ -103,7 +103,8 @@ class SupervisorBackends:
         Raises:
             AdapterError: the flavor cannot serve this role (``OllamaError``
                 when ollama refuses the model).
-            RosterdError: weights not found; ``SupervisorError`` subclasses
+            WeightsError: weights not found.
+            SupervisorError: its subclasses
                 (``PortInUseError``, ``BackendStartError`` with the output tail).
         """
         spec = self.specs[role]

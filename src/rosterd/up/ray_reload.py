@@ -69,7 +69,7 @@ async def serve_fleet_config(
         ClusterError: a node on Ray has a new address, or the cluster cannot be listed.
         NodeLostError, NodeAgentError, StateDirLockedError: an agent could not start,
             or could not learn its roles.
-        RosterdError: no node of the fleet runs.
+        NothingToServeError: no node of the fleet runs.
     """
     async with ray.replan_lock:  # not beside a re-plan after a node's loss
         if ray.served is not None:  # the plan in force: a node's loss may have moved roles since
