@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import yaml
 
-from rosterd.roster import MAX_ENTRIES, import_roster
+from rosterd.roster.entries import MAX_ENTRIES
+from rosterd.roster.importer import import_roster
 
 SAFE_LOADER = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
 

@@ -34,12 +34,14 @@ from typing import cast
 
 import httpx
 
+from rosterd.adapters import estimate_memory
 from rosterd.adapters.base import Adapter
 from rosterd.adapters.llamacpp import LlamaCppAdapter, find_llama_server
 from rosterd.adapters.mlx_lm import MlxLmAdapter
 from rosterd.errors import AdapterError
-from rosterd.memory.estimate import MiB, estimate_memory, ollama_formula_bytes
-from rosterd.model_facts import ModelFacts, read_model_facts
+from rosterd.memory.estimate import MiB, ollama_formula_bytes
+from rosterd.model_facts import ModelFacts
+from rosterd.model_facts.reader import read_model_facts
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import Supervisor, process_tree_peak_rss_bytes
 from rosterd.tokens import GB

@@ -22,8 +22,9 @@ import atheris
 
 with atheris.instrument_imports(include=["rosterd"]):
     from rosterd.errors import RosterdError
-    from rosterd.fleet import parse_fleet
-    from rosterd.roster import RosterOverlay, import_roster
+    from rosterd.fleet.reader import parse_fleet
+    from rosterd.roster.importer import import_roster
+    from rosterd.roster.overlay import RosterOverlay
     from rosterd.router.body import parse_json_object, read_body, requested_model
 
 

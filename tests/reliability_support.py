@@ -22,7 +22,7 @@ import httpx
 import psutil
 
 from backend_helpers import pick_free_port
-from rosterd.router.openai_errors import ERROR_KINDS
+from rosterd.error_table import ERROR_KINDS
 from test_up_support import Up, llama_entry, start_up, write_roster
 
 HERE = Path(__file__).resolve().parent

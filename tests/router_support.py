@@ -14,15 +14,13 @@ import httpx
 import uvicorn
 
 from backend_helpers import NoLiveness, pick_free_port
+from rosterd.backends.interface import RoleBackends
+from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.router.streams import LiveStreams
-from rosterd.scheduler import (
-    Endpoint,
-    NodeScheduler,
-    RoleBackends,
-    Scheduler,
-    SchedulerLimits,
-)
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 
 MIB = 2**20

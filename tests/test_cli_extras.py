@@ -25,8 +25,9 @@ from ryaml._ryaml import InvalidYamlError, loads
 
 from rosterd.cli.serve_cmd import check_cors_origins
 from rosterd.errors import RosterdError
-from rosterd.fleet import parse_fleet
-from rosterd.roster import RosterOverlay, import_roster
+from rosterd.fleet.reader import parse_fleet
+from rosterd.roster.importer import import_roster
+from rosterd.roster.overlay import RosterOverlay
 from rosterd.router import RouterConfig
 from router_support import serve
 from test_up_support import rosterd_argv

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import rosterd.roster
+import rosterd.roster.importer
 from rosterd.cli import main
 
 
@@ -24,7 +24,7 @@ def broken_import(monkeypatch: pytest.MonkeyPatch) -> None:
     """The roster import raises an exception rosterd does not expect (a bug)."""
     monkeypatch.delenv("ROSTERD_DEBUG", raising=False)
     main(["--help"])  # the command modules are loaded (and bind their names) first
-    monkeypatch.setattr(rosterd.roster, "load_roster", _explode)
+    monkeypatch.setattr(rosterd.roster.importer, "load_roster", _explode)
 
 
 @pytest.mark.usefixtures("broken_import")

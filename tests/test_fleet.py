@@ -9,14 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rosterd.errors import FleetError
-from rosterd.fleet import (
-    Fleet,
-    Platform,
-    default_reserved_bytes,
-    load_fleet,
-    local_fleet,
-    parse_fleet,
-)
+from rosterd.fleet import Fleet, Platform, default_reserved_bytes
+from rosterd.fleet.local import local_fleet
+from rosterd.fleet.reader import load_fleet, parse_fleet
 from rosterd.spec import InferFlavor
 from rosterd.tokens import GB
 
@@ -356,6 +351,40 @@ def test_bad_fleet_files_are_rejected_with_location(
     assert (err.line, err.column) == (line, column), str(err)
     for word in words:
         assert word in str(err), (word, str(err))
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        ("llama.cpp", "llamacpp"),  # the roster's own spelling of the backend
+        ("llama-server", "llamacpp"),
+        ("LLAMA.CPP", "llamacpp"),
+        ("lama.cpp", "llamacpp"),  # a typo of one
+        ("Ollama", "ollama"),
+        ("mlx-lm", "mlx_lm"),
+        ("vllm", None),  # no flavor: no guess
+        ("mlx-vlm", None),  # a backend known to have no adapter: no guess either
+    ],
+)
+def test_a_flavor_spelled_as_the_roster_spells_backends_says_which_id_is_meant(
+    written: str, meant: str | None
+) -> None:
+    """The roster names backends by their own names (``backend: llama.cpp``), the fleet
+    file names flavors by id: a fleet written with the roster's spelling is refused, with
+    the id it means, as the roster import maps the spelling."""
+    text = (
+        "nodes:\n  - name: box\n    memory_gb: 16\n    platform: macos-arm64\n"
+        f"    flavors: [{written!r}]\n"
+    )
+    with pytest.raises(FleetError) as info:
+        parse_fleet(text, file="fleet.yaml")
+    err = info.value
+    assert (err.path, err.line, err.column) == ("nodes[0].flavors[0]", 5, 15)
+    assert f"expected one of mlx_lm, llamacpp, ollama, found {written!r}" in str(err)
+    if meant is None:
+        assert "did you mean" not in str(err)
+    else:
+        assert str(err).endswith(f"; did you mean `{meant}`?")
 
 
 def test_unreadable_file_names_it(tmp_path: Path) -> None:

@@ -4,12 +4,19 @@ Every module of the package is given a layer here (by its dotted name or the
 nearest package that has one); a module may import only modules of its own layer
 or a lower one. Imports inside functions count too (a lazy import is still a
 dependency). A new module without a layer fails the test, so the map stays whole.
+
+The pure modules (layers 1 and 3, the node state machine and the values it reads
+from the backends boundary) import no I/O module, even transitively: the check
+follows every rosterd import (inside functions and under ``TYPE_CHECKING`` too) and
+counts that importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -19,8 +26,13 @@ LAYERS: dict[str, int] = {
     "rosterd": 1,
     "rosterd.tokens": 1,
     "rosterd.errors": 1,
+    "rosterd.error_table": 1,
     "rosterd.spec": 1,
+    "rosterd.flavors": 1,
     "rosterd.rust_debug": 1,
+    # the plain values that cross the backends boundary: the supervisor (5) produces them
+    # and the pure node machine (6) reads them, so they sit below both
+    "rosterd.backends.values": 1,
     # 2. files in, frozen specs out
     "rosterd.roster": 2,
     "rosterd.fleet": 2,
@@ -30,6 +42,7 @@ LAYERS: dict[str, int] = {
     "rosterd.model_facts.facts": 2,
     "rosterd.model_facts.gguf_file": 2,
     "rosterd.model_facts.mlx_folder": 2,
+    "rosterd.model_facts.reader": 2,
     # 3. pure decisions
     "rosterd.residency": 3,
     "rosterd.placement": 3,
@@ -64,7 +77,8 @@ LAYERS: dict[str, int] = {
     "rosterd.__main__": 8,
 }
 
-#: The node state machine's modules: pure (DESIGN.md layer 6, "a pure state machine").
+#: The node state machine's modules: pure (DESIGN.md layer 6, "a pure state machine"), with
+#: the values they read from the backends boundary. Every module of layers 1 and 3 is pure too.
 _PURE_STATE_MACHINE = (
     "rosterd.scheduler.machine",
     "rosterd.scheduler.state",
@@ -72,22 +86,63 @@ _PURE_STATE_MACHINE = (
     "rosterd.scheduler.replan",
     "rosterd.scheduler.grants",
     "rosterd.scheduler.liveness",
+    "rosterd.scheduler.values",
+    "rosterd.backends.interface",
+    "rosterd.backends.values",
     # the fleet machine (DESIGN.md: "a pure function of (fleet state, event)")
     "rosterd.fleet_scheduler.values",
     "rosterd.fleet_scheduler.events",
     "rosterd.fleet_scheduler.effects",
     "rosterd.fleet_scheduler.machine",
+    "rosterd.fleet_scheduler.state",
+    "rosterd.fleet_scheduler.losses",
     "rosterd.fleet_scheduler.served",
     "rosterd.fleet_scheduler.notices",
     "rosterd.fleet_scheduler.views",
 )
 
+#: What "I/O" means for a pure module: modules it must not import, even through another
+#: rosterd module, each with why. Only imports written in rosterd count (what a library
+#: imports for itself is its own business: pathlib imports os, yet a ``Path`` is a value).
+IO_MODULES: dict[str, str] = {
+    "asyncio": "an event loop: tasks, sleeps, subprocesses and sockets",
+    "socket": "the network",
+    "ssl": "the network (TLS)",
+    "http": "HTTP (http.client, http.server)",
+    "urllib": "HTTP (urllib.request)",
+    "httpx": "HTTP, our client",
+    "httptools": "HTTP parsing for uvicorn's server",
+    "uvicorn": "the HTTP server",
+    "starlette": "the HTTP application",
+    "prometheus_client": "metrics, with their own HTTP server and locks",
+    "subprocess": "processes",
+    "signal": "processes' signals",
+    "multiprocessing": "processes",
+    "concurrent": "thread and process pools",
+    "threading": "threads",
+    "select": "waiting on file descriptors",
+    "selectors": "waiting on file descriptors",
+    "fcntl": "file locks",
+    "resource": "the process's limits",
+    "os": "the environment, processes and files (os.path too: `import os.path` binds all "
+    "of os, and a pure module joins paths with pathlib's values)",
+    "shutil": "files and executables on PATH",
+    "tempfile": "files",
+    "mmap": "files mapped into memory (the GGUF reader)",
+    "gguf": "reads GGUF files",
+    "huggingface_hub": "the Hugging Face cache, and the network",
+    "psutil": "the machine's processes and memory",
+    "platform": "the machine's OS and CPU",
+    "time": "the clock (a pure decision is given `now`)",
+    "logging": "logs (a pure decision returns what to record)",
+    "ray": "the cluster",
+    "rich": "the terminal",
+    "typer": "the command line",
+}
+
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+    return _module_name_in(SRC, path)
 
 
 def _layer(module: str) -> int | None:
@@ -127,6 +182,87 @@ def _modules() -> list[tuple[Path, str]]:
     return sorted((p, _module_name(p)) for p in (SRC / "rosterd").rglob("*.py"))
 
 
+def _import_graph(src: Path) -> dict[str, tuple[set[str], set[str]]]:
+    """Module -> (the rosterd modules importing it runs, the other top-level modules it imports).
+
+    Every import counts, wherever it is written (module level, inside a function, under
+    ``TYPE_CHECKING``). ``from a.b import c`` imports the module ``a.b.c`` when there is
+    one; importing a module runs each package ``__init__`` above it, so those count too.
+    """
+    paths = {_module_name_in(src, p): p for p in (src / "rosterd").rglob("*.py")}
+
+    def existing(name: str) -> str:
+        while name not in paths and "." in name:
+            name = name.rpartition(".")[0]
+        return name
+
+    def with_parents(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+    graph: dict[str, tuple[set[str], set[str]]] = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        ours: set[str] = with_parents(package) if package else set()
+        theirs: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                else:
+                    target = node.module or ""
+                names = [target, *(f"{target}.{a.name}" for a in node.names)]
+            else:
+                continue
+            for name in names:
+                if name == "rosterd" or name.startswith("rosterd."):
+                    ours |= with_parents(existing(name))
+                else:
+                    theirs.add(name.split(".")[0])
+        ours.discard(module)
+        theirs.discard("")
+        graph[module] = (ours, theirs)
+    return graph
+
+
+def _io_reached(graph: dict[str, tuple[set[str], set[str]]], module: str) -> dict[str, str]:
+    """I/O module -> the import chain by which ``module`` reaches it (``a <- b <- module``)."""
+    came_from: dict[str, str | None] = {module: None}
+    queue = [module]
+    found: dict[str, str] = {}
+    while queue:
+        current = queue.pop(0)
+        ours, theirs = graph.get(current, (set(), set()))
+        for io in sorted(theirs & IO_MODULES.keys()):
+            if io not in found:
+                chain = [io, current]
+                while (previous := came_from[chain[-1]]) is not None:
+                    chain.append(previous)
+                found[io] = " <- ".join(chain)
+        for nxt in sorted(ours):
+            if nxt not in came_from:
+                came_from[nxt] = current
+                queue.append(nxt)
+    return found
+
+
+def _module_name_in(src: Path, path: Path) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _pure_modules() -> list[str]:
+    """Every module of layers 1 and 3, and the node state machine's."""
+    by_layer = [name for _, name in _modules() if _layer(name) in (1, 3)]
+    return sorted({*by_layer, *_PURE_STATE_MACHINE} - {"rosterd"})
+
+
 def test_every_module_has_a_layer() -> None:
     missing = [name for _, name in _modules() if _layer(name) is None]
     assert not missing, f"give these modules a layer in tests/test_layers.py: {missing}"
@@ -145,16 +281,151 @@ def test_imports_only_point_down_the_layers() -> None:
     assert not upward, "imports that point up DESIGN.md's layers:\n" + "\n".join(upward)
 
 
-def test_the_node_state_machine_does_no_io() -> None:
-    """The pure state machine reads no clock, logs nothing and knows nothing of asyncio."""
-    for module in _PURE_STATE_MACHINE:
-        path = SRC / Path(*module.split(".")).with_suffix(".py")
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        names: set[str] = set()
+def test_the_pure_modules_import_no_io_even_transitively() -> None:
+    """Layers 1 and 3 and the node state machine read no clock, log nothing, know nothing of
+    asyncio, processes or the network, through any chain of imports."""
+    graph = _import_graph(SRC)
+    impure = [
+        f"{module} reaches {io} ({IO_MODULES[io]}): {chain}"
+        for module in _pure_modules()
+        for io, chain in _io_reached(graph, module).items()
+    ]
+    assert not impure, "pure modules that import I/O:\n" + "\n".join(impure)
+
+
+@pytest.mark.parametrize(
+    ("files", "reached"),
+    [
+        # a package __init__ that re-exports a heavy module makes its pure submodule impure
+        (
+            {
+                "rosterd/pkg/__init__.py": "from rosterd.pkg.heavy import x\n",
+                "rosterd/pkg/heavy.py": "import asyncio\nx = 1\n",
+                "rosterd/pkg/pure.py": "y = 2\n",
+            },
+            {"asyncio"},
+        ),
+        # an import inside a function, and one under TYPE_CHECKING, still count
+        (
+            {
+                "rosterd/pkg/__init__.py": "",
+                "rosterd/pkg/pure.py": "def f():\n    from rosterd.pkg import lazy\n",
+                "rosterd/pkg/lazy.py": "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    import os.path\n",
+            },
+            {"os"},
+        ),
+        # `from package import submodule` imports the submodule
+        (
+            {
+                "rosterd/pkg/__init__.py": "",
+                "rosterd/pkg/pure.py": "from . import clock\n",
+                "rosterd/pkg/clock.py": "from time import monotonic\n",
+            },
+            {"time"},
+        ),
+        # nothing heavy anywhere: pure
+        (
+            {
+                "rosterd/pkg/__init__.py": "",
+                "rosterd/pkg/pure.py": "from dataclasses import dataclass\nimport rosterd.pkg.b\n",
+                "rosterd/pkg/b.py": "import enum\n",
+            },
+            set(),
+        ),
+    ],
+)
+def test_the_transitive_check_counts_packages_functions_and_type_checking(
+    tmp_path: Path, files: dict[str, str], reached: set[str]
+) -> None:
+    (tmp_path / "rosterd").mkdir()
+    (tmp_path / "rosterd" / "__init__.py").write_text("")
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert set(_io_reached(_import_graph(tmp_path), "rosterd.pkg.pure")) == reached
+
+
+def _explicit_imports(src: Path) -> dict[str, set[str]]:
+    """Module -> the rosterd modules it names in an import statement (anywhere: module level,
+    inside a function, under ``TYPE_CHECKING``); ``from a import b`` names ``a.b`` when it
+    is a module, else ``a``. The package ``__init__`` an import runs is not counted: a
+    package and its own modules are one concept."""
+    paths = {_module_name_in(src, p): p for p in (src / "rosterd").rglob("*.py")}
+
+    def existing(name: str) -> str:
+        while name not in paths and "." in name:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module.split(".")[0])
-        impure = names & {"asyncio", "time", "logging", "socket", "subprocess", "os", "httpx"}
-        assert not impure, f"{module} imports {sorted(impure)}"
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                else:
+                    target = node.module or ""
+                names = [
+                    f"{target}.{a.name}" if f"{target}.{a.name}" in paths else target
+                    for a in node.names
+                ]
+            else:
+                continue
+            found |= {existing(n) for n in names if n == "rosterd" or n.startswith("rosterd.")}
+        found.discard(module)
+        edges[module] = found
+    return edges
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """No two modules of rosterd import each other, however indirectly, counting imports
+    inside functions and under ``TYPE_CHECKING`` (a lazy import is still a dependency)."""
+    edges = _explicit_imports(SRC)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    assert not cycles, "modules that import each other:\n" + "\n".join(map(str, cycles))
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """One concept a module, small enough to read in one sitting (CONTRIBUTING.md)."""
+    long = {
+        str(path.relative_to(SRC)): n
+        for path in (SRC / "rosterd").rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500
+    }
+    assert not long, f"modules over 500 lines: {long}"

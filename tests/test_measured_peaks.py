@@ -16,7 +16,7 @@ from rosterd.backends.interface import RoleBackends
 from rosterd.errors import MeasuredPeaksError
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.memory.watch import PeakRecorder
-from rosterd.scheduler import NodeScheduler
+from rosterd.scheduler.node import NodeScheduler
 from rosterd.supervisor import process_tree_peak_rss_bytes
 
 

@@ -14,7 +14,7 @@ from rosterd.memory.count import (
     show_declared,
 )
 from rosterd.memory.estimate import MemoryEstimate
-from rosterd.roster import is_unmeasured_ram_gb, ram_bytes
+from rosterd.roster.importer import is_unmeasured_ram_gb, ram_bytes
 from rosterd.tokens import GB
 
 

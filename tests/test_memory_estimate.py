@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rosterd.adapters import estimate_memory
 from rosterd.memory.estimate import (
     LlamaCppSettings,
-    estimate_memory,
     estimate_ollama,
     llamacpp_cache_layout,
     llamacpp_checkpoint_bytes,
@@ -21,7 +21,8 @@ from rosterd.memory.estimate import (
     ollama_formula_bytes,
     parse_llamacpp_settings,
 )
-from rosterd.model_facts import ModelFacts, read_model_facts
+from rosterd.model_facts import ModelFacts
+from rosterd.model_facts.reader import read_model_facts
 from rosterd.spec import InferFlavor
 from test_model_facts import write_gguf
 

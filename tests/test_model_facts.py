@@ -13,7 +13,8 @@ import pytest
 
 from conftest import _load_script
 from rosterd.errors import ModelFactsError, RosterdError
-from rosterd.model_facts import read_model_facts, swa_layers
+from rosterd.model_facts.gguf_file import swa_layers
+from rosterd.model_facts.reader import read_model_facts
 
 pytest.importorskip("gguf", reason="the gguf package (dev extra) writes and reads GGUFs")
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 import spec_helpers
 from backend_helpers import pick_free_port
 from rosterd.cli import _register, app
-from rosterd.fleet import local_fleet
+from rosterd.fleet.local import local_fleet
 from rosterd.placement import plan
 from rosterd.placement.conflicts import port_conflicts, without_port_conflicts
 from rosterd.spec import InferenceSpec, InferFlavor, ServeSpec

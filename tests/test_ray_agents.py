@@ -40,7 +40,9 @@ from rosterd.fleet import Fleet, ModelSource, Node, Platform
 from rosterd.node_agent import AgentBackends, AgentConfig, CarriedError
 from rosterd.ray_cluster import RayCluster, import_ray, join, ray_address
 from rosterd.ray_match import RayNode, lost_agents, match_fleet, nodes_back
-from rosterd.scheduler import NodeScheduler, Scheduler, SchedulerLimits
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedError
 from rosterd.tokens import GB

@@ -21,9 +21,9 @@ import httpx
 import pytest
 
 from reliability_support import print_figures, raise_nofile, rss_and_fds, start_fake_up
-from rosterd.router.openai_errors import RouterError, upstream_errors
-from rosterd.router.upstream import UpstreamConnectError
-from rosterd.scheduler import SchedulerLimits
+from rosterd.errors import RouterError, UpstreamConnectError
+from rosterd.router.openai_errors import upstream_errors
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.runtime import open_files_wanted, raise_open_files_limit
 from test_up_support import all_gone
 

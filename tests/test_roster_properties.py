@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rosterd.errors import RosterError
-from rosterd.roster import ImportedRoster, RosterOverlay, flavor_for_backend, import_roster
+from rosterd.roster import ImportedRoster
+from rosterd.roster.importer import flavor_for_backend, import_roster
+from rosterd.roster.overlay import RosterOverlay
 from rosterd.rust_debug import rust_debug_str
 from rosterd.tokens import GB, valid_token
 

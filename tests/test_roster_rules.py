@@ -15,17 +15,12 @@ from pathlib import Path
 import pytest
 
 from rosterd.errors import RosterError
-from rosterd.roster import (
-    MAX_ENTRIES,
-    MAX_ROSTER_BYTES,
-    ImportedRoster,
-    RosterOverlay,
-    flavor_for_backend,
-    import_roster,
-    load_roster,
-    ram_bytes,
-)
+from rosterd.roster import ImportedRoster
 from rosterd.roster._serde_yaml import Number
+from rosterd.roster.document import MAX_ROSTER_BYTES
+from rosterd.roster.entries import MAX_ENTRIES
+from rosterd.roster.importer import flavor_for_backend, import_roster, load_roster, ram_bytes
+from rosterd.roster.overlay import RosterOverlay
 from rosterd.spec import InferFlavor, LatencyClass
 from rosterd.tokens import GB
 

@@ -26,9 +26,12 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from backend_helpers import NoLiveness, pick_free_port
+from rosterd.backends.values import Endpoint
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, create_app
-from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler, SchedulerLimits
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 
 MIB = 2**20

@@ -14,10 +14,26 @@ import socket
 import pytest
 from starlette.types import Message
 
+from rosterd.error_table import retry_after_header
+from rosterd.errors import (
+    LoadBackoffError,
+    LoadFailedError,
+    QueueFullError,
+    QueueTimeoutError,
+    RoleRefusedError,
+    RoleUnavailableError,
+    SchedulerError,
+    ShuttingDownError,
+    UnknownRoleError,
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
+)
 from rosterd.router import ERROR_KINDS, RouterError, error_body
 from rosterd.router.openai_errors import (
     LIMIT_OPTIONS,
-    retry_after_header,
     revoked_error,
     scheduler_error,
     scheduler_errors,
@@ -26,26 +42,8 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.upstream import (
-    Upstream,
-    UpstreamClosedError,
-    UpstreamConnectError,
-    UpstreamError,
-    UpstreamProtocolError,
-    UpstreamTimeoutError,
-)
-from rosterd.scheduler import (
-    LoadBackoffError,
-    LoadFailedError,
-    QueueFullError,
-    QueueTimeoutError,
-    Revocation,
-    RoleRefusedError,
-    RoleUnavailableError,
-    SchedulerError,
-    ShuttingDownError,
-    UnknownRoleError,
-)
+from rosterd.router.upstream import Upstream
+from rosterd.scheduler.values import Revocation
 
 #: Every error code -> (status, OpenAI type, Retry-After header or None). The README and the
 #: end-to-end tests pin these; a new code needs a row here.

@@ -21,10 +21,14 @@ import pytest
 import uvicorn
 
 from backend_helpers import NoLiveness, pick_free_port
+from rosterd.backends.values import Endpoint
+from rosterd.errors import UpstreamClosedError
 from rosterd.router import RoleRoute, RouterConfig, RouterError, create_app
 from rosterd.router.openai_errors import upstream_errors
-from rosterd.router.upstream import Upstream, UpstreamClosedError
-from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler, SchedulerLimits
+from rosterd.router.upstream import Upstream
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 
 MIB = 2**20

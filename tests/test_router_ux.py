@@ -25,9 +25,12 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
 from backend_helpers import NoLiveness, pick_free_port
+from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, create_app
 from rosterd.router.routing import RouterConfig
-from rosterd.scheduler import Endpoint, NodeScheduler, Scheduler, SchedulerLimits
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from router_support import MIB, ROLES, NoBackends, serve
 from test_router import chat

@@ -19,19 +19,15 @@ from typing import Any, TypeVar, get_args
 import pytest
 
 import spec_helpers
-from rosterd.scheduler import (
-    Endpoint,
+from rosterd.backends.values import Endpoint
+from rosterd.errors import (
     LoadBackoffError,
     LoadFailedError,
-    Phase,
     QueueFullError,
     QueueTimeoutError,
-    Revocation,
     RoleRefusedError,
     SchedulerError,
-    SchedulerLimits,
     ShuttingDownError,
-    client_reason,
 )
 from rosterd.scheduler.events import (
     Acquire,
@@ -58,6 +54,7 @@ from rosterd.scheduler.events import (
     UpdateGauges,
 )
 from rosterd.scheduler.machine import REVOKE_WAIT_S, NodeMachine
+from rosterd.scheduler.values import Phase, Revocation, SchedulerLimits, client_reason
 from rosterd.spec import InferenceSpec
 
 MIB = 2**20

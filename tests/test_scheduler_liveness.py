@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from rosterd.scheduler import LoadBackoffError, LoadFailedError, Phase, QueueTimeoutError
+from rosterd.errors import LoadBackoffError, LoadFailedError, QueueTimeoutError
 from rosterd.scheduler.events import (
     BackendChanged,
     Cancel,
@@ -25,7 +25,7 @@ from rosterd.scheduler.events import (
     RevokeLeases,
     Suspect,
 )
-from rosterd.scheduler.values import backoff_s
+from rosterd.scheduler.values import Phase, backoff_s
 from test_scheduler import LIMITS, Bench, assert_failed, spec
 
 PROBING = dataclasses.replace(LIMITS, probe_interval_s=30.0, probe_timeout_s=5.0)

@@ -21,16 +21,12 @@ import spec_helpers
 from backend_helpers import NoLiveness
 from rosterd.adapters import WeightsSource
 from rosterd.backends.local import SupervisorBackends
+from rosterd.backends.values import Endpoint
+from rosterd.errors import LoadFailedError, RoleUnavailableError, ShuttingDownError
 from rosterd.metrics import RosterdMetrics
-from rosterd.scheduler import (
-    Endpoint,
-    LoadFailedError,
-    NodeScheduler,
-    RoleUnavailableError,
-    Scheduler,
-    SchedulerLimits,
-    ShuttingDownError,
-)
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, PortInUseError, Supervisor
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from rosterd.scheduler import NodeConcurrency, QueueTimeoutError, SchedulerLimits
+from rosterd.errors import QueueTimeoutError
 from rosterd.scheduler.events import GrantLease, SetConcurrency
 from rosterd.scheduler.machine import NodeMachine
+from rosterd.scheduler.values import NodeConcurrency, SchedulerLimits
 from rosterd.spec import InferenceSpec
 from test_scheduler import LIMITS, Bench, assert_failed, spec
 

@@ -17,7 +17,9 @@ import httpx
 import pytest
 
 from rosterd.adapters import Adapter, OllamaAdapter, WeightsSource, adapter_for
-from rosterd.scheduler import NodeScheduler, SchedulerLimits, SupervisorBackends
+from rosterd.backends.local import SupervisorBackends
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec, ServeSpec
 from rosterd.supervisor import Supervisor
 from test_ollama_fake import fake_ollama_binary

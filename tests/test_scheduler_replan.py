@@ -13,17 +13,7 @@ from typing import Any
 
 import pytest
 
-from rosterd.scheduler import (
-    NodeChange,
-    NodeConfig,
-    NodeScheduler,
-    Phase,
-    Revocation,
-    RoleMovedError,
-    RoleRefusedError,
-    Scheduler,
-    UnknownRoleError,
-)
+from rosterd.errors import RoleMovedError, RoleRefusedError, UnknownRoleError
 from rosterd.scheduler.events import (
     AddRole,
     ForgetRole,
@@ -35,6 +25,9 @@ from rosterd.scheduler.events import (
     RevokeLeases,
     SetCapacity,
 )
+from rosterd.scheduler.fleet import NodeConfig, Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import NodeChange, Phase, Revocation
 from test_scheduler import LIMITS, MIB, Bench, assert_failed, spec
 from test_scheduler_node import GatedBackends, make_node, use
 from test_scheduler_node import spec as node_spec

@@ -30,10 +30,10 @@ from typer.testing import CliRunner
 from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli import _register, app
-from rosterd.fleet import load_fleet
+from rosterd.fleet.reader import load_fleet
 from rosterd.memory.gathering import gather_memory
 from rosterd.memory.peaks import MeasuredPeaks
-from rosterd.roster import load_roster
+from rosterd.roster.importer import load_roster
 from rosterd.tokens import GB
 from rosterd.up.runtime import UpOptions
 from test_ollama_fake import fake_ollama_binary

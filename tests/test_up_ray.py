@@ -30,7 +30,7 @@ from rich.console import Console
 from backend_helpers import gone, pick_free_port
 from ray_helpers import HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 from rosterd.memory.peaks import MeasuredPeaks
-from rosterd.scheduler import SchedulerLimits
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.runtime import UpOptions
 from test_up_support import rosterd_argv, serving
 

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from test_up_support import EXAMPLE_LAB, prepare_example_models, rosterd_argv
@@ -139,3 +140,44 @@ def test_ctrl_c_while_planning_ends_in_one_line_or_a_clean_stop(
         assert code == 0, output
         clean_stop(output)
     assert not list((tmp_path / "state").glob("run/*.json")), output
+
+
+def test_a_second_ctrl_c_cuts_a_stream_the_drain_would_wait_for(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    prepare_example_models()
+    up = Run(tmp_path, free_port)
+    up.wait_serving()
+    got: list[str] = []
+
+    def stream() -> None:  # a long generation: the 30 s drain would wait for all of it
+        body = {"model": "chat-small", "prompt": "Once upon a time", "max_tokens": 4000}
+        with httpx.stream(
+            "POST",
+            f"http://127.0.0.1:{free_port}/v1/completions",
+            json={**body, "stream": True, "ignore_eos": True},
+            timeout=120,
+            trust_env=False,
+        ) as answer:
+            for line in answer.iter_lines():
+                got.append(line)
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while len(got) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(got) >= 3, up.output()  # it streams
+    up.proc.send_signal(signal.SIGINT)
+    while "stopping: draining" not in up.output() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    cut_at = time.monotonic()
+    up.proc.send_signal(signal.SIGINT)
+    code = up.finish()
+    stopped_s = time.monotonic() - cut_at
+    reader.join(timeout=30)
+    output = up.output()
+    assert code == 0, output
+    clean_stop(output)
+    assert stopped_s < 20.0, output  # not the 30 s drain: the second Ctrl-C cut it
+    assert any('"shutting_down"' in line for line in got), got[-3:]

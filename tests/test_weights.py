@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rosterd.errors import WeightsError
-from rosterd.fleet import Fleet, ModelSource, load_fleet
+from rosterd.fleet import Fleet, ModelSource
+from rosterd.fleet.reader import load_fleet
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import ResolvedWeights, resolve_for_fleet, resolve_weights
 

@@ -2,11 +2,12 @@
 
 ::
 
-    RosterdError                          base: any error rosterd reports to a person
+    RosterdError                          base only: any error rosterd reports to a person
     ├── SpecError                         an inference spec failed validation (the seed's text)
     ├── InputError                        a file given by the operator cannot be used as a whole
     │   ├── RosterError                   the roster or its overlay is rejected; nothing imported
     │   └── FleetError                    the fleet file is rejected
+    ├── OptionError                       a command-line option or argument has no usable value
     ├── WeightsError                      a role's weights cannot be found or are not allowed
     ├── ModelFactsError                   a weights file or folder cannot be read as a model
     ├── MeasuredPeaksError                a measured peak cannot be stored in the state folder
@@ -20,9 +21,11 @@
     │   │   ├── BackendNotReadyError      not ready before the deadline; it was killed
     │   │   └── BackendStoppedError       stop() came while it was still starting
     │   ├── PortInUseError                another process listens on the backend's port
-    │   └── StateDirLockedError           another rosterd holds the state folder's lock
+    │   ├── StateDirLockedError           another rosterd holds the state folder's lock
+    │   └── StateDirError                 the state folder or a file in it cannot be written
     ├── SchedulerError                    a request could not get its role (retry_after_s)
     │   ├── UnknownRoleError              the role is not placed on any node served here
+    │   │   └── RoleMovedError            a re-plan moved it while the request waited (re-queued)
     │   ├── QueueFullError                the role's queue is full (HTTP 429)
     │   ├── QueueTimeoutError             the request waited queue_timeout_s (HTTP 503)
     │   ├── RoleRefusedError              the residency policy refused the load; its reason
@@ -30,25 +33,36 @@
     │   ├── LoadBackoffError              its last loads failed: no new try until the backoff ends
     │   ├── RoleUnavailableError          the role cannot be served at all (weights missing)
     │   └── ShuttingDownError             rosterd is stopping
-    ├── ConfigRefusedError                a configuration (the start's, a reload's) was refused
-    │                                     whole: nothing serves it, or it would break what runs
     ├── ClusterError                      running the fleet on a Ray cluster failed
     │   ├── RayNotInstalledError          --ray-address without the ``ray`` extra
     │   ├── ClusterConnectError           the cluster cannot be joined
     │   └── NodeAgentError                a node agent failed (not a backend's failure)
     │       └── NodeLostError             a node's Ray node or its agent died
+    ├── CarriedError                      a node agent's error on its way to the head, kept whole
+    ├── UpstreamError                     base only: a request to a backend failed (HTTP 502)
+    │   ├── UpstreamConnectError          the backend could not be reached
+    │   ├── UpstreamClosedError           it closed the connection before any byte of its answer
+    │   ├── UpstreamTimeoutError          it sent nothing for the read timeout
+    │   └── UpstreamProtocolError         its answer was not valid HTTP/1.1, or was cut mid-body
+    ├── StalledError                      a backend sent no byte within a deadline (it is probed)
     ├── ClientGoneError                   the HTTP client left before its answer was complete
-    ├── RouterError                       one OpenAI error answer (rosterd.router.openai_errors:
-    │                                     it carries its row of the status/type/code table)
-    └── NotRunningError                   no running ``rosterd up`` answers ps/load/unload
+    ├── RouterError                       one error answer: its code's row of ``error_table``
+    ├── ServeError                        base only: ``rosterd up`` cannot serve
+    │   ├── ListenError                   the router cannot listen on its address
+    │   ├── NothingToServeError           no node of the fleet runs here (or on the Ray cluster)
+    │   ├── ReloadRefusedError            the fleet scheduler refused a configuration whole
+    │   ├── SystemRefusedError            the OS refused a folder, file or program serving needs
+    │   └── EndedBeforeServingError       the run ended before it served (run() raises why)
+    └── ControlError                      base only: asking a running ``rosterd up`` failed
+        ├── NotRunningError               no running ``rosterd up`` answers ps/load/unload
+        ├── RequestRefusedError           it refused the request (HTTP 4xx/5xx; its message)
+        └── AnswerError                   it answered, but not with the JSON asked for
 
-Where an error of a dependency crosses into rosterd it is mapped to one of these
-once, at that boundary, with ``raise ... from exc`` (httpx errors in
-``rosterd.router.openai_errors``; OS errors of processes in ``rosterd.supervisor``;
-Ray's errors in ``rosterd.node_agent.map_ray_errors``).
-``RouterError`` lives with the router's error table because its status, type and
-code come from that table. The CLI turns a ``RosterdError`` into its message and
-an exit status in one place (``rosterd.cli.edge``).
+A "base only" class is never raised itself: catch it to handle any of its kinds.
+A dependency's error is mapped to one of these once, at its boundary, with ``raise
+... from exc`` (the upstream connection's in ``rosterd.router.openai_errors``, OS
+errors of processes in ``rosterd.supervisor``, Ray's in ``rosterd.node_agent``). The
+CLI turns a ``RosterdError`` into its message and exit status in ``rosterd.cli.edge``.
 
 Internal exceptions never leave the module that raises them and are not part of
 the tree: the roster reader's ``ReadError`` (``roster._serde_yaml``),
@@ -60,9 +74,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rosterd.error_table import ERROR_KINDS, error_body, retry_after_header
+
 
 class RosterdError(Exception):
-    """Base of every error rosterd reports to a user: the message says what to fix."""
+    """Base of every error rosterd reports to a user: the message says what to fix.
+    Never raised itself: each failure has its own type below."""
 
 
 class SpecError(RosterdError):
@@ -119,7 +136,10 @@ class FleetError(InputError):
     """The fleet file is rejected as a whole."""
 
 
-# ------------------------------------------------------------------ weights (layer 2)
+class OptionError(RosterdError):
+    """A command-line option or argument (or the environment variable standing for one, such
+    as ``ROSTERD_API_KEY``) has a value that cannot be used; the message names it and what
+    is expected."""
 
 
 class WeightsError(RosterdError):
@@ -130,14 +150,8 @@ class ModelFactsError(RosterdError):
     """A weights file or folder cannot be read as a model; the message names it and says why."""
 
 
-# ------------------------------------------------- measured peaks (layer 5)
-
-
 class MeasuredPeaksError(RosterdError):
     """A measured peak cannot be stored (bad node or role name, or the folder is not writable)."""
-
-
-# ----------------------------------------------------------------- adapters (layer 4)
 
 
 class AdapterError(RosterdError):
@@ -148,25 +162,16 @@ class OllamaError(AdapterError):
     """The ollama server refused or failed a load, unload or residency query."""
 
 
-# --------------------------------------------------------------- supervisor (layer 5)
-
-
 class SupervisorError(RosterdError):
-    """Base of the supervisor's errors; catch it to handle any of them. Never raised itself.
-
-    ``client_message``: the short reason an HTTP client may be told (no pids,
-    command lines or paths), or ``None`` when the message's first line will do.
-    """
+    """Base of the supervisor's errors. ``client_message``: the short reason an HTTP client
+    may be told (no pids, command lines or paths); ``None``: the message's first line."""
 
     client_message: str | None = None
 
 
 class BackendNameError(SupervisorError):
-    """Raised by ``Supervisor.start`` when a backend name is not a plain token.
-
-    The name becomes a log and a record file name, so it must be one (DESIGN.md:
-    ids must be plain tokens before they name a file or process).
-    """
+    """Raised by ``Supervisor.start`` when a backend name is not a plain token (it names a log
+    and a record file; DESIGN.md: ids are plain tokens before they name a file or process)."""
 
 
 class BackendAlreadySupervisedError(SupervisorError):
@@ -178,13 +183,12 @@ class BackendNotSupervisedError(SupervisorError):
 
 
 class BackendStartError(SupervisorError):
-    """Raised when a backend's process exited (or was killed) before it became ready.
+    """Raised when a backend's process exited (or was killed) before it became ready; its
+    subclasses for the other ways a start ends without a ready backend.
 
-    Its subclasses are raised for the other ways a start ends without a ready
-    backend. ``name`` is the backend, ``pid`` its process (gone by the time this
-    is raised), ``exit_code`` its exit status (negative: killed by that signal;
-    ``None``: still running when given up on), ``output_tail`` the last lines
-    of its stdout/stderr, ``log_path`` its full log.
+    ``name`` is the backend, ``pid`` its process (gone by now), ``exit_code`` its exit
+    status (negative: killed by that signal; ``None``: still running when given up on),
+    ``output_tail`` the last lines of its stdout/stderr, ``log_path`` its full log.
     """
 
     def __init__(
@@ -215,11 +219,8 @@ class BackendStoppedError(BackendStartError):
 
 
 class PortInUseError(SupervisorError):
-    """Raised when another process listens on the backend's port.
-
-    ``host``/``port`` are the address; ``holder`` names the process
-    (``pid 123 (llama-server)``) or is ``None`` when the OS does not tell us.
-    """
+    """Raised when another process listens on the backend's port (``host``/``port``);
+    ``holder`` names it (``pid 123 (llama-server)``), ``None`` when the OS does not tell."""
 
     def __init__(self, host: str, port: int, holder: str | None) -> None:
         self.host = host
@@ -236,11 +237,8 @@ class PortInUseError(SupervisorError):
 
 
 class StateDirLockedError(SupervisorError):
-    """Raised by ``lock_state_dir`` when another running rosterd holds the state folder's lock.
-
-    ``lock_path`` is the lock file, ``owner_pid`` the pid written in it (``None``
-    when it cannot be read).
-    """
+    """Raised by ``lock_state_dir`` when another running rosterd holds the state folder's lock:
+    ``lock_path`` is the lock file, ``owner_pid`` the pid in it (``None``: unreadable)."""
 
     def __init__(self, lock_path: Path, owner_pid: int | None) -> None:
         self.lock_path = lock_path
@@ -252,7 +250,9 @@ class StateDirLockedError(SupervisorError):
         )
 
 
-# ---------------------------------------------------------------- scheduler (layer 6)
+class StateDirError(SupervisorError):
+    """The state folder, or a file in it (its lock, a backend's log), cannot be created or
+    written; the message is the OS's reason and the path."""
 
 
 class SchedulerError(RosterdError):
@@ -272,11 +272,8 @@ class UnknownRoleError(SchedulerError):
 
 class RoleMovedError(UnknownRoleError):
     """A re-plan moved the role to another node while the request waited for it here.
-
-    ``Scheduler.acquire`` takes it and queues the request again on the role's new
-    node within what is left of its queue timeout; it reaches a client (404, as
-    ``UnknownRoleError``) only if the role moved away again and again.
-    """
+    ``Scheduler.acquire`` queues the request again on the new node within what is left of
+    its queue timeout; a client sees it (404) only if the role moved again and again."""
 
 
 class QueueFullError(SchedulerError):
@@ -318,15 +315,6 @@ class ShuttingDownError(SchedulerError):
     """rosterd is stopping and takes no new requests."""
 
 
-# ---------------------------------------------------- the fleet on Ray (layer 6)
-
-
-class ConfigRefusedError(RosterdError):
-    """A configuration was refused as a whole by the fleet scheduler (no node of it runs,
-    it serves no role while roles are served, a role would lose usable weights, a node
-    agent could not start); the configuration in force stays. The message says why."""
-
-
 class ClusterError(RosterdError):
     """Running the fleet on a Ray cluster failed; the message says which node and why."""
 
@@ -355,16 +343,152 @@ class NodeLostError(NodeAgentError):
     """A fleet node's Ray node died, or its agent did: nothing of that node runs any more."""
 
 
-# ------------------------------------------------------------------- router (layer 7)
+class CarriedError(RosterdError):
+    """A rosterd error on its way from a node agent to the head over Ray, kept whole: plain
+    exception pickling loses keyword arguments, so this carries the class, ``args`` and
+    attributes, and :meth:`unwrap` rebuilds it. Only ``map_ray_errors`` sees it."""
+
+    def __init__(self, error: RosterdError) -> None:
+        super().__init__(str(error))
+        self.error_type = type(error)
+        self.error_args = error.args
+        self.error_state = dict(vars(error))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_carried, (self.error_type, self.error_args, self.error_state))
+
+    def unwrap(self) -> RosterdError:
+        """The carried error: the same class, ``args`` and attributes."""
+        error = self.error_type.__new__(self.error_type)
+        error.args = self.error_args
+        error.__dict__.update(self.error_state)
+        return error
+
+
+def _rebuild_carried(
+    error_type: type[RosterdError], args: tuple[object, ...], state: dict[str, object]
+) -> CarriedError:
+    carried = CarriedError.__new__(CarriedError)
+    RosterdError.__init__(carried, *args)
+    carried.error_type, carried.error_args, carried.error_state = error_type, args, state
+    return carried
+
+
+class UpstreamError(RosterdError):
+    """Base of the failures of a request to a backend (the router answers 502 ``backend_error``)."""
+
+
+class UpstreamConnectError(UpstreamError):
+    """The backend could not be reached (refused, unreachable, connect timeout)."""
+
+
+class UpstreamClosedError(UpstreamError):
+    """The backend closed or reset the connection before any byte of its answer."""
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """The backend sent nothing for the read timeout."""
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The backend's answer was not valid HTTP/1.1, or it was cut mid-body."""
+
+
+class StalledError(RosterdError):
+    """The backend produced no byte within a deadline; ``first_byte``: none at all yet.
+    ``waited_s``: the deadline that passed, seconds."""
+
+    def __init__(self, message: str, *, first_byte: bool, waited_s: float) -> None:
+        super().__init__(message)
+        self.first_byte = first_byte
+        self.waited_s = waited_s
 
 
 class ClientGoneError(RosterdError):
     """The client disconnected before its answer was complete (no answer is sent)."""
 
 
-# ---------------------------------------------------------------------- cli (layer 8)
+class RouterError(RosterdError):
+    """One error answer: ``code`` (a key of ``rosterd.error_table.ERROR_KINDS``), ``message``.
+
+    ``retry_after_s`` (seconds) overrides the table's default ``Retry-After`` when given;
+    ``status``, ``err_type`` and ``headers()`` come from the table. A code missing from
+    the table raises ``KeyError`` (a bug, not a request's fault).
+    """
+
+    def __init__(self, code: str, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.kind = ERROR_KINDS[code]
+        self.code = code
+        self.message = message
+        self.retry_after_s = self.kind.retry_after_s if retry_after_s is None else retry_after_s
+
+    @property
+    def status(self) -> int:
+        """The HTTP status."""
+        return self.kind.status
+
+    @property
+    def err_type(self) -> str:
+        """The OpenAI error type."""
+        return self.kind.type
+
+    def headers(self) -> dict[str, str]:
+        """The answer's extra headers: the table's, and ``Retry-After`` when there is one."""
+        headers = dict(self.kind.headers)
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = retry_after_header(self.retry_after_s)
+        return headers
+
+    def body(self) -> dict[str, object]:
+        """The OpenAI error body of this error."""
+        return error_body(self.message, self.err_type, self.code)
 
 
-class NotRunningError(RosterdError):
+class ServeError(RosterdError):
+    """Base of why ``rosterd up`` cannot serve (or serve a reloaded configuration)."""
+
+
+class ListenError(ServeError):
+    """The router cannot listen on its address (the port is taken, the host is not here)."""
+
+
+class NothingToServeError(ServeError):
+    """No node of the fleet is this machine, nor (``--ray-address``) on the Ray cluster."""
+
+
+class ReloadRefusedError(ServeError):
+    """The fleet scheduler refused a configuration as a whole (a role would lose usable
+    weights, it serves no role while roles are served, a node agent could not start, a
+    node on Ray got a new address); the message says why; the running one stays."""
+
+
+class SystemRefusedError(ServeError):
+    """The operating system refused what serving needs (a folder, a file, a program to run);
+    the message is its reason and the path."""
+
+
+class EndedBeforeServingError(ServeError):
+    """The run ended before its router listened (``UpRun.serving``; ``UpRun.run`` raises why)."""
+
+
+class ControlError(RosterdError):
+    """Base of why a command asking a running ``rosterd up`` got no usable answer."""
+
+
+class NotRunningError(ControlError):
     """No running ``rosterd up`` answers at the URL that ``ps``, ``load`` or ``unload`` was
     given (nothing listens, or what answers does not speak HTTP); exit status 3."""
+
+
+class RequestRefusedError(ControlError):
+    """The running ``rosterd up`` refused the request: ``status`` its HTTP status (4xx, 5xx),
+    the message its error message after the status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class AnswerError(ControlError):
+    """The running ``rosterd up`` answered, but not with the JSON the command asked for."""

@@ -11,20 +11,11 @@ import enum
 from dataclasses import dataclass, field
 
 from rosterd.errors import SpecError
+from rosterd.flavors import InferFlavor
 from rosterd.tokens import valid_token
 
-
-class InferFlavor(enum.Enum):
-    """Which adapter runs a role (as roster.rs ``InferFlavor``)."""
-
-    MLX_LM = "mlx_lm"
-    LLAMACPP = "llamacpp"
-    OLLAMA = "ollama"
-
-    @property
-    def id(self) -> str:
-        """The flavor's stable id: ``mlx_lm``, ``llamacpp`` or ``ollama``."""
-        return self.value
+#: ``InferFlavor`` is re-exported: a spec's flavor (defined with its facts in ``rosterd.flavors``).
+__all__ = ["InferFlavor", "InferenceSpec", "LatencyClass", "MemorySpec", "ServeSpec"]
 
 
 class LatencyClass(enum.Enum):

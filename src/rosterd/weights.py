@@ -12,10 +12,11 @@ A role's weights come, in this order, from:
 Every path must stay inside the configured model roots (the fleet's
 ``model_roots``; for the Hugging Face cache, the cache folder itself) after
 symlinks are resolved, so a fleet file cannot point a backend at arbitrary files.
-What "weights" are depends on the flavor: a ``.gguf`` file for ``llamacpp``, a
-model folder with ``config.json`` for ``mlx_lm``; ``ollama`` keeps its own
-store, so it needs none. huggingface_hub is used because it is the cache's own
-reader (layout, refs, snapshots).
+What "weights" are depends on the flavor's weights kind (``InferFlavor.facts.weights``,
+:class:`rosterd.flavors.WeightsKind`): a ``.gguf`` file (``llamacpp``), a model folder
+with ``config.json`` (``mlx_lm``), or none when its server keeps its own store
+(``ollama``). This module asks for the kind, never for the flavor. huggingface_hub is
+used because it is the cache's own reader (layout, refs, snapshots).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from rosterd.errors import WeightsError
+from rosterd.flavors import WeightsKind
 from rosterd.fleet import Fleet
-from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.spec import InferenceSpec
 
 
 @runtime_checkable
@@ -74,7 +76,8 @@ def resolve_weights(
     repo: str | None = None,
     hf_cache_dir: Path | None = None,
 ) -> ResolvedWeights | None:
-    """The weights to serve ``spec`` with, or ``None`` for ``ollama`` (it needs no path).
+    """The weights to serve ``spec`` with, or ``None`` when its flavor's server keeps its own
+    (``WeightsKind.SERVER_STORE``: ollama needs no path).
 
     ``models`` is the fleet's ``models:`` map (``rosterd.fleet.ModelSource``
     values fit); ``model_roots`` the folders its paths must stay inside;
@@ -88,7 +91,8 @@ def resolve_weights(
             is the wrong kind for the flavor, or nothing was found (the
             message lists the keys, repo and cache looked at).
     """
-    if spec.flavor is InferFlavor.OLLAMA:
+    kind = spec.flavor.facts.weights
+    if kind is WeightsKind.SERVER_STORE:
         return None
     keys = [spec.role] + ([spec.model] if spec.model and spec.model != spec.role else [])
     for key in keys:
@@ -96,7 +100,7 @@ def resolve_weights(
         if source is not None:
             where = f"models: {key}"
             _inside_roots(spec, where, source.path, model_roots)
-            path = _weights_for_flavor(spec, source.path.absolute(), where)
+            path = _weights_of_kind(spec, kind, source.path.absolute(), where)
             _inside_roots(spec, where, path, model_roots)
             return ResolvedWeights(
                 path=path,
@@ -113,7 +117,7 @@ def resolve_weights(
         snapshot, cache_root = _hf_snapshot(repo_id, hf_cache_dir)
         if snapshot is not None:
             where = f"Hugging Face cache {repo_id}"
-            path = _weights_for_flavor(spec, snapshot, where)
+            path = _weights_of_kind(spec, kind, snapshot, where)
             _inside_roots(spec, where, path, [cache_root])
             return ResolvedWeights(path=path, size_bytes=_size_on_disk(path))
         cache_note = f"repo {repo_id} is not in the Hugging Face cache at {cache_root}"
@@ -173,9 +177,9 @@ def _inside_roots(spec: InferenceSpec, key: str, path: Path, roots: Sequence[Pat
     )
 
 
-def _weights_for_flavor(spec: InferenceSpec, path: Path, where: str) -> Path:
-    """The file or folder the flavor's server loads, found at or under ``path``."""
-    if spec.flavor is InferFlavor.LLAMACPP:
+def _weights_of_kind(spec: InferenceSpec, kind: WeightsKind, path: Path, where: str) -> Path:
+    """The file or folder of ``kind`` that the flavor's server loads, at or under ``path``."""
+    if kind is WeightsKind.GGUF_FILE:
         if path.is_file():
             if path.suffix.lower() != ".gguf":
                 raise WeightsError(f"role {spec.role}: {where}: {path} is not a .gguf file")
@@ -195,7 +199,7 @@ def _weights_for_flavor(spec: InferenceSpec, path: Path, where: str) -> Path:
             f"role {spec.role}: {where}: several .gguf files in {path} ({names}); "
             "name the file in the fleet file's models:"
         )
-    # mlx_lm: a model folder
+    # WeightsKind.MODEL_FOLDER
     if not (path.is_dir() and (path / "config.json").is_file()):
         raise WeightsError(
             f"role {spec.role}: {where}: {path} is not an MLX model folder (no config.json)"

@@ -9,7 +9,7 @@ and probes; a flavor with one server per node declares ``shared_server``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from rosterd.adapters.base import Adapter, HttpProbe, Launch, SharedServer, one_token_completion
@@ -17,6 +17,8 @@ from rosterd.adapters.llamacpp import LlamaCppAdapter, find_llama_server
 from rosterd.adapters.mlx_lm import MlxLmAdapter
 from rosterd.adapters.ollama import OllamaAdapter
 from rosterd.errors import AdapterError, OllamaError
+from rosterd.memory.estimate import MemoryEstimate
+from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferFlavor
 from rosterd.weights import ResolvedWeights, WeightsSource
 
@@ -34,6 +36,7 @@ __all__ = [
     "SharedServer",
     "WeightsSource",
     "adapter_for",
+    "estimate_memory",
     "find_llama_server",
     "one_token_completion",
 ]
@@ -52,3 +55,28 @@ ADAPTERS: Mapping[InferFlavor, Callable[[], Adapter]] = MappingProxyType(
 def adapter_for(flavor: InferFlavor) -> Adapter:
     """The default adapter for ``flavor`` from ``ADAPTERS``: llama-server, mlx_lm.server, ollama."""
     return ADAPTERS[flavor]()
+
+
+def estimate_memory(
+    facts: ModelFacts,
+    flavor: InferFlavor,
+    *,
+    ctx_size: int,
+    parallel: int,
+    extra_args: Sequence[str] = (),
+) -> MemoryEstimate:
+    """The estimate for ``facts`` served by ``flavor``'s adapter (``Adapter.estimate_memory``).
+
+    ``ctx_size`` (tokens) and ``parallel`` (slots) are what the launch uses: the
+    fleet's values or the adapter's defaults (``DEFAULT_CTX_SIZE``/
+    ``DEFAULT_PARALLEL`` in ``rosterd.adapters.llamacpp``).
+
+    Raises:
+        ValueError: ``ctx_size``/``parallel`` is below 1, or ``flavor`` reads no weights
+            (ollama: its server's ``reported_estimate`` says what it holds).
+    """
+    if ctx_size < 1 or parallel < 1:
+        raise ValueError(f"ctx_size ({ctx_size}) and parallel ({parallel}) must be at least 1")
+    return adapter_for(flavor).estimate_memory(
+        facts, ctx_size=ctx_size, parallel=parallel, extra_args=extra_args
+    )

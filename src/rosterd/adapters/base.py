@@ -3,8 +3,10 @@
 An adapter turns one role's inference spec plus its resolved weights into a
 ``Launch``: the argv and environment of the backend server, where it listens,
 and how to tell it is ready. It also builds the generation probe (a one-token
-completion that tells a wedged server from a healthy one) and rewrites a
-request's ``model`` field to the name the backend answers to.
+completion that tells a wedged server from a healthy one), rewrites a
+request's ``model`` field to the name the backend answers to, and picks the
+memory estimate of its backend (``rosterd.memory.estimate`` has the arithmetic).
+What the layers below adapters need of a flavor is in ``rosterd.flavors``.
 
 Adapters do no I/O: they build values; the supervisor (layer 5) runs them.
 Plain frozen dataclasses, because these are our own values with no parsing to do.
@@ -12,10 +14,12 @@ Plain frozen dataclasses, because these are our own values with no parsing to do
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from rosterd.memory.estimate import MemoryEstimate
+from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import WeightsSource
 
@@ -98,6 +102,14 @@ class SharedServer(Protocol):
         """The models the server holds now: model name -> size in bytes."""
         ...
 
+    def reported_estimate(
+        self, reported_bytes: int | None, declared_bytes: int
+    ) -> tuple[MemoryEstimate | None, str]:
+        """A role's estimate from the size (bytes) the server reported holding for its model
+        when it last held it (``None``: never yet), with the note saying where it came from;
+        ``declared_bytes`` is the roster's figure. Pure."""
+        ...
+
 
 class Adapter(Protocol):
     """One flavor's pure builders (DESIGN.md layer 4).
@@ -125,6 +137,18 @@ class Adapter(Protocol):
 
     def rewrite_request(self, body: Mapping[str, object], served_model: str) -> dict[str, object]:
         """A copy of an OpenAI request ``body`` whose ``model`` is ``served_model``."""
+        ...
+
+    def estimate_memory(
+        self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]
+    ) -> MemoryEstimate:
+        """What the backend will hold resident serving weights of ``facts`` with ``ctx_size``
+        tokens of context, ``parallel`` slots and the launch's ``extra_args``. Pure.
+
+        Raises:
+            ValueError: the flavor reads no weights (its server keeps its own; a shared
+                server's ``reported_estimate`` says what it holds).
+        """
         ...
 
 

@@ -21,13 +21,15 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
 from rosterd.adapters.base import HttpProbe, Launch, OpenAICompatible, weights_size_hint
 from rosterd.errors import AdapterError
+from rosterd.memory.estimate import MemoryEstimate, estimate_llamacpp, parse_llamacpp_settings
+from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import WeightsSource
 
@@ -110,6 +112,13 @@ class LlamaCppAdapter(OpenAICompatible):
     def shared_server(self) -> None:
         """``None``: one server process per role."""
         return None
+
+    def estimate_memory(
+        self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]
+    ) -> MemoryEstimate:
+        """llama-server's own sizing for the GGUF's ``facts`` (``estimate_llamacpp``), with the
+        cache types, batch sizes and flags that ``extra_args`` set."""
+        return estimate_llamacpp(facts, parse_llamacpp_settings(ctx_size, parallel, extra_args))
 
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         """The launch serving ``source.path`` (a ``.gguf`` file) under the role's model name.

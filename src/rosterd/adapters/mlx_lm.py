@@ -12,10 +12,13 @@ nothing is downloaded at serve time.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rosterd.adapters.base import Launch, OpenAICompatible, one_token_completion, weights_size_hint
 from rosterd.errors import AdapterError
+from rosterd.memory.estimate import MemoryEstimate, estimate_mlx
+from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import WeightsSource
 
@@ -40,6 +43,14 @@ class MlxLmAdapter(OpenAICompatible):
     def shared_server(self) -> None:
         """``None``: one ``mlx_lm.server`` process per role."""
         return None
+
+    def estimate_memory(
+        self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]
+    ) -> MemoryEstimate:
+        """mlx_lm.server's figure for the MLX folder's ``facts`` (``estimate_mlx``): the
+        safetensors, a KV cache of ``ctx_size`` tokens per slot, the Python process.
+        ``extra_args`` change none of it."""
+        return estimate_mlx(facts, ctx_size, parallel)
 
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         """The launch serving the model folder ``source.path``; served name is that path.

@@ -11,7 +11,7 @@ HTTP client, async so the scheduler's event loop never blocks).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -19,6 +19,8 @@ import httpx
 
 from rosterd.adapters.base import HttpProbe, Launch, rewrite_model_field, weights_size_hint
 from rosterd.errors import AdapterError, OllamaError
+from rosterd.memory.estimate import MemoryEstimate, estimate_ollama
+from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import WeightsSource
 
@@ -110,6 +112,29 @@ class OllamaAdapter:
     def rewrite_request(self, body: Mapping[str, object], served_model: str) -> dict[str, object]:
         """``body`` with ``model`` set to the role's ollama tag."""
         return rewrite_model_field(body, served_model)
+
+    def estimate_memory(
+        self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]
+    ) -> MemoryEstimate:
+        """Never: ollama keeps its own weights, so there are no facts to read.
+
+        Raises:
+            ValueError: always; :meth:`reported_estimate` says what ollama holds.
+        """
+        raise ValueError("ollama roles are estimated with estimate_ollama, not from model facts")
+
+    def reported_estimate(
+        self, reported_bytes: int | None, declared_bytes: int
+    ) -> tuple[MemoryEstimate | None, str]:
+        """Ollama reports its size only once it loaded a model (``/api/ps``: weights, KV cache
+        and buffers together): that size as the estimate (``estimate_ollama``), or none
+        before its first load (the roster's figure stands)."""
+        if reported_bytes is None:
+            return None, (
+                "ollama reports its size only once loaded; the roster's figure stands until then"
+            )
+        estimate = estimate_ollama(reported_bytes, declared_bytes)
+        return estimate, "the size ollama reported (/api/ps) when it last held the model"
 
     async def load(self, client: httpx.AsyncClient, model: str, *, timeout_s: float) -> None:
         """Make ``model`` resident until unloaded: ``POST /api/generate`` with ``keep_alive: -1``.

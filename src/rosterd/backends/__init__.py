@@ -5,6 +5,8 @@ the backends of its roles.
   the values that cross them (pure; the node machine imports only this).
 - :mod:`rosterd.backends.local`: :class:`~rosterd.backends.local.SupervisorBackends`,
   the implementation over this machine's supervisor and the flavor adapters.
+- :mod:`rosterd.backends.shared`: :class:`~rosterd.backends.shared.SharedServers`, the
+  shared-server path (ollama: one server per node, models loaded by its API).
 
 This package imports nothing itself, so that importing the interface does not import
 the supervisor's implementation.

@@ -16,21 +16,19 @@ machine. Implementations: :class:`rosterd.backends.local.SupervisorBackends`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from rosterd.supervisor import BackendEvent, ProbeResult
+from rosterd.backends.values import BackendEvent, Endpoint, ProbeResult
 
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """A ready backend: ``base_url`` (``http://host:port``, no trailing slash), the model
-    name it answers to (``served_model``) and its process id (``None`` if not a local process).
-    """
-
-    base_url: str
-    served_model: str
-    pid: int | None = None
+__all__ = [
+    "BackendEvent",
+    "BackendEventSource",
+    "Endpoint",
+    "MeasuredBackends",
+    "PeakSource",
+    "ProbeResult",
+    "RoleBackends",
+]
 
 
 class RoleBackends(Protocol):

@@ -6,46 +6,34 @@ It implements the Protocols of :mod:`rosterd.backends.interface` (``RoleBackends
 
 A flavor with one server per node (ollama) declares the capability on its
 adapter (``Adapter.shared_server``); this module asks for the capability, never
-for the adapter's type. httpx (the project's HTTP client) talks to a shared
-server.
+for the adapter's type, and hands such roles to
+:class:`rosterd.backends.shared.SharedServers`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable, Mapping, Sequence
-
-import httpx
 
 from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
 from rosterd.backends.interface import Endpoint
-from rosterd.errors import BackendAlreadySupervisedError, RosterdError
+from rosterd.backends.shared import SharedServers
+from rosterd.errors import BackendAlreadySupervisedError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import (
-    Backend,
     BackendEvent,
     ProbeResult,
     Supervisor,
+    free_port,
     process_tree_peak_rss_bytes,
-    ready_timeout_for,
 )
 
-#: How long an unload waits for a shared server to answer, seconds.
-_SHARED_UNLOAD_S = 30.0
-#: How long a shared server may take to free a model's memory after an unload, seconds.
-_SHARED_FREE_S = 60.0
 #: How long a start waits for the role's process on the node it moved from to exit, seconds
 #: (that node drains first: up to ``--drain``, then ``--grace``).
 _PREVIOUS_WAIT_S = 600.0
 
-
-def free_port(host: str) -> int:
-    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+#: Re-exported: a TCP port nothing listens on (``rosterd.supervisor.free_port``).
+__all__ = ["SupervisorBackends", "free_port"]
 
 
 class SupervisorBackends:
@@ -54,7 +42,7 @@ class SupervisorBackends:
     ``specs``: role -> spec for the roles of one node run by ``supervisor``;
     ``host``: where backends listen (the node's address);
     ``resolve_weights(spec)`` gives the role's weights (raises a
-    ``RosterdError`` naming what it looked for); ``auto_ports``: ignore the
+    ``WeightsError`` naming what it looked for); ``auto_ports``: ignore the
     roster's ports and let the OS pick free ones (roles without a port always
     get one); ``ready_timeout_s``: readiness deadline, seconds (``None``: the
     supervisor's, which grows with the weights' size); ``adapters``: flavor ->
@@ -64,11 +52,9 @@ class SupervisorBackends:
     for it, as roster.rs does); otherwise the spec's model, then the role id.
 
     Roles of a flavor with one shared server per node (an adapter whose
-    ``shared_server`` is set: ollama) are not processes: the first start runs
-    the node's server under the supervisor as ``<flavor>.<node>`` (``node``
-    names it), ``start`` then loads the role's model into it and ``stop``
-    unloads it and returns once the server no longer lists it (its memory is
-    free then). The server itself stops with the supervisor.
+    ``shared_server`` is set: ollama) are not processes: they go to
+    :class:`~rosterd.backends.shared.SharedServers` (the node's server, named
+    ``<flavor>.<node>`` after ``node``, loads and unloads their models).
 
     It is also a :class:`BackendEventSource`: hand it the supervisor's events
     with :meth:`notice` and :meth:`changes` gives back those of its roles; and a
@@ -99,7 +85,9 @@ class SupervisorBackends:
         self.ready_timeout_s = ready_timeout_s
         self.adapters = adapters
         self.node = node
-        self._shared_lock = asyncio.Lock()
+        self.shared = SharedServers(
+            supervisor, host=host, node=node, auto_ports=auto_ports, ready_timeout_s=ready_timeout_s
+        )
         self._changes: asyncio.Queue[BackendEvent] = asyncio.Queue()
         self._peaks: dict[str, int] = {}
         self._started: set[str] = set()  # whose peaks are this instance's to report
@@ -131,7 +119,8 @@ class SupervisorBackends:
         Raises:
             AdapterError: the flavor cannot serve this role (``OllamaError``
                 when ollama refuses the model).
-            RosterdError: weights not found; ``SupervisorError`` subclasses
+            WeightsError: weights not found.
+            SupervisorError: its subclasses
                 (``PortInUseError``, ``BackendStartError`` with the output tail).
         """
         spec = self.specs[role]
@@ -186,7 +175,9 @@ class SupervisorBackends:
         spec = self.specs[role]
         shared = self.adapters(spec.flavor).shared_server
         if shared is not None:
-            await self._unload_shared(spec, shared)
+            measure = role in self._started
+            size = await self.shared.unload(spec, shared, self._model_of(spec), measure=measure)
+            self._note_size(role, size)
             return
         self._sample_peak(role)  # the process and its high-water mark are gone after the stop
         await self.supervisor.stop(role)
@@ -236,21 +227,6 @@ class SupervisorBackends:
         if peak:
             self._peaks[role] = max(self._peaks.get(role, 0), peak)
 
-    @staticmethod
-    def _listed(resident: Mapping[str, int] | None, model: str) -> str | None:
-        """The name under which a shared server lists ``model`` (ollama lists a name without
-        a tag as ``NAME:latest``), or ``None`` when it does not list it."""
-        for name in (model, f"{model}:latest") if ":" not in model else (model,):
-            if name in (resident or {}):
-                return name
-        return None
-
-    @classmethod
-    def _size_in(cls, resident: Mapping[str, int] | None, model: str) -> int:
-        """The size (bytes) a shared server lists for ``model``, 0 when it lists none."""
-        name = cls._listed(resident, model)
-        return (resident or {}).get(name, 0) if name is not None else 0
-
     def _note_size(self, role: str, size: int) -> None:
         if size > 0:
             self._peaks[role] = max(self._peaks.get(role, 0), size)
@@ -270,48 +246,18 @@ class SupervisorBackends:
             events.append(self._changes.get_nowait())
         return events
 
-    # ---- shared servers (ollama) ----------------------------------------------
+    # ---- roles of a shared server (ollama) --------------------------------------
 
     def _model_of(self, spec: InferenceSpec) -> str:
         """The name the shared server knows ``spec``'s model by (see ``model_names``)."""
         return spec.model or self.model_names.get(spec.role) or spec.role
 
-    def _shared_name(self, flavor: InferFlavor) -> str:
-        return f"{flavor.id}.{self.node}"
-
-    async def _shared_server(self, spec: InferenceSpec, shared: SharedServer) -> Backend:
-        name = self._shared_name(spec.flavor)
-        async with self._shared_lock:  # one server per node, however many roles ask at once
-            running = self.supervisor.backend(name)
-            if running is not None:
-                return running
-            port = spec.serve.port or shared.default_port
-            if self.auto_ports:
-                port = free_port(self.host)
-            launch = shared.server_launch(host=self.host, port=port)
-            return await self.supervisor.start(name, launch, ready_timeout_s=self.ready_timeout_s)
-
     async def _load_shared(self, spec: InferenceSpec, shared: SharedServer) -> Endpoint:
-        server = await self._shared_server(spec, shared)
-        model = self._model_of(spec)
-        timeout = self.ready_timeout_s or ready_timeout_for(spec.memory.weights_bytes)
-        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
-            await shared.load(client, model, timeout_s=timeout)
-            self._started.add(spec.role)
-            # What the server holds for the model is its measured figure (ollama's /api/ps).
-            resident = await self._resident_or_none(client, shared)
-        self._note_size(spec.role, self._size_in(resident, model))
-        return Endpoint(server.base_url, model, None)
-
-    async def _resident_or_none(
-        self, client: httpx.AsyncClient, shared: SharedServer
-    ) -> dict[str, int] | None:
-        """The shared server's models and their sizes, or ``None`` when it cannot say now
-        (a figure is evidence only: its absence never fails a load or a stop)."""
-        try:
-            return await shared.resident(client, timeout_s=5.0)
-        except RosterdError:
-            return None
+        endpoint, size = await self.shared.load(spec, shared, self._model_of(spec))
+        self._started.add(spec.role)
+        # What the server holds for the model is its measured figure (ollama's /api/ps).
+        self._note_size(spec.role, size)
+        return endpoint
 
     async def _sample_shared_sizes(self) -> None:
         """Note the size each shared server reports for the loaded models of its roles."""
@@ -322,26 +268,8 @@ class SupervisorBackends:
                 by_flavor.setdefault(spec.flavor, []).append(spec)
         for flavor, specs in by_flavor.items():
             shared = self.adapters(flavor).shared_server
-            server = self.supervisor.backend(self._shared_name(flavor))
-            if shared is None or server is None:
+            if shared is None:
                 continue
-            async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
-                resident = await self._resident_or_none(client, shared)
+            sizes = await self.shared.sizes(flavor, shared, {self._model_of(s) for s in specs})
             for spec in specs:
-                self._note_size(spec.role, self._size_in(resident, self._model_of(spec)))
-
-    async def _unload_shared(self, spec: InferenceSpec, shared: SharedServer) -> None:
-        server = self.supervisor.backend(self._shared_name(spec.flavor))
-        if server is None:
-            return  # no server: nothing is loaded
-        model = self._model_of(spec)
-        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
-            if spec.role in self._started:  # its figure, before the memory is given back
-                resident = await self._resident_or_none(client, shared)
-                self._note_size(spec.role, self._size_in(resident, model))
-            await shared.unload(client, model, timeout_s=_SHARED_UNLOAD_S)
-            # ollama frees memory asynchronously: free means "no longer listed".
-            async with asyncio.timeout(_SHARED_FREE_S):
-                # polling another process's state: there is no event to wait on
-                while self._listed(await shared.resident(client, timeout_s=5.0), model):  # noqa: ASYNC110
-                    await asyncio.sleep(0.1)
+                self._note_size(spec.role, sizes.get(self._model_of(spec), 0))

@@ -26,7 +26,7 @@ import typer
 
 from rosterd.cli import DEFAULT_URL, app, make_console
 from rosterd.cli.edge import errors_as_json
-from rosterd.errors import NotRunningError, RosterdError
+from rosterd.errors import AnswerError, NotRunningError, OptionError, RequestRefusedError
 from rosterd.tokens import GB, valid_token
 
 if TYPE_CHECKING:
@@ -45,20 +45,20 @@ def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection,
     of the same ``rosterd up``, whose own paths (``/rosterd/...``) are beside it.
 
     Raises:
-        RosterdError: ``url`` is not ``http://HOST[:PORT][/PREFIX]`` (or https).
+        OptionError: ``url`` is not ``http://HOST[:PORT][/PREFIX]`` (or https).
     """
     import http.client
 
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise RosterdError(
+        raise OptionError(
             f"--url {url!r} is not an http:// URL; give where rosterd up listens, such as "
             f"{DEFAULT_URL}"
         )
     try:
         port = parts.port
     except ValueError:
-        raise RosterdError(f"--url {url!r} has no usable port (1..65535)") from None
+        raise OptionError(f"--url {url!r} has no usable port (1..65535)") from None
     conn_type = (
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
@@ -66,7 +66,7 @@ def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection,
     return conn_type(parts.hostname, port, timeout=timeout_s), prefix
 
 
-def refusal(status: int, body: bytes, api_key: str | None) -> RosterdError:
+def refusal(status: int, body: bytes, api_key: str | None) -> RequestRefusedError:
     """The error of rosterd up's 4xx/5xx answer ``body``: its OpenAI message after the
     status. A 401 says how to give the key (``--api-key``, ``ROSTERD_API_KEY``), or that
     the one given (``api_key``) is not accepted."""
@@ -80,15 +80,17 @@ def refusal(status: int, body: bytes, api_key: str | None) -> RosterdError:
     said = message or text[:300]
     if status == 401:
         if api_key:
-            return RosterdError(
+            return RequestRefusedError(
+                status,
                 f"401: rosterd up does not accept the API key given (--api-key or "
-                f"ROSTERD_API_KEY); pass one of the keys it was started with ({said})"
+                f"ROSTERD_API_KEY); pass one of the keys it was started with ({said})",
             )
-        return RosterdError(
+        return RequestRefusedError(
+            status,
             f"401: rosterd up requires an API key: pass --api-key KEY or set "
-            f"ROSTERD_API_KEY ({said})"
+            f"ROSTERD_API_KEY ({said})",
         )
-    return RosterdError(f"{status}: {said}")
+    return RequestRefusedError(status, f"{status}: {said}")
 
 
 def call(method: str, url: str, path: str, api_key: str | None, timeout_s: float) -> Any:
@@ -98,8 +100,9 @@ def call(method: str, url: str, path: str, api_key: str | None, timeout_s: float
 
     Raises:
         NotRunningError: nothing answers at ``url`` (refused, timed out, not HTTP).
-        RosterdError: ``url`` is not usable, or rosterd up answered 4xx/5xx (its
-            message, after the status).
+        OptionError: ``url`` is not usable.
+        RequestRefusedError: rosterd up answered 4xx/5xx (its message, after the status).
+        AnswerError: rosterd up answered without JSON.
     """
     import http.client
 
@@ -124,7 +127,7 @@ def call(method: str, url: str, path: str, api_key: str | None, timeout_s: float
     try:
         return json.loads(text)
     except ValueError:
-        raise RosterdError(
+        raise AnswerError(
             f"rosterd up at {url} answered {path} with no JSON: {text[:300]!r}"
         ) from None
 
@@ -133,11 +136,11 @@ def role_path(action: str, role: str) -> str:
     """``/rosterd/{action}/{role}`` with ``role`` percent-encoded as one path segment.
 
     Raises:
-        RosterdError: ``role`` is not a plain token of at most 64 bytes, such as
+        OptionError: ``role`` is not a plain token of at most 64 bytes, such as
             ``../load/x`` or ``x?y=1`` (exit 2, before any request).
     """
     if not valid_token(role, 64):
-        raise RosterdError(
+        raise OptionError(
             f"ROLE {role!r} is not a plain token (1 to 64 ASCII letters, digits, '.', '_' "
             "or '-', starting with a letter or digit); give a role id, an alias id or a "
             "model name that is one (`rosterd ps` lists the roles)"

@@ -16,7 +16,7 @@ import typer
 
 from rosterd.cli import DEFAULT_URL, app
 from rosterd.cli.client_cmd import KeyOption, UrlOption, _connection, refusal, role_path
-from rosterd.errors import NotRunningError, RosterdError
+from rosterd.errors import NotRunningError, OptionError
 
 #: Seconds to wait for ``rosterd up`` to connect and answer (a followed log then waits forever).
 ANSWER_TIMEOUT_S = 30.0
@@ -27,13 +27,13 @@ COPY_BLOCK_BYTES = 64 * 1024
 
 
 def _line_count(given: str) -> int:
-    """``-n``'s value as a number of lines; raises ``RosterdError`` unless 0..10000."""
+    """``-n``'s value as a number of lines; raises ``OptionError`` unless 0..10000."""
     try:
         count = int(given)
     except ValueError:
         count = -1
     if not 0 <= count <= MAX_LINES:
-        raise RosterdError(f"-n/--lines {given!r} is not a whole number from 0 to {MAX_LINES}")
+        raise OptionError(f"-n/--lines {given!r} is not a whole number from 0 to {MAX_LINES}")
     return count
 
 

@@ -92,10 +92,11 @@ def models_cmd(
     from rich.table import Table
     from rich.text import Text
 
-    from rosterd.fleet import load_fleet, local_fleet
+    from rosterd.fleet.local import local_fleet
+    from rosterd.fleet.reader import load_fleet
     from rosterd.memory.count import show_declared, show_gb
     from rosterd.memory.gathering import gather_memory, serving_settings
-    from rosterd.roster import load_roster
+    from rosterd.roster.importer import load_roster
 
     imported = load_roster(roster, overlay)
     nodes = load_fleet(fleet) if fleet is not None else local_fleet()

@@ -198,10 +198,11 @@ def plan_cmd(
     role cannot be placed."""
     if as_json:
         errors_as_json(ctx)
-    from rosterd.fleet import load_fleet, local_fleet
+    from rosterd.fleet.local import local_fleet
+    from rosterd.fleet.reader import load_fleet
     from rosterd.memory.gathering import gather_memory
     from rosterd.placement import plan
-    from rosterd.roster import load_roster
+    from rosterd.roster.importer import load_roster
     from rosterd.supervisor import default_state_dir
 
     out = make_console()  # wide and unwrapped when piped

@@ -126,7 +126,7 @@ def import_cmd(
     """Import the roster: validated inference specs, and every skipped entry with its reason."""
     if as_json:
         errors_as_json(ctx)
-    from rosterd.roster import load_roster
+    from rosterd.roster.importer import load_roster
 
     result = load_roster(roster, overlay)
     if as_json:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from rosterd.cli import app
-from rosterd.errors import RosterdError
+from rosterd.errors import OptionError
 from rosterd.schemas import SCHEMA_NAMES, schema_text
 
 
@@ -21,5 +21,5 @@ def schema_cmd(
 ) -> None:
     """Print the JSON Schema of the roster, overlay or fleet file (for editors)."""
     if name not in SCHEMA_NAMES:
-        raise RosterdError(f"no schema named {name!r}; expected one of {', '.join(SCHEMA_NAMES)}")
+        raise OptionError(f"no schema named {name!r}; expected one of {', '.join(SCHEMA_NAMES)}")
     sys.stdout.write(schema_text(name))

@@ -36,7 +36,7 @@ import typer
 
 from rosterd.cli import app, make_console
 from rosterd.cli.edge import show_tracebacks
-from rosterd.errors import RosterdError
+from rosterd.errors import OptionError
 from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
 
@@ -44,18 +44,18 @@ def check_api_keys(given: Iterable[str], environ: Mapping[str, str]) -> tuple[st
     """The API keys to require, from ``--api-key`` values (``given``) or ``ROSTERD_API_KEY``.
 
     Raises:
-        RosterdError: a key is empty or blank, given as an option or as
+        OptionError: a key is empty or blank, given as an option or as
             ``ROSTERD_API_KEY`` (an empty key must not silently turn auth off).
     """
     keys = tuple(given)
     if any(not k.strip() for k in keys):
-        raise RosterdError(
+        raise OptionError(
             "--api-key is empty; an empty key would leave the server open to anyone. "
             "Give a non-empty key, or leave --api-key out to serve without keys"
         )
     env = environ.get("ROSTERD_API_KEY")
     if not keys and env is not None and not env.strip():
-        raise RosterdError(
+        raise OptionError(
             "ROSTERD_API_KEY is set but empty; an empty key would leave the server open to "
             "anyone. Set it to a non-empty key, or unset it to serve without keys"
         )
@@ -67,7 +67,7 @@ def check_cors_origins(given: Iterable[str]) -> tuple[str, ...]:
     sends it in ``Origin``.
 
     Raises:
-        RosterdError: a value is not an origin (a path, a query, no scheme, blank).
+        OptionError: a value is not an origin (a path, a query, no scheme, blank).
     """
     import urllib.parse
 
@@ -84,7 +84,7 @@ def check_cors_origins(given: Iterable[str]) -> tuple[str, ...]:
                 or parts.username is not None
                 or origin != origin.strip()
             ):
-                raise RosterdError(
+                raise OptionError(
                     f"--cors-origin {origin!r} is not an origin; give it as a browser sends it, "
                     "such as https://notebook.lab:8888 (scheme, host, port; no path), or *"
                 )
@@ -221,12 +221,12 @@ def up_cmd(
         show_tracebacks(ctx)
     _configure_logging(verbose)
     if not 1 <= port <= 65535:
-        raise RosterdError(f"--port {port} is not a usable port (1..65535)")
+        raise OptionError(f"--port {port} is not a usable port (1..65535)")
     keys = check_api_keys(api_key or [], os.environ)
     origins = check_cors_origins(cors_origin or [])
     # The runtime (uvicorn, the scheduler, OR-Tools) only now: other commands never load it.
     from rosterd.ray_cluster import ray_address as ray_address_of  # imports no Ray
-    from rosterd.scheduler import SchedulerLimits
+    from rosterd.scheduler.values import SchedulerLimits
     from rosterd.up.runtime import UpOptions, run_up
 
     options = UpOptions(

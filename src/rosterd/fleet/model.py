@@ -10,29 +10,18 @@ model's weights are; a :class:`Node` is one machine with its memory budget
 
 from __future__ import annotations
 
-import enum
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rosterd.flavors import Platform
 from rosterd.spec import InferFlavor
 from rosterd.tokens import GB
 
-
-class Platform(enum.Enum):
-    """A node's operating system and CPU architecture; decides which flavors it can run."""
-
-    MACOS_ARM64 = "macos-arm64"
-    LINUX_X86_64 = "linux-x86_64"
-    LINUX_ARM64 = "linux-arm64"
-
-    def supported_flavors(self) -> frozenset[InferFlavor]:
-        """Flavors this platform can run: ``mlx_lm`` only on ``macos-arm64``; llama.cpp and
-        ollama everywhere. Also the default ``flavors`` of a node."""
-        if self is Platform.MACOS_ARM64:
-            return frozenset(InferFlavor)
-        return frozenset({InferFlavor.LLAMACPP, InferFlavor.OLLAMA})
+#: ``Platform`` is re-exported: a node's platform (defined with the flavors' facts in
+#: ``rosterd.flavors``, which say where each flavor runs).
+__all__ = ["Fleet", "ModelSource", "Node", "Platform", "default_reserved_bytes", "normal_ip"]
 
 
 @dataclass(frozen=True)

@@ -358,7 +358,9 @@ class _FleetReader:
                 flavor = InferFlavor(text)
             except ValueError:
                 raise self.fail(
-                    entry, f"{path}[{i}]", f"expected one of {allowed}, found {text!r}"
+                    entry,
+                    f"{path}[{i}]",
+                    f"expected one of {allowed}, found {text!r}{_meant(text)}",
                 ) from None
             if flavor not in plat.supported_flavors():
                 runs = ", ".join(sorted(f.value for f in plat.supported_flavors()))
@@ -437,3 +439,14 @@ class _FleetReader:
                 grace_s=grace_s,
             )
         return models
+
+
+def _meant(text: str) -> str:
+    """``; did you mean `ID`?`` when ``text`` names a flavor as the roster's ``backend`` does
+    (``llama.cpp``, ``mlx-lm``) or nearly does (``lama.cpp``), else empty: the fleet file
+    names flavors by their ids, the roster by the backends' own names."""
+    # The roster import knows those names (as the reference reads them); asked only on a refusal.
+    from rosterd.roster.importer import flavor_near
+
+    flavor = flavor_near(text)
+    return f"; did you mean `{flavor.id}`?" if flavor is not None and flavor.id != text else ""

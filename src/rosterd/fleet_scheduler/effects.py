@@ -152,11 +152,13 @@ class Warm:
 @dataclass(frozen=True)
 class Answer:
     """Answer the caller waiting on ``ticket``: the ``change`` applied, or ``error`` (the
-    configuration was refused, and the one in force stays)."""
+    configuration was refused, and the one in force stays; ``nothing_to_serve``: because
+    no node of it runs)."""
 
     ticket: int
     change: Mapping[str, object] | None = None
     error: str | None = None
+    nothing_to_serve: bool = False
 
 
 FleetEffect = (

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from rosterd.errors import ConfigRefusedError
+from rosterd.errors import NothingToServeError, ReloadRefusedError
 from rosterd.fleet_scheduler.effects import (
     Answer,
     ApplyPlan,
@@ -144,7 +144,7 @@ class FleetLoop:
             self._task = None
         for future in self._answers.values():
             if not future.done():
-                future.set_exception(ConfigRefusedError("rosterd is stopping"))
+                future.set_exception(ReloadRefusedError("rosterd is stopping"))
         self._answers.clear()
 
     async def change(
@@ -160,7 +160,8 @@ class FleetLoop:
         and ``warnings`` (the import's).
 
         Raises:
-            ConfigRefusedError: the configuration was refused; the one in force stays.
+            ReloadRefusedError: the configuration was refused; the one in force stays.
+            NothingToServeError: no node of it runs here or on the Ray cluster.
             RosterdError: at ``start``, the error of an agent that could not start.
         """
         ticket = next(self._tickets)
@@ -249,8 +250,10 @@ class FleetLoop:
         # state folder another rosterd holds); a reload's refusal says the whole story.
         if len(self._failures) == 1 and _is_start(self.machine):
             future.set_exception(self._failures[0])
+        elif answer.nothing_to_serve:
+            future.set_exception(NothingToServeError(answer.error))
         else:
-            future.set_exception(ConfigRefusedError(answer.error))
+            future.set_exception(ReloadRefusedError(answer.error))
 
 
 def _is_start(machine: FleetMachine) -> bool:

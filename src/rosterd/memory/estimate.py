@@ -42,6 +42,10 @@ Python process with mlx, mlx_lm and transformers loaded (calibrated).
 
 ollama: ``/api/ps`` reports the loaded size (weights, cache and buffers together);
 before it is loaded, the roster's figure is all there is.
+
+Which of these a role gets is its flavor adapter's choice (``Adapter.estimate_memory``,
+``SharedServer.reported_estimate``; ``rosterd.adapters.estimate_memory`` by flavor):
+this module holds the arithmetic and names no flavor.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from rosterd.model_facts import ModelFacts
-from rosterd.spec import InferFlavor, MemorySpec
+from rosterd.spec import MemorySpec
 
 MiB: Final[int] = 1 << 20
 
@@ -440,33 +444,6 @@ def estimate_ollama(loaded_size_bytes: int | None, declared_bytes: int) -> Memor
         kv_note="unknown until loaded",
         overhead_note="unknown until loaded",
     )
-
-
-def estimate_memory(
-    facts: ModelFacts,
-    flavor: InferFlavor,
-    *,
-    ctx_size: int,
-    parallel: int,
-    extra_args: Sequence[str] = (),
-) -> MemoryEstimate:
-    """The estimate for ``facts`` served by ``flavor`` (``llamacpp`` or ``mlx_lm``).
-
-    ``ctx_size`` (tokens) and ``parallel`` (slots) are what the launch uses: the
-    fleet's values or the adapter's defaults (``DEFAULT_CTX_SIZE``/
-    ``DEFAULT_PARALLEL`` in ``rosterd.adapters.llamacpp``). ollama has no
-    facts to read: use ``estimate_ollama``.
-
-    Raises:
-        ValueError: ``flavor`` is ``ollama``, or ``ctx_size``/``parallel`` is below 1.
-    """
-    if ctx_size < 1 or parallel < 1:
-        raise ValueError(f"ctx_size ({ctx_size}) and parallel ({parallel}) must be at least 1")
-    if flavor is InferFlavor.LLAMACPP:
-        return estimate_llamacpp(facts, parse_llamacpp_settings(ctx_size, parallel, extra_args))
-    if flavor is InferFlavor.MLX_LM:
-        return estimate_mlx(facts, ctx_size, parallel)
-    raise ValueError("ollama roles are estimated with estimate_ollama, not from model facts")
 
 
 def ollama_formula_bytes(facts: ModelFacts, ctx_size: int) -> int:

@@ -32,8 +32,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rosterd.adapters import adapter_for
 from rosterd.adapters.llamacpp import DEFAULT_CTX_SIZE, DEFAULT_PARALLEL
 from rosterd.errors import RosterdError
+from rosterd.flavors import WeightsKind
 from rosterd.fleet import Fleet
 from rosterd.memory.count import (
     UNMEASURED_NOTE,
@@ -45,9 +47,10 @@ from rosterd.memory.count import (
     show_declared,
     show_gb,
 )
-from rosterd.memory.estimate import MemoryEstimate, estimate_memory, estimate_ollama
+from rosterd.memory.estimate import MemoryEstimate
 from rosterd.memory.peaks import MeasuredPeaks
-from rosterd.model_facts import ModelFacts, read_model_facts
+from rosterd.model_facts import ModelFacts
+from rosterd.model_facts.reader import read_model_facts
 from rosterd.roster import ImportedRoster, ImportedSpec
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import ResolvedWeights, WeightsSource, resolve_for_fleet
@@ -250,8 +253,9 @@ def _role_memory(
     facts: ModelFacts | None = None
     estimate: MemoryEstimate | None = None
     note = ""
-    if spec.flavor is InferFlavor.OLLAMA:
-        note = "ollama reports its size only once loaded; the roster's figure stands until then"
+    adapter = adapter_for(spec.flavor)
+    if spec.flavor.facts.weights is WeightsKind.SERVER_STORE:
+        note = f"{spec.flavor.id} keeps its own weights: there is nothing to estimate from"
     else:
         try:
             weights = resolve_for_fleet(
@@ -260,8 +264,8 @@ def _role_memory(
             if weights is not None:
                 facts = read_model_facts(weights.path)
                 ctx, parallel, extra = serving_settings(weights)
-                estimate = estimate_memory(
-                    facts, spec.flavor, ctx_size=ctx, parallel=parallel, extra_args=extra
+                estimate = adapter.estimate_memory(
+                    facts, ctx_size=ctx, parallel=parallel, extra_args=extra
                 )
         except RosterdError as exc:
             note = f"no estimate: {exc}"
@@ -272,9 +276,13 @@ def _role_memory(
             peak = peaks.peak_bytes(node.name, spec.role, fingerprint=fingerprint)
             if peak is not None:
                 measured[node.name] = peak
-    if spec.flavor is InferFlavor.OLLAMA and measured:
-        estimate = estimate_ollama(max(measured.values()), spec.memory.weights_bytes)
-        note = "the size ollama reported (/api/ps) when it last held the model"
+    shared = adapter.shared_server
+    if shared is not None:  # what the server reported holding is the role's figure (ollama)
+        reported = shared.reported_estimate(
+            max(measured.values(), default=None), spec.memory.weights_bytes
+        )
+        if reported[0] is not None or estimate is None:
+            estimate, note = reported
     _, slots, _ = serving_settings(weights or _fleet_source(fleet, imported))
     return RoleMemory(
         role=spec.role,

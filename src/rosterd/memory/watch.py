@@ -32,7 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from rosterd.backends.interface import PeakSource
 from rosterd.errors import MeasuredPeaksError
 from rosterd.memory.peaks import MeasuredPeaks
-from rosterd.scheduler import NodeScheduler, SchedulerEvent
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import SchedulerEvent
 
 log = logging.getLogger("rosterd.memory")
 

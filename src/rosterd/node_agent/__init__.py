@@ -14,13 +14,8 @@ Ray is imported only when a call reaches it (the ``ray`` extra).
 
 from __future__ import annotations
 
-from rosterd.node_agent.actor import (
-    EVENT_POLL_S,
-    AgentConfig,
-    AgentInfo,
-    CarriedError,
-    NodeAgent,
-)
+from rosterd.errors import CarriedError
+from rosterd.node_agent.actor import EVENT_POLL_S, AgentConfig, AgentInfo, NodeAgent
 from rosterd.node_agent.head import AgentBackends, map_ray_errors
 
 __all__ = [

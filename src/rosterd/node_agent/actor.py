@@ -29,7 +29,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost, ServingFacts, weights_resolver
-from rosterd.errors import NodeAgentError, RosterdError
+from rosterd.errors import CarriedError, NodeAgentError, RosterdError
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, ProbeResult, default_state_dir
 
@@ -72,40 +72,6 @@ class AgentInfo:
     pid: int
     state_dir: str
     reaped: tuple[int, ...]
-
-
-class CarriedError(RosterdError):
-    """A rosterd error on its way from a node agent to the head, kept whole.
-
-    Many rosterd errors take keyword arguments that plain exception pickling
-    loses; this carries the class, ``args`` and attributes and rebuilds the
-    same error with :meth:`unwrap`. Only :func:`map_ray_errors` sees it.
-    """
-
-    def __init__(self, error: RosterdError) -> None:
-        super().__init__(str(error))
-        self.error_type = type(error)
-        self.error_args = error.args
-        self.error_state = dict(vars(error))
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_carried, (self.error_type, self.error_args, self.error_state))
-
-    def unwrap(self) -> RosterdError:
-        """The carried error: the same class, ``args`` and attributes."""
-        error = self.error_type.__new__(self.error_type)
-        error.args = self.error_args
-        error.__dict__.update(self.error_state)
-        return error
-
-
-def _rebuild_carried(
-    error_type: type[RosterdError], args: tuple[object, ...], state: dict[str, object]
-) -> CarriedError:
-    carried = CarriedError.__new__(CarriedError)
-    RosterdError.__init__(carried, *args)
-    carried.error_type, carried.error_args, carried.error_state = error_type, args, state
-    return carried
 
 
 def _carry_errors(

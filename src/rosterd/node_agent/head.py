@@ -7,7 +7,7 @@ and forwards the agent's backend events to a callback of the shape
 ``Supervisor(on_event=...)`` has: the node scheduler cannot tell a remote node
 from the local one. Ray's errors become rosterd's in one place,
 :func:`map_ray_errors`; a rosterd error raised on the node crosses Ray as a
-:class:`~rosterd.node_agent.actor.CarriedError` and is raised here as itself.
+:class:`~rosterd.errors.CarriedError` and is raised here as itself.
 
 Library choice: Ray (an existing distributed engine, the ``ray`` extra) carries
 control calls; it is imported only when a call reaches it, so ``rosterd``
@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.node_host import ServingFacts
-from rosterd.errors import NodeAgentError, NodeLostError
-from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo, CarriedError
+from rosterd.errors import CarriedError, NodeAgentError, NodeLostError
+from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, ProbeResult
 

@@ -16,7 +16,9 @@ skipped as an alias whose ``name`` differs from its target's; each imported
 spec keeps the roster's display name and line. The roster is opened
 read-only and never written.
 
-The package, one concept a module:
+The package re-exports its value types only (``ImportedRoster``, ``ImportedSpec``,
+``spec_to_json``), so that a pure module may import them without the reader; the
+reader is :func:`rosterd.roster.importer.load_roster`. One concept a module:
 
 * :mod:`~rosterd.roster.importer` — entries to specs or skips (``import_roster``,
   ``load_roster``, ``flavor_for_backend``, ``ram_bytes``);
@@ -38,29 +40,6 @@ Everything other modules use is re-exported here; import it from
 
 from __future__ import annotations
 
-from rosterd.roster.document import MAX_OVERLAY_BYTES, MAX_ROSTER_BYTES
-from rosterd.roster.entries import MAX_ENTRIES
-from rosterd.roster.importer import (
-    flavor_for_backend,
-    import_roster,
-    is_unmeasured_ram_gb,
-    load_roster,
-    ram_bytes,
-)
-from rosterd.roster.overlay import RosterOverlay
 from rosterd.roster.result import ImportedRoster, ImportedSpec, spec_to_json
 
-__all__ = [
-    "MAX_ENTRIES",
-    "MAX_OVERLAY_BYTES",
-    "MAX_ROSTER_BYTES",
-    "ImportedRoster",
-    "ImportedSpec",
-    "RosterOverlay",
-    "flavor_for_backend",
-    "import_roster",
-    "is_unmeasured_ram_gb",
-    "load_roster",
-    "ram_bytes",
-    "spec_to_json",
-]
+__all__ = ["ImportedRoster", "ImportedSpec", "spec_to_json"]

@@ -42,8 +42,8 @@ from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec, S
 from rosterd.tokens import GB, valid_token
 
 _MAX_RAM_GB: Final = 4096.0
-#: The backend names ``flavor_for_backend`` knows (first word, lowercased).
-_BACKEND_NAMES: Final = ("mlx_lm", "mlx-lm", "llamacpp", "llama.cpp", "llama-server", "ollama")
+#: The backend names ``flavor_for_backend`` knows (first word, lowercased): each flavor's own.
+_BACKEND_NAMES: Final = tuple(name for f in InferFlavor for name in f.facts.roster_backends)
 #: Backends a lab lists that have no adapter on purpose: no "did you mean" for them.
 _NOT_SERVED: Final = frozenset(
     f"mlx{sep}{kind}" for sep in "-_" for kind in ("vlm", "embeddings", "whisper", "audio")
@@ -58,19 +58,32 @@ def flavor_for_backend(backend: str) -> InferFlavor | None:
     The first whitespace-separated word (Unicode White_Space, as Rust's
     ``split_whitespace``), ASCII-lowercased: ``mlx_lm``/``mlx-lm`` → MLX_LM,
     ``llamacpp``/``llama.cpp``/``llama-server`` → LLAMACPP, ``ollama`` → OLLAMA;
-    anything else (``mlx-vlm``, ``mlx-audio``, empty) → ``None``.
+    anything else (``mlx-vlm``, ``mlx-audio``, empty) → ``None``. The words are each
+    flavor's ``facts.roster_backends`` (``rosterd.flavors``).
     """
     words = rust_split_whitespace(backend)
     if not words:
         return None
     first = rust_ascii_lowercase(words[0])
-    if first in ("mlx_lm", "mlx-lm"):
-        return InferFlavor.MLX_LM
-    if first in ("llamacpp", "llama.cpp", "llama-server"):
-        return InferFlavor.LLAMACPP
-    if first == "ollama":
-        return InferFlavor.OLLAMA
-    return None
+    return next((f for f in InferFlavor if first in f.facts.roster_backends), None)
+
+
+def flavor_near(word: str) -> InferFlavor | None:
+    """The flavor ``word`` names as a roster ``backend`` would (:func:`flavor_for_backend`:
+    ``llama.cpp``, ``LLAMA-SERVER``), or nearly names (one of those words within difflib's
+    ratio ``_BACKEND_CUTOFF``: ``lama.cpp``); ``None`` otherwise, and for the backends
+    known to have no adapter (``mlx-vlm`` ...). For "did you mean" hints elsewhere (the
+    fleet file names flavors by id).
+    """
+    exact = flavor_for_backend(word)
+    if exact is not None:
+        return exact
+    words = rust_split_whitespace(word)
+    if not words or rust_ascii_lowercase(words[0]) in _NOT_SERVED:
+        return None
+    first = rust_ascii_lowercase(words[0])
+    close = difflib.get_close_matches(first, _BACKEND_NAMES, n=1, cutoff=_BACKEND_CUTOFF)
+    return flavor_for_backend(close[0]) if close else None
 
 
 def ram_bytes(value: object) -> int | None:

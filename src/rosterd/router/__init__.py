@@ -52,8 +52,9 @@ at shutdown ran out) ends with an SSE error event, ``data: {"error": {...}}``.
 
 from __future__ import annotations
 
+from rosterd.error_table import ERROR_KINDS, ErrorKind, error_body
+from rosterd.errors import RouterError
 from rosterd.router.app import create_app
-from rosterd.router.openai_errors import ERROR_KINDS, ErrorKind, RouterError, error_body
 from rosterd.router.routing import (
     PROXIED_PATHS,
     RewriteRequest,

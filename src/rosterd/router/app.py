@@ -23,13 +23,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rosterd.errors import RosterdError
+from rosterd.errors import RosterdError, RouterError
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.residency import excludes_each_other
 from rosterd.router.auth import ApiKeyGate
 from rosterd.router.logs import LogPath, log_response
-from rosterd.router.openai_errors import RouterError, error_response, scheduler_errors
+from rosterd.router.openai_errors import error_response, scheduler_errors
 from rosterd.router.openapi import openapi_endpoint
 from rosterd.router.proxy import Proxy, ProxyContext
 from rosterd.router.routing import (
@@ -42,7 +42,8 @@ from rosterd.router.routing import (
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
-from rosterd.scheduler import Scheduler, SchedulerEvent
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.values import SchedulerEvent
 from rosterd.spec import InferenceSpec
 from rosterd.tokens import valid_token
 

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rosterd.router.openai_errors import RouterError, send_error
+from rosterd.errors import RouterError
+from rosterd.router.openai_errors import send_error
 
 #: The one path open without a key, so a load balancer or ``rosterd up`` can probe liveness.
 OPEN_PATH = "/health"

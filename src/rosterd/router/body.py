@@ -15,8 +15,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope
 
-from rosterd.errors import ClientGoneError
-from rosterd.router.openai_errors import RouterError
+from rosterd.errors import ClientGoneError, RouterError
 
 
 async def read_body(

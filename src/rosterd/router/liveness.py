@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 from starlette.types import Message, Send
 
-from rosterd.errors import RosterdError
-from rosterd.router.openai_errors import RouterError, sse_error_event
-from rosterd.router.upstream import UpstreamClosedError, UpstreamConnectError
+from rosterd.errors import RouterError, StalledError, UpstreamClosedError, UpstreamConnectError
+from rosterd.router.openai_errors import sse_error_event
 
 #: Failures before any response byte that mean "the backend is not there": it could not be
 #: connected to (refused, unreachable, connect timeout), or it closed or reset the connection
@@ -50,16 +49,6 @@ class Deadlines:
 
     first_byte_s: float = 300.0
     between_chunks_s: float = 120.0
-
-
-class StalledError(RosterdError):
-    """The backend produced no byte within a deadline; ``first_byte``: none at all yet.
-    ``waited_s``: the deadline that passed, seconds."""
-
-    def __init__(self, message: str, *, first_byte: bool, waited_s: float) -> None:
-        super().__init__(message)
-        self.first_byte = first_byte
-        self.waited_s = waited_s
 
 
 async def forward_within_deadlines(

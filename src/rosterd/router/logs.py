@@ -24,7 +24,7 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from rosterd.router.openai_errors import RouterError
+from rosterd.errors import RouterError
 from rosterd.router.streams import LiveStreams
 from rosterd.supervisor.logs import log_files
 

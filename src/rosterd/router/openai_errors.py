@@ -1,12 +1,14 @@
-"""The router's errors (DESIGN.md layer 7): one error tree, one table, one OpenAI envelope.
+"""The router's error answers (DESIGN.md layer 7): one error class, one table, one envelope.
 
-Every error answer of the router is a :class:`RouterError`; its ``code`` picks
-one row of :data:`ERROR_KINDS`, which gives the HTTP status, the OpenAI error
-``type``, the default ``Retry-After`` and any fixed header. This module is the
-only place that builds the OpenAI error body, the SSE error event that ends a
-cut stream and the ``Retry-After`` header, and the only place where the errors
-of the layers below are mapped to ours, each in one context manager at the
-boundary (as httpx maps httpcore's errors in ``map_httpcore_exceptions``)::
+Every error answer of the router is a :class:`~rosterd.errors.RouterError`; its
+``code`` picks one row of :data:`rosterd.error_table.ERROR_KINDS`, which gives the
+HTTP status, the OpenAI error ``type``, the default ``Retry-After`` and any fixed
+header (the table and the body's shape sit in layer 1, beside the error tree,
+because the error carries its row). This module is the only place that builds the
+HTTP answer and the SSE error event that ends a cut stream, and the only place
+where the errors of the layers below are mapped to ours, each in one context
+manager at the boundary (as httpx maps httpcore's errors in
+``map_httpcore_exceptions``)::
 
     RosterdError
      └── RouterError            one error answer: code -> status, type, Retry-After
@@ -26,143 +28,28 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from rosterd.errors import RosterdError
-from rosterd.router.upstream import UpstreamError
-from rosterd.scheduler import (
+from rosterd.errors import (
     LoadBackoffError,
     LoadFailedError,
     QueueFullError,
     QueueTimeoutError,
-    Revocation,
     RoleRefusedError,
     RoleUnavailableError,
+    RouterError,
     SchedulerError,
     ShuttingDownError,
     UnknownRoleError,
+    UpstreamError,
 )
+from rosterd.scheduler.values import Revocation
 
 log = logging.getLogger("rosterd.router")
-
-#: OpenAI's error types (``error.type``); clients branch on them to decide whether to retry.
-INVALID_REQUEST = "invalid_request_error"
-AUTHENTICATION = "authentication_error"
-RATE_LIMIT = "rate_limit_error"
-SERVER = "server_error"
-UPSTREAM = "upstream_error"
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorKind:
-    """One row of the error table: what an error ``code`` answers.
-
-    ``status``: the HTTP status; ``type``: the OpenAI error type;
-    ``retry_after_s``: the default ``Retry-After``, seconds (``None``: no
-    header unless the error carries one); ``headers``: fixed extra headers.
-    """
-
-    status: int
-    type: str
-    retry_after_s: float | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-#: Error code (OpenAI's ``error.code``) -> what it answers. Every error the router sends is here.
-ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
-    {
-        "bad_request": ErrorKind(400, INVALID_REQUEST),  # e.g. an invalid Content-Length
-        "invalid_json": ErrorKind(400, INVALID_REQUEST),
-        "model_missing": ErrorKind(400, INVALID_REQUEST),
-        "invalid_role": ErrorKind(400, INVALID_REQUEST),
-        # RFC 9110 §11.6.1: a 401 names the scheme it wants.
-        "invalid_api_key": ErrorKind(
-            401, AUTHENTICATION, headers=(("WWW-Authenticate", "Bearer"),)
-        ),
-        "model_not_found": ErrorKind(404, INVALID_REQUEST),
-        "not_found": ErrorKind(404, INVALID_REQUEST),
-        "method_not_allowed": ErrorKind(405, INVALID_REQUEST),
-        # The client did not send its headers or body within --request-read-timeout.
-        "request_timeout": ErrorKind(408, INVALID_REQUEST, headers=(("Connection", "close"),)),
-        "body_too_large": ErrorKind(413, INVALID_REQUEST),
-        # The role's backend does not serve this endpoint (llama-server's 501 for embeddings
-        # without --embeddings): the request's fault, not worth a retry.
-        "not_supported": ErrorKind(400, INVALID_REQUEST),
-        # A reload refused: the files are invalid (file, line, column in the message).
-        "invalid_config": ErrorKind(422, INVALID_REQUEST),
-        "queue_full": ErrorKind(429, RATE_LIMIT),  # Retry-After: the scheduler's estimate
-        "internal_error": ErrorKind(500, SERVER),
-        "backend_error": ErrorKind(502, UPSTREAM),
-        "backend_load_failed": ErrorKind(502, UPSTREAM, retry_after_s=5.0),
-        # No byte within --first-byte-timeout / --chunk-timeout; the role is probed.
-        "backend_timeout": ErrorKind(504, UPSTREAM, retry_after_s=5.0),
-        # Its generation probe failed: the requests on it were ended, it is restarting.
-        "backend_unhealthy": ErrorKind(503, SERVER, retry_after_s=5.0),
-        # Its last loads failed; Retry-After: the scheduler's time left in the backoff.
-        "load_backoff": ErrorKind(503, SERVER),
-        "queue_timeout": ErrorKind(503, SERVER),  # Retry-After: the scheduler's estimate
-        "shutting_down": ErrorKind(503, SERVER, retry_after_s=5.0),
-        "evicted": ErrorKind(503, SERVER, retry_after_s=1.0),
-        "role_refused": ErrorKind(503, SERVER),
-        "model_unavailable": ErrorKind(503, SERVER),
-        "unavailable": ErrorKind(503, SERVER),
-    }
-)
-
-
-class RouterError(RosterdError):
-    """One OpenAI error answer: ``code`` (a key of :data:`ERROR_KINDS`) and ``message``.
-
-    ``retry_after_s`` (seconds) overrides the table's default ``Retry-After``
-    when given. ``status``, ``err_type`` and ``headers()`` come from the table.
-    Raises ``KeyError`` for a code missing from the table (a bug, not a
-    request's fault).
-    """
-
-    def __init__(self, code: str, message: str, *, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.kind = ERROR_KINDS[code]
-        self.code = code
-        self.message = message
-        self.retry_after_s = self.kind.retry_after_s if retry_after_s is None else retry_after_s
-
-    @property
-    def status(self) -> int:
-        """The HTTP status."""
-        return self.kind.status
-
-    @property
-    def err_type(self) -> str:
-        """The OpenAI error type."""
-        return self.kind.type
-
-    def headers(self) -> dict[str, str]:
-        """The answer's extra headers: the table's, and ``Retry-After`` when there is one."""
-        headers = dict(self.kind.headers)
-        if self.retry_after_s is not None:
-            headers["Retry-After"] = retry_after_header(self.retry_after_s)
-        return headers
-
-    def body(self) -> dict[str, object]:
-        """The OpenAI error body of this error."""
-        return error_body(self.message, self.err_type, self.code)
-
-
-def error_body(message: str, err_type: str, code: str) -> dict[str, object]:
-    """The OpenAI error shape: ``{"error": {"message", "type", "code", "param": None}}``."""
-    return {"error": {"message": message, "type": err_type, "code": code, "param": None}}
-
-
-def retry_after_header(retry_after_s: float) -> str:
-    """``Retry-After`` for a wait of ``retry_after_s`` seconds: whole seconds, rounded up, at
-    least 1 (RFC 9110 §10.2.3 allows only a non-negative integer; 0 would invite a hot loop)."""
-    return str(max(1, math.ceil(retry_after_s)))
 
 
 def _render(err: RouterError) -> bytes:
@@ -241,7 +128,7 @@ def revoked_error(revocation: Revocation) -> RouterError:
 
 @contextlib.contextmanager
 def upstream_errors(role: str, *, mid_stream: bool = False) -> Iterator[None]:
-    """Raise an :class:`~rosterd.router.upstream.UpstreamError` (refused, closed unanswered,
+    """Raise an :class:`~rosterd.errors.UpstreamError` (refused, closed unanswered,
     timed out, invalid or cut answer) inside the block as 502 ``backend_error`` naming ``role``.
 
     ``mid_stream``: the response had started (the caller ends it with

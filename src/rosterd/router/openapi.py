@@ -4,7 +4,7 @@ at ``GET /openapi.json``.
 The document is built from the router's own tables, so it cannot drift from
 them: the proxied paths from ``PROXIED_PATHS``, the page's from ``ui``, and every
 error code from ``ERROR_KINDS`` (an error answer is always the OpenAI envelope of
-:func:`~rosterd.router.openai_errors.error_body`). It describes what rosterd
+:func:`~rosterd.error_table.error_body`). It describes what rosterd
 checks itself (a JSON object with a ``model`` string); the rest of an OpenAI
 request is the backend's to judge. A plain dict, not a framework's generator:
 Starlette has none worth the dependency for a dozen routes.
@@ -17,8 +17,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from rosterd.error_table import ERROR_KINDS
 from rosterd.router.logs import DEFAULT_LINES, MAX_LINES
-from rosterd.router.openai_errors import ERROR_KINDS
 from rosterd.router.routing import PROXIED_PATHS
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX
 

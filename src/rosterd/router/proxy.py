@@ -35,19 +35,17 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from rosterd.errors import ClientGoneError
+from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.body import parse_json_object, read_body, requested_model
 from rosterd.router.liveness import (
     MAX_RESTART_WAITS,
     Deadlines,
-    StalledError,
     backend_unreachable,
     end_stalled,
     forward_within_deadlines,
 )
 from rosterd.router.openai_errors import (
-    RouterError,
     revoked_error,
     scheduler_errors,
     send_error,
@@ -56,8 +54,10 @@ from rosterd.router.openai_errors import (
     upstream_status_error,
 )
 from rosterd.router.routing import PROXIED_PATHS, ModelNames, RoleRoute, RouterConfig
-from rosterd.router.upstream import Upstream, UpstreamClosedError, UpstreamResponse
-from rosterd.scheduler import Lease, Revocation, Scheduler
+from rosterd.router.upstream import Upstream, UpstreamResponse
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.lease import Lease
+from rosterd.scheduler.values import Revocation
 
 log = logging.getLogger("rosterd.router")
 

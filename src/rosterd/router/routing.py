@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from rosterd.adapters.base import rewrite_model_field
-from rosterd.router.openai_errors import RouterError
+from rosterd.errors import RouterError
 
 #: The OpenAI endpoints routed by ``model`` (path -> metrics label).
 PROXIED_PATHS = {

@@ -9,7 +9,7 @@ the stream sends:
 - ``event: snapshot``: the same JSON as ``GET /status``, at once, then every
   :data:`SNAPSHOT_INTERVAL_S` seconds and right after each scheduler event
   (idle times, in-flight and queued counts and measured RSS change without one);
-- ``event: scheduler``: one :class:`~rosterd.scheduler.SchedulerEvent` as
+- ``event: scheduler``: one :class:`~rosterd.scheduler.values.SchedulerEvent` as
   ``GET /rosterd/events`` gives it (a load, an eviction with its cause, a crash,
   a restart), the moment the node's loop records it;
 - ``event: history``: at connect, the last :data:`HISTORY_EVENTS` of them.
@@ -42,7 +42,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rosterd.router.streams import LiveStreams
-from rosterd.scheduler import Scheduler, SchedulerEvent
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.values import SchedulerEvent
 
 #: Seconds between two snapshots on a quiet stream.
 SNAPSHOT_INTERVAL_S: Final[float] = 1.0

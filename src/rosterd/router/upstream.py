@@ -37,32 +37,18 @@ from typing import Final, cast
 
 import httptools
 
-from rosterd.errors import RosterdError
+from rosterd.errors import (
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
+)
 
 #: The most idle connections kept per backend; one more is closed when given back.
 IDLE_PER_BACKEND: Final[int] = 64
 #: Answer bytes waiting for the client above which the backend connection stops reading.
 PAUSE_READING_BYTES: Final[int] = 256 * 1024
-
-
-class UpstreamError(RosterdError):
-    """A request to a backend failed (the proxy answers 502 ``backend_error``)."""
-
-
-class UpstreamConnectError(UpstreamError):
-    """The backend could not be reached (refused, unreachable, connect timeout)."""
-
-
-class UpstreamClosedError(UpstreamError):
-    """The backend closed or reset the connection before any byte of its answer."""
-
-
-class UpstreamTimeoutError(UpstreamError):
-    """The backend sent nothing for the read timeout."""
-
-
-class UpstreamProtocolError(UpstreamError):
-    """The backend's answer was not valid HTTP/1.1, or it was cut mid-body."""
 
 
 class _Connection(asyncio.Protocol):

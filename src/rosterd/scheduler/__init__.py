@@ -2,7 +2,7 @@
 
 - :mod:`~rosterd.scheduler.values`: phases, limits, leases, the logged events.
 - its errors (``SchedulerError`` and subclasses: why a request could not get
-  its role) are in :mod:`rosterd.errors`, re-exported here.
+  its role) are in :mod:`rosterd.errors`.
 - :mod:`~rosterd.scheduler.events`: the machine's events in and effects out.
 - :mod:`~rosterd.scheduler.machine`: ``NodeMachine``, the rules (pure).
 - :mod:`~rosterd.scheduler.grants`: the machine's rules for who gets a lease (pure).
@@ -16,66 +16,8 @@
 
 Effects reach backends through :mod:`rosterd.backends.interface` (``RoleBackends``).
 ``docs/scheduler.md`` draws the state table.
+
+This package imports nothing itself: importing one of the pure modules (the machine
+and its rules) must not import the loop, asyncio or the backends' implementation.
+Import each name from the module that defines it.
 """
-
-from __future__ import annotations
-
-from rosterd.backends.interface import Endpoint, RoleBackends
-from rosterd.backends.local import SupervisorBackends, free_port
-from rosterd.errors import (
-    LoadBackoffError,
-    LoadFailedError,
-    QueueFullError,
-    QueueTimeoutError,
-    RoleMovedError,
-    RoleRefusedError,
-    RoleUnavailableError,
-    SchedulerError,
-    ShuttingDownError,
-    UnknownRoleError,
-)
-from rosterd.scheduler.fleet import NodeConfig, PlanChange, Scheduler
-from rosterd.scheduler.machine import NodeMachine
-from rosterd.scheduler.node import NodeScheduler
-from rosterd.scheduler.values import (
-    HOLDS_MEMORY,
-    Lease,
-    NodeChange,
-    NodeConcurrency,
-    Phase,
-    Revocation,
-    SchedulerEvent,
-    SchedulerLimits,
-    client_reason,
-)
-
-__all__ = [
-    "HOLDS_MEMORY",
-    "Endpoint",
-    "Lease",
-    "LoadBackoffError",
-    "LoadFailedError",
-    "NodeChange",
-    "NodeConcurrency",
-    "NodeConfig",
-    "NodeMachine",
-    "NodeScheduler",
-    "Phase",
-    "PlanChange",
-    "QueueFullError",
-    "QueueTimeoutError",
-    "Revocation",
-    "RoleBackends",
-    "RoleMovedError",
-    "RoleRefusedError",
-    "RoleUnavailableError",
-    "Scheduler",
-    "SchedulerError",
-    "SchedulerEvent",
-    "SchedulerLimits",
-    "ShuttingDownError",
-    "SupervisorBackends",
-    "UnknownRoleError",
-    "client_reason",
-    "free_port",
-]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rosterd.backends.interface import Endpoint
+from rosterd.backends.values import Endpoint
 from rosterd.errors import SchedulerError
 from rosterd.scheduler.values import NodeConcurrency, Revocation
 from rosterd.spec import InferenceSpec

@@ -16,8 +16,9 @@ from typing import Final
 
 from rosterd.backends.interface import BackendEventSource, RoleBackends
 from rosterd.errors import RoleMovedError, UnknownRoleError
+from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.node import NodeScheduler
-from rosterd.scheduler.values import Lease, NodeChange, NodeConcurrency, SchedulerEvent
+from rosterd.scheduler.values import NodeChange, NodeConcurrency, SchedulerEvent
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 

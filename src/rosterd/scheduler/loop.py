@@ -48,8 +48,9 @@ from rosterd.scheduler.events import (
     Tick,
     UpdateGauges,
 )
+from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.machine import NodeMachine
-from rosterd.scheduler.values import Lease, Revocation, SchedulerEvent, SchedulerLimits
+from rosterd.scheduler.values import Revocation, SchedulerEvent, SchedulerLimits
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 

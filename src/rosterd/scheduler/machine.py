@@ -51,7 +51,6 @@ from rosterd.scheduler.events import (
     Cancel,
     Effect,
     Event,
-    FinishShutdown,
     FinishUnload,
     LoadDone,
     LogNote,
@@ -230,25 +229,6 @@ class NodeMachine(LivenessRules, ReplanRules):
         else:
             self._finish_stop(tr, now)
 
-    def _on_shutdown(self, now: float, *, at_once: bool = False) -> None:
-        if at_once:  # the drain is over now: in-flight requests are cut at the next step
-            self._shutdown_since = min(self._shutdown_since or now, now - self.limits.drain_s)
-        if self.shutting_down and not at_once:
-            return
-        if self._shutdown_since is None:
-            self._shutdown_since = now
-        tr = self._transition
-        if tr is None:
-            return
-        tr.evict.clear()  # shutdown stops whatever is resident itself
-        tr.load = None
-        if tr.step == "loading":
-            # A load may take minutes: abort it rather than wait (RoleBackends.stop
-            # makes a start under way fail promptly).
-            tr.step = "aborting"
-            tr.pending = {"load", "stop"}
-            self._out.append(StopBackend(tr.role))
-
     # ---- the decision step, after every event ------------------------------------------
 
     def _step(self, now: float) -> None:
@@ -285,24 +265,6 @@ class NodeMachine(LivenessRules, ReplanRules):
         if self._schedule_loads(now, holds):
             return
         self._schedule_idle(now)
-
-    def _shutdown_step(self, now: float) -> None:
-        if self._transition is not None or self._shut_down:
-            return
-        assert self._shutdown_since is not None
-        busy = any(st.in_flight for st in self._roles.values())
-        if busy and now - self._shutdown_since < self.limits.drain_s:
-            return  # let in-flight requests finish, up to drain_s
-        live = (Phase.READY, Phase.LOADING, Phase.RESTARTING, Phase.UNHEALTHY)
-        resident = [r for r, st in self._roles.items() if st.phase in live]
-        if resident:
-            self._begin_transition(resident, None, "shutdown", "shutdown", None, now)
-            return
-        for st in self._roles.values():
-            self._out.extend(FinishUnload(t) for t in st.unload_tickets)  # stopped, as asked
-            st.unload_tickets.clear()
-        self._shut_down = True
-        self._out.append(FinishShutdown())
 
     def _schedule_unloads(self, now: float) -> bool:
         for role, st in self._roles.items():

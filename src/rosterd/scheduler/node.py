@@ -43,16 +43,11 @@ from rosterd.scheduler.events import (
     Suspect,
     Unload,
 )
+from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.loop import NodeLoop
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.replan import launch_changed
-from rosterd.scheduler.values import (
-    Lease,
-    NodeChange,
-    NodeConcurrency,
-    SchedulerLimits,
-    client_reason,
-)
+from rosterd.scheduler.values import NodeChange, NodeConcurrency, SchedulerLimits, client_reason
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, describe_exit
 

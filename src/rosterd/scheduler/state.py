@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rosterd.backends.interface import Endpoint
+from rosterd.backends.values import Endpoint
 from rosterd.errors import SchedulerError
 from rosterd.residency import NodeState, excludes_each_other
 from rosterd.scheduler.events import Effect, FailWaiter, RecordEvent, UpdateGauges

@@ -1,4 +1,4 @@
-"""The scheduler's values (DESIGN.md layer 6, pure): phases, limits, leases, logged events.
+"""The scheduler's values (DESIGN.md layer 6, pure): phases, limits, revocations, logged events.
 
 Plain frozen dataclasses and enums: our own values, nothing to parse.
 """
@@ -9,12 +9,6 @@ import enum
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from rosterd.backends.interface import Endpoint
-
-if TYPE_CHECKING:
-    import asyncio
 
 # An absolute path (not the path part of a URL): "/a/b/c" -> its last part "c".
 _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s'\"`,;()/]+/)*([^\s'\"`,;()/]*)")
@@ -133,25 +127,6 @@ class Revocation:
 
     code: str
     message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """Permission to send requests to ``role``'s backend at ``endpoint`` until released.
-
-    ``generation`` tells leases of an earlier load of the same role apart (a
-    release from a stopped generation is ignored); ``waited_s`` is the time
-    spent queued, seconds. ``revoked`` gets a :class:`Revocation` when the
-    scheduler stops the backend before the lease was released: the holder must
-    end its upstream request at once and release the lease.
-    """
-
-    role: str
-    node: str
-    endpoint: Endpoint
-    generation: int
-    waited_s: float
-    revoked: asyncio.Future[Revocation] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,10 @@ servers that adapters describe (``Launch``). Its parts, one concept each:
 - ``ports``: refuse a port another process listens on (naming it), pick a free one;
 - ``run_records``: the state folder's lock, the ``run/<name>.json`` records
   and the reaping of an earlier run's leftovers (never anyone else's);
-- ``lifecycle``: the ``Supervisor`` itself, its ``Backend`` snapshots and
-  ``BackendEvent``s, restarts with capped exponential backoff;
+- ``lifecycle``: the ``Supervisor`` itself, its ``Backend`` snapshots and the
+  ``BackendEvent``s it gives, restarts with capped exponential backoff;
+- the plain values it gives (``BackendEvent``, ``EventKind``, ``ProbeResult``) are
+  in :mod:`rosterd.backends.values`, re-exported here;
 - its errors (``SupervisorError`` and subclasses) are in :mod:`rosterd.errors`,
   re-exported here.
 
@@ -23,6 +25,7 @@ Every name below is importable from ``rosterd.supervisor``.
 
 from __future__ import annotations
 
+from rosterd.backends.values import BackendEvent, EventKind, ProbeResult
 from rosterd.errors import (
     BackendAlreadySupervisedError,
     BackendNameError,
@@ -34,13 +37,7 @@ from rosterd.errors import (
     StateDirLockedError,
     SupervisorError,
 )
-from rosterd.supervisor.lifecycle import (
-    Backend,
-    BackendEvent,
-    EventKind,
-    Supervisor,
-    backoff_delay,
-)
+from rosterd.supervisor.lifecycle import Backend, Supervisor, backoff_delay
 from rosterd.supervisor.ports import check_port_free, free_port, port_holder
 from rosterd.supervisor.probes import (
     READY_BASE_S,
@@ -48,7 +45,6 @@ from rosterd.supervisor.probes import (
     READY_MAX_S,
     READY_PER_GB_S,
     READY_POLL_S,
-    ProbeResult,
     ready_timeout_for,
     run_probe,
     wait_ready,

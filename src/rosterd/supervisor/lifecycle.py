@@ -37,9 +37,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.backends.values import BackendEvent, ProbeResult
 from rosterd.errors import (
     BackendAlreadySupervisedError,
     BackendNameError,
@@ -47,7 +47,7 @@ from rosterd.errors import (
     SupervisorError,
 )
 from rosterd.supervisor.ports import check_port_free
-from rosterd.supervisor.probes import ProbeResult, ready_timeout_for, run_probe, wait_ready
+from rosterd.supervisor.probes import ready_timeout_for, run_probe, wait_ready
 from rosterd.supervisor.process import kill_group, spawn_logged, terminate_group, tree_rss_bytes
 from rosterd.supervisor.run_records import drop_record, reap_leftovers, record_path, write_record
 from rosterd.tokens import valid_token
@@ -75,28 +75,6 @@ class Backend:
     def base_url(self) -> str:
         """``http://host:port`` of the backend."""
         return self.launch.base_url
-
-
-EventKind = Literal["ready", "exited", "restarting", "restart_failed", "stopped"]
-
-
-@dataclass(frozen=True, slots=True)
-class BackendEvent:
-    """Something that happened to a backend, given to the ``on_event`` callback.
-
-    ``kind``: ``ready`` (started or restarted and ready), ``exited`` (died by
-    itself; ``exit_code`` set), ``restarting`` (``delay_s`` until the next
-    try), ``restart_failed`` (``detail`` says why; ``final`` when the
-    supervisor gave up and no process is left), ``stopped`` (by ``stop``).
-    """
-
-    name: str
-    kind: EventKind
-    pid: int | None = None
-    exit_code: int | None = None
-    delay_s: float | None = None
-    detail: str = ""
-    final: bool = False
 
 
 def backoff_delay(failures: int, initial_s: float, max_s: float) -> float:

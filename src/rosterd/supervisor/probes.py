@@ -22,13 +22,13 @@ import functools
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import httpx
 
 from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.backends.values import ProbeResult
 from rosterd.errors import BackendNotReadyError, BackendStartError, BackendStoppedError
 from rosterd.supervisor.process import describe_exit, failure_reason, output_tail
 from rosterd.tokens import GB
@@ -55,15 +55,6 @@ def backend_client() -> httpx.AsyncClient:
     one TLS context of the process rather than a new one per client (see the module
     docstring)."""
     return httpx.AsyncClient(verify=_tls_context(), trust_env=False)
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """The outcome of one ``HttpProbe``: ``ok``, the HTTP ``status`` (``None`` if no answer)."""
-
-    ok: bool
-    status: int | None
-    detail: str = ""
 
 
 def ready_timeout_for(weights_bytes: int) -> float:

@@ -15,14 +15,17 @@ from pathlib import Path
 from rosterd.adapters import adapter_for
 from rosterd.backends.node_host import ServingFacts, weights_resolver
 from rosterd.errors import RosterdError
-from rosterd.fleet import Fleet, load_fleet, local_fleet
+from rosterd.fleet import Fleet
 from rosterd.fleet.addresses import is_this_machine
+from rosterd.fleet.local import local_fleet
+from rosterd.fleet.reader import load_fleet
 from rosterd.fleet_scheduler.values import Connection, NodeRun, ServedConfig
 from rosterd.memory.gathering import gather_memory
 from rosterd.placement import Plan
 from rosterd.placement.conflicts import without_port_conflicts
 from rosterd.ray_cluster import RayCluster
-from rosterd.roster import ImportedRoster, load_roster
+from rosterd.roster import ImportedRoster
+from rosterd.roster.importer import load_roster
 from rosterd.spec import InferFlavor
 from rosterd.up.options import UpOptions
 

@@ -22,7 +22,7 @@ from rosterd.adapters import adapter_for
 from rosterd.backends.interface import NodeBackends, PeakSource
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost
-from rosterd.errors import RosterdError
+from rosterd.errors import RosterdError, SchedulerError
 from rosterd.fleet_scheduler.effects import (
     ApplyPlan,
     DropAgents,
@@ -47,7 +47,9 @@ from rosterd.placement import Plan, plan
 from rosterd.ray_cluster import RayCluster
 from rosterd.ray_match import RayNode
 from rosterd.router import RoleRoute, RouteTable
-from rosterd.scheduler import NodeConcurrency, NodeConfig, NodeScheduler, Scheduler, SchedulerError
+from rosterd.scheduler.fleet import NodeConfig, Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import NodeConcurrency
 from rosterd.supervisor import BackendEvent
 from rosterd.up.config import serving_facts
 from rosterd.up.options import UpOptions
@@ -293,7 +295,7 @@ class UpFleetEffects:
         }
         change = self.scheduler.apply_plan(configs, restart=effect.restart, replace=effect.replace)
         self._follow_peaks()
-        return change.as_json()
+        return dict(change.as_json())
 
     def _follow_peaks(self) -> None:
         """Each node's backends report the peaks of what they start (this machine's, or a

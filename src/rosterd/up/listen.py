@@ -2,7 +2,7 @@
 serves on it, and the open-files limit its connections need.
 
 :func:`bind_listener` binds the socket before uvicorn starts (so a port in use is a
-:class:`~rosterd.errors.RosterdError` naming the port, and the backlog is rosterd's);
+:class:`~rosterd.errors.ListenError` naming the port, and the backlog is rosterd's);
 :class:`NoSignalServer` is uvicorn's server without its own signal capture
 (``rosterd up`` handles signals itself); :func:`open_files_wanted` and
 :func:`raise_open_files_limit` size ``RLIMIT_NOFILE`` for the requests admitted.
@@ -19,8 +19,8 @@ from collections.abc import Generator
 
 import uvicorn
 
-from rosterd.errors import RosterdError
-from rosterd.scheduler import SchedulerLimits
+from rosterd.errors import ListenError
+from rosterd.scheduler.values import SchedulerLimits
 
 #: The router's listen backlog: connections the kernel accepts before rosterd does (Linux
 #: caps it at ``net.core.somaxconn``, 4096 by default since 5.4). Both
@@ -82,7 +82,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     """A non-blocking TCP socket listening on ``host:port`` with ``LISTEN_BACKLOG``.
 
     Raises:
-        RosterdError: the address cannot be bound (e.g. another ``rosterd up`` has it).
+        ListenError: the address cannot be bound (e.g. another ``rosterd up`` has it).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP,
@@ -93,7 +93,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise RosterdError(
+        raise ListenError(
             f"cannot listen on {host}:{port}: {exc.strerror}; "
             "is another rosterd up running? choose another --port"
         ) from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rosterd.scheduler import SchedulerLimits
+from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
 

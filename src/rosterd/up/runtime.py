@@ -36,7 +36,15 @@ from pathlib import Path
 import uvicorn
 
 from rosterd.backends.node_host import NodeHost
-from rosterd.errors import ConfigRefusedError, RosterdError
+from rosterd.errors import (
+    EndedBeforeServingError,
+    NothingToServeError,
+    OptionError,
+    ReloadRefusedError,
+    RosterdError,
+    StateDirError,
+    SystemRefusedError,
+)
 from rosterd.fleet_scheduler.effects import Level
 from rosterd.fleet_scheduler.loop import FleetLoop
 from rosterd.fleet_scheduler.machine import FleetMachine
@@ -161,7 +169,7 @@ class UpRun:
             for w in waits:
                 w.cancel()
         if self.url is None:
-            raise RosterdError("rosterd up ended before it served")
+            raise EndedBeforeServingError("rosterd up ended before it served")
         return self.url
 
     async def run(self) -> None:
@@ -179,7 +187,7 @@ class UpRun:
     async def _run(self) -> None:
         options = self.options
         if not 1 <= options.port <= 65535:
-            raise RosterdError(f"--port {options.port} is not a usable port (1..65535)")
+            raise OptionError(f"--port {options.port} is not a usable port (1..65535)")
         roster, fleet = up_config.read_files(options)
         for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows
             self.reporter.say(Level.WARNING, warning)
@@ -195,7 +203,7 @@ class UpRun:
             # this one's live backends for leftovers of an earlier run.
             host.lock()
         except OSError as exc:
-            raise RosterdError(_os_message(exc)) from None
+            raise StateDirError(_os_message(exc)) from None
         try:
             config = up_config.gather(roster, fleet, state_dir)
             if options.ray_address is not None:
@@ -206,7 +214,7 @@ class UpRun:
                 self.reporter.say(Level.WARNING, open_listener_text(options.host))
             await self._serve(config, connections, host)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
-            raise RosterdError(_os_message(exc)) from None
+            raise SystemRefusedError(_os_message(exc)) from None
         finally:
             try:
                 await host.close()  # every backend of this machine stopped; the lock released
@@ -358,11 +366,11 @@ class UpRun:
 
         Raises:
             RosterdError: the files do not read (file, line and column named), or the
-                configuration is refused (``ConfigRefusedError``); nothing changed.
+                configuration is refused (``ReloadRefusedError``); nothing changed.
         """
         fleet, files, state_dir = self._fleet, self.files, self._state_dir
         if fleet is None or files is None or state_dir is None:
-            raise RosterdError("rosterd up is not serving yet")
+            raise EndedBeforeServingError("rosterd up is not serving yet")
         files.reading()
         try:
             roster, fleet_file = up_config.read_files(self.options)
@@ -371,7 +379,7 @@ class UpRun:
             change = await fleet.change(config, conns, force=force)
         except RosterdError as exc:
             files.refused(exc, time.time())
-            if not isinstance(exc, ConfigRefusedError):  # the fleet scheduler said its own
+            if not isinstance(exc, ReloadRefusedError | NothingToServeError):  # said already
                 log.error("reload refused, the running configuration stays: %s", exc)
             raise
         files.applied(change, time.time())
