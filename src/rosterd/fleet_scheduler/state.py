@@ -125,9 +125,9 @@ class FleetState:
     def _routes(self) -> Routes:
         assert self.config is not None
         assert self.plan is not None
-        running = {n for n, s in self.serving.items() if s.run.running}
-        placements = {r: n for r, n in self.plan.placements.items() if n in running}
-        return Routes(self.config, placements, unserved_reasons(self.plan, self.config, running))
+        served = set(self.serving)  # a lost node's roles stay routable: requests wait for them
+        placements = {r: n for r, n in self.plan.placements.items() if n in served}
+        return Routes(self.config, placements, unserved_reasons(self.plan, self.config, served))
 
     def _refuse(
         self, change: Change, why: str, *, nothing_to_serve: bool = False
