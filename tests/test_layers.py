@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "rosterd.model_facts.reader": 2,
     # 3. pure decisions
     "rosterd.residency": 3,
+    "rosterd.replica_choice": 3,
     "rosterd.placement": 3,
     "rosterd.memory": 3,
     "rosterd.memory.estimate": 3,
