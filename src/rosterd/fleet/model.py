@@ -59,7 +59,8 @@ class ModelSource:
     ``path`` is absolute (relative paths in the fleet file resolve against the file's
     folder); ``ctx_size`` and ``parallel`` are positive or ``None`` (adapter default);
     ``extra_args`` are appended to the backend's argv as given; ``grace_s``: seconds
-    from SIGTERM to SIGKILL when its backend stops (``None``: ``rosterd up --grace``).
+    from SIGTERM to SIGKILL when its backend stops (``None``: ``rosterd up --grace``);
+    ``replicas``: how many copies of the role to place, each on its own node (>= 1).
     """
 
     path: Path
@@ -67,6 +68,7 @@ class ModelSource:
     parallel: int | None = None
     extra_args: tuple[str, ...] = ()
     grace_s: float | None = None
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,14 @@ class Fleet:
             if node.name == name:
                 return node
         raise KeyError(name)
+
+    def replicas_of(self, role: str, model: str | None = None) -> int:
+        """How many copies of ``role`` to place (>= 1): its ``models:`` entry's ``replicas``,
+        looked up as the weights are (the role id first, then the roster model name)."""
+        for key in (role, model):
+            if key is not None and key in self.models:
+                return self.models[key].replicas
+        return 1
 
 
 def default_reserved_bytes(memory_bytes: int) -> int:

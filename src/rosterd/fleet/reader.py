@@ -16,7 +16,9 @@ A fleet file is YAML::
     models:                     # optional: where each model's weights are
       gemma-3-270m: models/gemma.gguf           # key: roster model name or role id
       big-coder: {path: /srv/coder.gguf, ctx_size: 8192, parallel: 2, extra_args: [--mlock],
-                  grace_s: 30}  # seconds from SIGTERM to SIGKILL (default: up's --grace)
+                  grace_s: 30,  # seconds from SIGTERM to SIGKILL (default: up's --grace)
+                  replicas: 2}  # copies on distinct nodes (default 1); requests are
+                                # balanced by cached prefix and load (rosterd.replica_choice)
     model_roots: [models]       # optional: folders searched for weights
 
 The fleet's types are in :mod:`rosterd.fleet.model`; without a fleet file the
@@ -110,7 +112,7 @@ _NODE_KEYS: Final = (
     "labels",
     "max_concurrency",
 )
-_MODEL_KEYS: Final = ("path", "ctx_size", "parallel", "extra_args", "grace_s")
+_MODEL_KEYS: Final = ("path", "ctx_size", "parallel", "extra_args", "grace_s", "replicas")
 
 
 @dataclass(frozen=True)
@@ -407,6 +409,9 @@ class _FleetReader:
                 raise self.fail(value_node, f"{path}.path", "missing required key 'path'")
             source_path = self.path_at(fields["path"][1], f"{path}.path", "a path")
             ctx_size = parallel = None
+            replicas = 1
+            if "replicas" in fields:
+                replicas = self.positive_int(fields["replicas"][1], f"{path}.replicas")
             if "ctx_size" in fields:
                 ctx_size = self.positive_int(fields["ctx_size"][1], f"{path}.ctx_size")
             if "parallel" in fields:
@@ -437,6 +442,7 @@ class _FleetReader:
                 parallel=parallel,
                 extra_args=extra,
                 grace_s=grace_s,
+                replicas=replicas,
             )
         return models
 

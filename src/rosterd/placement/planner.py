@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rosterd.fleet import Fleet
+from rosterd.placement.copies import place_copies
 from rosterd.placement.greedy import best_greedy
 from rosterd.placement.problem import (
     NodeLoad,
@@ -42,7 +43,7 @@ def plan(
     greedy = best_greedy(problem)
     greedy_score = score_of(problem, greedy)
     if not problem.eligible:
-        return build_plan(problem, greedy, "trivial")
+        return _with_copies(problem, greedy, "trivial", previous)
     candidates = cpsat.narrow(problem, greedy)
     solved = cpsat.solve(problem, greedy, time_limit_s, candidates)
     if solved is not None:
@@ -53,8 +54,16 @@ def plan(
                 how = "cp-sat (narrowed)"
             else:
                 how = "cp-sat (optimal)" if optimal else "cp-sat (time limit)"
-            return build_plan(problem, assignment, how)
-    return build_plan(problem, greedy, "greedy")
+            return _with_copies(problem, assignment, how, previous)
+    return _with_copies(problem, greedy, "greedy", previous)
+
+
+def _with_copies(
+    problem: Problem, assignment: Mapping[str, int], solver: str, previous: Plan | None
+) -> Plan:
+    """The plan of ``assignment`` with the further copies of roles with replicas."""
+    copies, short = place_copies(problem, assignment, previous.copies if previous else {})
+    return build_plan(problem, assignment, solver, copies, short)
 
 
 def greedy_plan(specs: Sequence[InferenceSpec], fleet: Fleet, previous: Plan | None = None) -> Plan:
@@ -64,7 +73,7 @@ def greedy_plan(specs: Sequence[InferenceSpec], fleet: Fleet, previous: Plan | N
     node when they fit and biggest roles first. For benchmarks and tests;
     :func:`plan` uses it as the solver's hint and as its fallback."""
     problem = Problem(specs, fleet, previous)
-    return build_plan(problem, best_greedy(problem), "greedy")
+    return _with_copies(problem, best_greedy(problem), "greedy", previous)
 
 
 def score(
@@ -83,11 +92,15 @@ def score(
 def violations(specs: Sequence[InferenceSpec], fleet: Fleet, result: Plan) -> list[str]:
     """Hard constraints ``result`` breaks, as sentences (empty when the plan is valid):
     unknown node, flavor not run, interactive + largest batch over capacity, an
-    interactive role sharing a node with a role it excludes."""
+    interactive role sharing a node with a role it excludes, two copies of a role on one
+    node."""
     problem = Problem(specs, fleet, None)
     loads = [NodeLoad(n) for n in problem.nodes]
     problems: list[str] = []
-    for role, node_name in result.placements.items():
+    for role, copy_nodes in result.copies.items():
+        if len(set(result.nodes_of(role))) != len(result.nodes_of(role)):
+            problems.append(f"{role} has two copies on one node: {', '.join(copy_nodes)}")
+    for role, node_name in result.copy_pairs():
         s = problem.spec.get(role)
         idx = problem.node_index.get(node_name)
         if s is None or idx is None:

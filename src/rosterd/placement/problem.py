@@ -38,13 +38,30 @@ class Plan:
     node by name, in fleet order. ``solver``: how the plan was found, one of
     ``cp-sat (optimal)``, ``cp-sat (time limit)``, ``cp-sat (narrowed)`` (big
     fleet, see the module docstring), ``greedy`` (solver found nothing better in
-    time), ``trivial`` (nothing could be placed anywhere).
+    time), ``trivial`` (nothing could be placed anywhere). ``copies``: role -> the nodes
+    of its further copies (a fleet ``models:`` entry's ``replicas``; the first copy is
+    its placement), each a residency unit of its own there; ``copies_short``:
+    ``(role id, reason)`` for each role with fewer copies than asked.
     """
 
     placements: Mapping[str, str] = field(hash=False)
     unplaced: tuple[tuple[str, str], ...]
     nodes: Mapping[str, NodePlan] = field(hash=False)
     solver: str
+    copies: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    copies_short: tuple[tuple[str, str], ...] = ()
+
+    def nodes_of(self, role: str) -> tuple[str, ...]:
+        """Every node holding a copy of ``role``: its placement first, then its further
+        copies; empty when it is unplaced."""
+        first = self.placements.get(role)
+        if first is None:
+            return ()
+        return (first, *self.copies.get(role, ()))
+
+    def copy_pairs(self) -> list[tuple[str, str]]:
+        """``(role, node)`` for every copy of every placed role, first copies in order."""
+        return [(role, node) for role in self.placements for node in self.nodes_of(role)]
 
 
 @dataclass(frozen=True)
@@ -296,8 +313,18 @@ def unplaced_reason(problem: Problem, s: InferenceSpec, loads: Sequence[NodeLoad
     )
 
 
-def build_plan(problem: Problem, assignment: Mapping[str, int], solver: str) -> Plan:
+def build_plan(
+    problem: Problem,
+    assignment: Mapping[str, int],
+    solver: str,
+    copies: Mapping[str, tuple[int, ...]] | None = None,
+    copies_short: Mapping[str, str] | None = None,
+) -> Plan:
+    copies = copies or {}
     loads = node_loads(problem, assignment)
+    for role, indexes in copies.items():
+        for i in indexes:
+            loads[i].add(problem.spec[role])
     placements = {
         role: problem.nodes[assignment[role]].name for role in problem.order if role in assignment
     }
@@ -319,4 +346,19 @@ def build_plan(problem: Problem, assignment: Mapping[str, int], solver: str) -> 
         )
         for node, load in zip(problem.nodes, loads, strict=True)
     }
-    return Plan(placements=placements, unplaced=tuple(unplaced), nodes=nodes, solver=solver)
+    return Plan(
+        placements=placements,
+        unplaced=tuple(unplaced),
+        nodes=nodes,
+        solver=solver,
+        copies={
+            role: tuple(problem.nodes[i].name for i in copies[role])
+            for role in problem.order
+            if role in copies
+        },
+        copies_short=tuple(
+            (role, (copies_short or {})[role])
+            for role in problem.order
+            if role in (copies_short or {})
+        ),
+    )
