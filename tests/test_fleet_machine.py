@@ -11,11 +11,13 @@ step.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet_machine_bench import FleetBench, cluster, config, local, node, on_ray
+from rosterd.fleet.model import ModelSource
 from rosterd.fleet_scheduler.effects import (
     ApplyPlan,
     DropAgents,
@@ -336,3 +338,33 @@ def test_docs_fleet_md_names_every_event_and_effect() -> None:
     names += [t.__name__ for t in typing.get_args(effects.FleetEffect)]
     missing = [n for n in names if f"`{n}`" not in text]
     assert missing == [], f"docs/fleet.md does not name {missing}"
+
+
+def test_a_role_with_replicas_is_served_by_a_copy_on_each_of_two_nodes_and_survives_a_loss() -> (
+    None
+):
+    nodes = [node("a", 2), node("b", 2), node("c", 2)]
+    cfg = config([spec("chat", 1, interactive=True)], nodes)
+    models = {"chat": ModelSource(Path("/w/chat.gguf"), replicas=2)}
+    cfg = dataclasses.replace(cfg, fleet=dataclasses.replace(cfg.fleet, models=models))
+    bench = FleetBench(FleetMachine(ray_address=RAY))
+    bench.reload(cfg, on_ray(cfg), start=True)
+    plan = bench.machine.plan
+    assert plan is not None
+    held = plan.nodes_of("chat")
+    assert len(set(held)) == 2
+    [applied] = bench.of(ApplyPlan)
+    assert sorted(n for n, s in applied.nodes.items() if "chat" in s.specs) == sorted(held)
+    assert fleet_status(bench.machine)["replicas"] == {"chat": list(held)}
+
+    first, other = held
+    bench.run(cluster(cfg, alive=[n.name for n in nodes if n.name != first]))
+    plan = bench.machine.plan
+    assert plan is not None
+    assert plan.placements["chat"] == other  # the copy left serves on: nothing moves
+    (third,) = {"a", "b", "c"} - {first, other}
+    assert plan.nodes_of("chat") == (other, third)  # a new copy where there is room
+    serving = bench.machine.serving
+    assert "chat" in serving[other].specs
+    assert "chat" in serving[third].specs
+    assert first not in serving or "chat" not in serving[first].specs

@@ -25,6 +25,7 @@ copy_lists = st.lists(
         node=st.sampled_from(NODES),
         state=st.sampled_from(list(CopyState)),
         in_flight=st.integers(min_value=0, max_value=40),
+        slots=st.one_of(st.none(), st.integers(min_value=1, max_value=8)),
     ),
     max_size=6,
     unique_by=lambda c: c.node,
@@ -43,7 +44,11 @@ def test_only_a_ready_copy_not_tried_is_chosen_within_the_bound(
         return
     by_node = {c.node: c for c in candidates}
     assert chosen in by_node
-    assert by_node[chosen].in_flight + 1 <= load_bound(candidates)
+    free = [c for c in candidates if not c.full]
+    if free:  # a copy with a free slot is chosen while there is one
+        assert not by_node[chosen].full
+    if len(free) == len(candidates):
+        assert by_node[chosen].in_flight + 1 <= load_bound(candidates)
 
 
 @given(copy_lists)
@@ -53,8 +58,9 @@ def test_without_a_key_the_least_loaded_ready_copy_is_chosen(copies: list[Copy])
     if not ready:
         assert chosen is None
         return
-    least = min(c.in_flight for c in ready)
-    assert {c.node: c.in_flight for c in ready}[chosen or ""] == least
+    pool = [c for c in ready if not c.full] or ready
+    least = min(c.in_flight for c in pool)
+    assert {c.node: c.in_flight for c in pool}[chosen or ""] == least
 
 
 @given(copy_lists, keys, st.randoms(use_true_random=False))

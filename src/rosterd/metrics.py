@@ -152,14 +152,20 @@ class RosterdMetrics:
         )
         self.in_flight = Gauge(
             "rosterd_in_flight",
-            "Requests being served by the role now.",
-            ["role"],
+            "Requests being served by the role's copy on the node now.",
+            ["node", "role"],
             registry=r,
         )
         self.queued = Gauge(
             "rosterd_queued",
-            "Requests waiting for the role (its load or a free slot) now.",
-            ["role"],
+            "Requests waiting for the role's copy on the node (its load or a free slot) now.",
+            ["node", "role"],
+            registry=r,
+        )
+        self.copy_requests = Counter(
+            "rosterd_copy_requests",
+            "Requests sent to the role's copy on the node (a role with replicas has several).",
+            ["node", "role"],
             registry=r,
         )
 

@@ -18,6 +18,10 @@ that copy is loaded beyond a bound, and otherwise to the least loaded ready copy
   spill to the next copy on the ring, and removing a copy moves only the keys it held.
 - **No key** (a request with no messages and no prompt): the least loaded ready copy,
   ties by node name.
+- **Slots first**: while some ready copy has a free slot, a copy whose slots are all busy
+  is passed over (a request queued behind a busy slot waits longer than a cache miss
+  costs on the tiny and mid-size models a lab serves; the bound alone lets two requests
+  share a one-slot copy while the other copy idles).
 
 Copies that are loading, unhealthy or lost are skipped (:attr:`CopyState.READY` only);
 the caller also names copies already tried (``exclude``: a failover goes to another).
@@ -70,12 +74,19 @@ _WAIT_ORDER: Final = {
 
 @dataclass(frozen=True)
 class Copy:
-    """One copy of a role: its ``node``, its :class:`CopyState` and its requests in flight
-    (``in_flight``, >= 0; queued ones count too)."""
+    """One copy of a role: its ``node``, its :class:`CopyState`, its requests in flight
+    (``in_flight``, >= 0; queued ones count too) and how many it serves at once
+    (``slots``, >= 1; ``None``: no limit known)."""
 
     node: str
     state: CopyState
     in_flight: int = 0
+    slots: int | None = None
+
+    @property
+    def full(self) -> bool:
+        """Whether a request sent here now would wait for a slot."""
+        return self.slots is not None and self.in_flight >= self.slots
 
 
 def _hash64(data: bytes) -> int:
@@ -149,10 +160,12 @@ def choose_copy(
     ready = [c for c in copies if c.state is CopyState.READY and c.node not in exclude]
     if not ready:
         return None
-    if key is None or len(ready) == 1:
-        return min(ready, key=lambda c: (c.in_flight, c.node)).node
+    free = [c for c in ready if not c.full]
+    candidates = free or ready
+    if key is None or len(candidates) == 1:
+        return min(candidates, key=lambda c: (c.in_flight, c.node)).node
     bound = load_bound(ready, load_factor)
-    load = {c.node: c.in_flight for c in ready}
+    load = {c.node: c.in_flight for c in candidates}
     hashes, owners = _ring(tuple(sorted(load)))
     start = bisect.bisect(hashes, _hash64(key))
     seen: set[str] = set()
@@ -165,8 +178,8 @@ def choose_copy(
         seen.add(node)
         if len(seen) == len(load):
             break
-    # Unreachable in arithmetic (the least loaded copy is within the mean), kept for safety.
-    return min(ready, key=lambda c: (c.in_flight, c.node)).node
+    # Past every candidate's bound (only when busy copies were passed over): the least loaded.
+    return min(candidates, key=lambda c: (c.in_flight, c.node)).node
 
 
 def copy_to_wait_on(copies: Sequence[Copy], exclude: Collection[str] = ()) -> str | None:

@@ -243,6 +243,9 @@ def _role_notes(role: str, info: dict[str, Any]) -> list[str]:
     notes: list[str] = []
     if info.get("unavailable_reason"):
         notes.append(f"{role}: unavailable: {info['unavailable_reason']}")
+    copies = info.get("copies")
+    if isinstance(copies, list) and len(copies) > 1:
+        notes.append(f"{role}: one of {len(copies)} copies, on {', '.join(copies)}")
     if info.get("retiring"):
         notes.append(f"{role}: retiring: a reload removed it here; it stops once idle")
     if info.get("restart_pending"):

@@ -20,7 +20,11 @@ from rosterd.fleet_scheduler.effects import (
     Teach,
 )
 from rosterd.fleet_scheduler.events import ClusterSeen, PlanSolved
-from rosterd.fleet_scheduler.served import node_serving, placements_after_loss
+from rosterd.fleet_scheduler.served import (
+    copies_after_loss,
+    node_serving,
+    placements_after_loss,
+)
 from rosterd.fleet_scheduler.state import Change, FleetState
 from rosterd.fleet_scheduler.values import Connection, NodeRun, NodeServing, NodeStatus
 from rosterd.ray_match import lost_agents, nodes_back
@@ -64,13 +68,13 @@ class LossRules(FleetState):
         }
         if not news or self.config is None:
             return []
-        placements = self.plan.placements if self.plan is not None else {}
+        pairs = self.plan.copy_pairs() if self.plan is not None else []
         effects: list[FleetEffect] = []
         for node, why in sorted(news.items()):
             self.nodes[node] = dataclasses.replace(self.nodes[node], run=NodeRun.LOST, reason=why)
             self.agents.discard(node)
             self._back_said.discard(node)
-            mine = sorted(r for r, n in placements.items() if n == node)
+            mine = sorted(r for r, n in pairs if n == node)
             effects.append(
                 Say(Level.ERROR, f"{why}; its roles are lost: {', '.join(mine) or 'none'}")
             )
@@ -88,7 +92,8 @@ class LossRules(FleetState):
         assert self.plan is not None
         lost = {n for n, s in self.nodes.items() if s.run is NodeRun.LOST}
         placements = placements_after_loss(self.plan, solved.served, lost)
-        change.plan = dataclasses.replace(solved.served, placements=placements)
+        copies = copies_after_loss(solved.served, placements)
+        change.plan = dataclasses.replace(solved.served, placements=placements, copies=copies)
         config = change.config
         in_fleet = {n.name for n in config.fleet.nodes}
         wanted: dict[str, NodeServing] = {}
@@ -96,7 +101,9 @@ class LossRules(FleetState):
             if name not in in_fleet:
                 change.serving[name] = current
                 continue
-            fresh = node_serving(config, placements, config.fleet.node(name), self.nodes[name].run)
+            fresh = node_serving(
+                config, placements, config.fleet.node(name), self.nodes[name].run, copies
+            )
             # A node keeps the unavailable roles it had (its weights were checked then).
             kept = {r: w for r, w in current.unavailable.items() if r in fresh.specs}
             fresh = dataclasses.replace(fresh, unavailable=kept)

@@ -178,7 +178,9 @@ class FleetMachine(LossRules):
         change.full, change.moved = full, moved
         change.plan = with_unplaced_reasons(served, moved)
         change.serving = {
-            node.name: node_serving(config, change.plan.placements, node, status.run)
+            node.name: node_serving(
+                config, change.plan.placements, node, status.run, change.plan.copies
+            )
             for node in config.fleet.nodes
             if (status := change.nodes[node.name]).run.running
         }

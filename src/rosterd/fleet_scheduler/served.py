@@ -24,14 +24,22 @@ from rosterd.tokens import GB
 
 
 def node_serving(
-    config: ServedConfig, placements: Mapping[str, str], node: Node, run: NodeRun
+    config: ServedConfig,
+    placements: Mapping[str, str],
+    node: Node,
+    run: NodeRun,
+    copies: Mapping[str, tuple[str, ...]] | None = None,
 ) -> NodeServing:
-    """What ``placements`` (role -> node) give ``node`` under ``config``: the roles placed
+    """What ``placements`` (role -> node) and ``copies`` (role -> the nodes of its further
+    copies, ``Plan.copies``) give ``node`` under ``config``: the roles placed
     there, each counting its figure on that node; on a node this machine runs
     (``run`` ``LOCAL``), the roles whose weights this machine cannot use are
     unavailable (an agent resolves its weights on its own node, at each start)."""
     by_role = config.first_by_role()
     specs = {r: by_role[r].spec for r, n in placements.items() if n == node.name and r in by_role}
+    for role, nodes in (copies or {}).items():
+        if node.name in nodes and role in by_role and role in placements:
+            specs[role] = by_role[role].spec
     specs = config.memory.node_specs(specs, node.name)
     unavailable = (
         {r: why for r, why in config.unavailable_here.items() if r in specs}
@@ -119,6 +127,16 @@ def with_unplaced_reasons(served: Plan, reasons: Mapping[str, str]) -> Plan:
     """``served`` with the reason of each unplaced role in ``reasons`` replaced by it."""
     unplaced = tuple((role, reasons.get(role, why)) for role, why in served.unplaced)
     return dataclasses.replace(served, unplaced=unplaced)
+
+
+def copies_after_loss(new: Plan, placements: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """Role -> the nodes of its further copies once nodes are lost: ``new``'s copies (made on
+    the nodes left), without the node a role is placed on (a role of a lost node kept there)."""
+    return {
+        role: kept
+        for role, nodes in new.copies.items()
+        if (kept := tuple(n for n in nodes if n != placements.get(role)))
+    }
 
 
 def placements_after_loss(in_force: Plan, new: Plan, lost: Collection[str]) -> dict[str, str]:

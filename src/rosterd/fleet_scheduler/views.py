@@ -14,7 +14,9 @@ def fleet_status(machine: FleetMachine) -> dict[str, object]:
     reason]`` of the plan in force), ``remote_nodes`` (fleet nodes no scheduler of this
     process runs: ``{"node", "address", "served_here": false}``), ``plan_solver``, and
     with Ray ``ray_address`` and ``moved`` (role -> why it is not where the whole
-    fleet's plan put it). ``{}`` before the first configuration is served."""
+    fleet's plan put it), ``replicas`` (role -> the nodes of its copies in the plan, for
+    each role with more than one) and ``replicas_short`` (role -> why fewer copies than its
+    ``replicas:`` asks were placed). ``{}`` before the first configuration is served."""
     config, result = machine.config, machine.plan
     if config is None or result is None:
         return {}
@@ -26,6 +28,8 @@ def fleet_status(machine: FleetMachine) -> dict[str, object]:
             if n.name not in machine.serving
         ],
         "plan_solver": result.solver,
+        "replicas": {role: list(result.nodes_of(role)) for role in result.copies},
+        "replicas_short": dict(result.copies_short),
     }
     if machine.ray_address is not None:
         extra["ray_address"] = machine.ray_address

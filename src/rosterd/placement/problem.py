@@ -150,16 +150,17 @@ class Problem:
                     self.conflicts[b.role].add(a.role)
         self.previous: dict[str, int] = {}
         if previous is not None:
-            for role, node_name in previous.placements.items():
+            for role in previous.placements:
                 prev_spec = self.spec.get(role)
-                idx = self.node_index.get(node_name)
-                if (
-                    prev_spec is not None
-                    and prev_spec.sticky
-                    and idx is not None
-                    and idx in self.eligible.get(role, ())
-                ):
-                    self.previous[role] = idx
+                if prev_spec is None or not prev_spec.sticky:
+                    continue
+                # Its first copy's node, else (that node gone) the node of another copy:
+                # a role with replicas keeps serving where it still is.
+                for node_name in previous.nodes_of(role):
+                    idx = self.node_index.get(node_name)
+                    if idx is not None and idx in self.eligible.get(role, ()):
+                        self.previous[role] = idx
+                        break
 
     def need_text(self, s: InferenceSpec) -> str:
         """The role's figure for a reason: ``1.20 GiB (… bytes)``, then its memory note;

@@ -37,6 +37,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
 from rosterd.metrics import RosterdMetrics
+from rosterd.replica_choice import CopyState, prefix_key
 from rosterd.router.body import parse_json_object, read_body, requested_model
 from rosterd.router.liveness import (
     MAX_RESTART_WAITS,
@@ -238,12 +239,19 @@ class Proxy:
         self, role: str, payload: dict[str, Any], answer: _Answer, cut: _Cut
     ) -> None:
         """Take a lease, forward, give the lease back; when the backend could not be reached
-        and nothing was sent yet, wait for its restart (a lease of a newer generation) and
-        forward again, at most ``MAX_RESTART_WAITS`` times."""
+        and nothing was sent yet, send the request once to another ready copy of the role
+        (replicas), else wait for its restart (a lease of a newer generation) and forward
+        again, at most ``MAX_RESTART_WAITS`` times.
+
+        The copy is chosen by the request's prefix (``rosterd.replica_choice``), so the
+        turns of one conversation find their KV cache."""
         scheduler = self.ctx.scheduler
+        prefix = prefix_key(payload) if len(scheduler.nodes_of(role)) > 1 else None
         with scheduler_errors():
-            lease = await scheduler.acquire(role)
+            lease = await scheduler.acquire(role, prefix=prefix)
+        self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
         waits = 0
+        failed_over = False
         while True:
             try:
                 await self._forward_unless_revoked(lease, payload, answer, cut)
@@ -254,11 +262,26 @@ class Proxy:
                 # Nothing was sent to the client and the backend never answered: wait for
                 # the supervisor's restart (a newer generation) rather than a dead port.
                 waits += 1
-                log.info("backend of %s unreachable (%s); waiting for its restart", role, err)
+                log.info("backend of %s on %s unreachable (%s)", role, lease.node, err)
             finally:
                 scheduler.release(lease)
+            if not failed_over and self._other_copy_ready(role, lease.node):
+                failed_over = True  # once: a second dead copy means waiting for a restart
+                with scheduler_errors():
+                    lease = await scheduler.acquire(role, prefix=prefix, avoid={lease.node})
+                self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
+                continue
             with scheduler_errors():
-                lease = await scheduler.acquire(role, newer_than=lease.generation)
+                lease = await scheduler.acquire(
+                    role, newer_than=lease.generation, on_node=lease.node
+                )
+
+    def _other_copy_ready(self, role: str, node: str) -> bool:
+        """Whether a copy of ``role`` other than ``node``'s is ready now (a failover)."""
+        return any(
+            other.name != node and other.copy_state(role) is CopyState.READY
+            for other in self.ctx.scheduler.nodes_of(role)
+        )
 
     async def _forward_unless_revoked(
         self, lease: Lease, payload: dict[str, Any], answer: _Answer, cut: _Cut

@@ -1,7 +1,12 @@
 """The fleet-level scheduler (DESIGN.md layer 6): the node schedulers of one process, by role.
 
-It owns no state of its own beyond which node serves which role: every call
-goes to that role's :class:`~rosterd.scheduler.node.NodeScheduler`. A re-plan
+It owns no state of its own beyond which nodes serve which role and how many
+requests each copy of a role has in flight: every call goes to that role's
+:class:`~rosterd.scheduler.node.NodeScheduler`. A role with replicas has a copy on
+several nodes; a request goes to the copy :mod:`rosterd.replica_choice` picks (its
+prefix's copy within a bounded load, else the least loaded ready one). The count in
+flight is kept here, at the acquire, rather than read from the node machines, whose
+queues fill only once their loops run: a burst would otherwise all see the same load. A re-plan
 (a reload, a node lost) is one call, :meth:`Scheduler.apply_plan`: each node
 kept gets its new roles, budget and backends (``NodeScheduler.apply``), a new
 node gets a scheduler, a node left out drains and stops.
@@ -16,6 +21,7 @@ from typing import Final
 
 from rosterd.backends.interface import BackendEventSource, RoleBackends
 from rosterd.errors import RoleMovedError, UnknownRoleError
+from rosterd.replica_choice import Copy, choose_copy, copy_to_wait_on
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeChange, NodeConcurrency, SchedulerEvent
@@ -116,10 +122,18 @@ class Scheduler:
         self._drains: set[asyncio.Task[None]] = set()
         self._started = False
         self._node_of: dict[str, NodeScheduler] = {}
+        self._nodes_of: dict[str, tuple[NodeScheduler, ...]] = {}
+        #: (role, node) -> requests acquired there and not yet released (replicas' load)
+        self._in_flight: dict[tuple[str, str], int] = {}
         self._index()
 
     def _index(self) -> None:
-        self._node_of = {role: node for node in self.nodes.values() for role in node.specs}
+        held: dict[str, list[NodeScheduler]] = {}
+        for _name, node in sorted(self.nodes.items()):
+            for role in node.specs:
+                held.setdefault(role, []).append(node)
+        self._nodes_of = {role: tuple(nodes) for role, nodes in held.items()}
+        self._node_of = {role: nodes[0] for role, nodes in self._nodes_of.items()}
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -132,6 +146,35 @@ class Scheduler:
             return self._node_of[role]
         except KeyError:
             raise UnknownRoleError(f"role {role!r} is not served here") from None
+
+    def nodes_of(self, role: str) -> tuple[NodeScheduler, ...]:
+        """Every node scheduler holding a copy of ``role``, by node name (empty: none)."""
+        return self._nodes_of.get(role, ())
+
+    def choose_node(
+        self, role: str, prefix: bytes | None = None, avoid: Collection[str] = ()
+    ) -> NodeScheduler:
+        """The node whose copy of ``role`` takes a request with ``prefix``
+        (:func:`rosterd.replica_choice.prefix_key`), skipping the nodes in ``avoid``: the
+        ready copy :func:`~rosterd.replica_choice.choose_copy` picks, else the copy to
+        wait on (a load under way, then a cold one, then a lost node's). A role on one
+        node: that node. Raises ``UnknownRoleError`` when no node holds it, or every
+        copy is in ``avoid``."""
+        nodes = self._nodes_of.get(role, ())
+        if len(nodes) == 1 and not avoid:
+            return nodes[0]
+        copies = []
+        for node in nodes:
+            state = node.copy_state(role)
+            if state is not None:
+                in_flight = self._in_flight.get((role, node.name), 0)
+                copies.append(Copy(node.name, state, in_flight, node.limits.max_concurrency))
+        name = choose_copy(copies, prefix, exclude=avoid) or copy_to_wait_on(copies, avoid)
+        if name is None:
+            if nodes and not avoid:
+                return nodes[0]  # unavailable everywhere: its node says why
+            raise UnknownRoleError(f"role {role!r} has no other copy to try")
+        return self.nodes[name]
 
     def start(self) -> None:
         """Start every node's task."""
@@ -175,7 +218,10 @@ class Scheduler:
                     moved={role: name for role in old.specs},
                 )
                 self._drain(name, old)
-        placed = {role: name for name, config in nodes.items() for role in config.specs}
+        placed: dict[str, str] = {}  # role -> a node holding it (the first by name)
+        for name, config in sorted(nodes.items(), reverse=True):
+            for role in config.specs:
+                placed[role] = name
         changes: dict[str, NodeChange] = {}
         added_nodes: list[str] = []
         for name, config in sorted(nodes.items()):
@@ -194,7 +240,11 @@ class Scheduler:
                 backends=config.backends,
                 unavailable=config.unavailable,
                 restart=restart,
-                moved={role: placed[role] for role in node.specs if placed.get(role, name) != name},
+                moved={
+                    role: placed[role]
+                    for role in node.specs
+                    if role in placed and role not in config.specs
+                },
                 memory=config.memory,
                 concurrency=config.concurrency,
             )
@@ -224,42 +274,76 @@ class Scheduler:
         task.add_done_callback(self._drains.discard)
 
     async def acquire(
-        self, role: str, *, timeout_s: float | None = None, newer_than: int | None = None
+        self,
+        role: str,
+        *,
+        timeout_s: float | None = None,
+        newer_than: int | None = None,
+        on_node: str | None = None,
+        prefix: bytes | None = None,
+        avoid: Collection[str] = (),
     ) -> Lease:
         """A lease on ``role`` (as ``NodeScheduler.acquire``); give it back with :meth:`release`.
 
-        ``newer_than``: the generation of a lease whose backend failed the request
-        before answering; the new lease is of the restarted backend. A request
-        waiting while a re-plan moves its role (a node lost, a reload) is queued
-        again on the role's new node, within what is left of its ``timeout_s``.
-        Raises the ``SchedulerError`` subclasses listed there.
+        The copy is :meth:`choose_node`'s for ``prefix`` and ``avoid`` (nodes already
+        tried), or the one on ``on_node``. ``newer_than``: the generation of a lease
+        whose backend failed the request before answering; the new lease is of the
+        restarted backend (give ``on_node``: the lease's). A request waiting while a
+        re-plan moves its role (a node lost, a reload) is queued again on the role's
+        new node, within what is left of its ``timeout_s``. Raises the
+        ``SchedulerError`` subclasses listed there.
         """
-        return await self._follow_moves(
-            role,
-            timeout_s,
-            lambda node, left_s: node.acquire(role, timeout_s=left_s, newer_than=newer_than),
-        )
+        start = self.nodes.get(on_node) if on_node is not None else None
+        if start is None or role not in start.specs:
+            start = self.choose_node(role, prefix, avoid)
+        key = (role, start.name)
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        try:
+            lease = await self._follow_moves(
+                role,
+                timeout_s,
+                lambda node, left_s: node.acquire(role, timeout_s=left_s, newer_than=newer_than),
+                start,
+            )
+        except BaseException:
+            self._count_done(key)
+            raise
+        if lease.node != start.name:  # followed a move: counted where it is served
+            self._count_done(key)
+            moved = (role, lease.node)
+            self._in_flight[moved] = self._in_flight.get(moved, 0) + 1
+        return lease
+
+    def _count_done(self, key: tuple[str, str]) -> None:
+        left = self._in_flight.get(key, 0) - 1
+        if left > 0:
+            self._in_flight[key] = left
+        else:
+            self._in_flight.pop(key, None)
 
     async def _follow_moves(
         self,
         role: str,
         timeout_s: float | None,
         ask: Callable[[NodeScheduler, float | None], Awaitable[Lease]],
+        node: NodeScheduler | None = None,
     ) -> Lease:
         """``ask(node, timeout_s)`` on ``role``'s node; when that node answers
         ``RoleMovedError`` (a re-plan moved the role while the request waited), ask
         the role's node now, with what is left of the timeout (at most
-        ``MAX_MOVES`` times, so a role moved back and forth cannot loop)."""
+        ``MAX_MOVES`` times, so a role moved back and forth cannot loop). ``node``: where
+        to ask first (default: the role's first node)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        node = self.node_of(role)
+        node = node if node is not None else self.node_of(role)
         limit_s = node.limits.queue_timeout_s if timeout_s is None else timeout_s
         left_s = timeout_s
         for moves in range(MAX_MOVES + 1):
             try:
                 lease = await ask(node, left_s)
             except RoleMovedError:
-                moved_to = self.node_of(role)  # UnknownRoleError: placed nowhere now
+                self.node_of(role)  # UnknownRoleError: placed nowhere now
+                moved_to = self.choose_node(role)
                 if moved_to is node or moves == MAX_MOVES:
                     raise
                 node = moved_to
@@ -283,6 +367,7 @@ class Scheduler:
     def release(self, lease: Lease) -> None:
         """Give back a lease from :meth:`acquire` (also after a re-plan moved or removed
         its role, or left its node out)."""
+        self._count_done((lease.role, lease.node))
         node = self.nodes.get(lease.node)
         if node is None or (lease.role not in node.specs and lease.node in self._draining):
             node = self._draining.get(lease.node, node)
@@ -304,15 +389,31 @@ class Scheduler:
         """Make ``role`` resident without taking a slot (``rosterd load``, warm-up).
 
         ``no_evict``: give up (``RoleRefusedError``) rather than evict anything.
+        A role with replicas is loaded on every node holding a copy, at once; the lease
+        of the first copy that loads is returned, and the first error when none does.
         The returned lease needs no release.
         """
-        return await self._follow_moves(
-            role,
-            timeout_s,
-            lambda node, left_s: node.acquire(
-                role, timeout_s=left_s, take_slot=False, no_evict=no_evict
+        starts = self.nodes_of(role) or (self.node_of(role),)  # UnknownRoleError
+        results = await asyncio.gather(
+            *(
+                self._follow_moves(
+                    role,
+                    timeout_s,
+                    lambda node, left_s: node.acquire(
+                        role, timeout_s=left_s, take_slot=False, no_evict=no_evict
+                    ),
+                    start,
+                )
+                for start in starts
             ),
+            return_exceptions=True,
         )
+        for result in results:
+            if isinstance(result, Lease):
+                return result
+        first = results[0]
+        assert isinstance(first, BaseException)
+        raise first
 
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend (``rosterd unload``); see :meth:`NodeScheduler.unload`."""
@@ -331,11 +432,20 @@ class Scheduler:
 
     def snapshot(self) -> dict[str, object]:
         """``{"nodes": {name: NodeScheduler.snapshot() + {"draining"}}}``; ``draining``:
-        a re-plan left the node out and it is stopping."""
+        a re-plan left the node out and it is stopping. A role with replicas has, on each
+        node holding a copy, ``copies``: every node holding one (by name) and
+        ``copy_requests``: the requests this process has in flight on this copy."""
         nodes: dict[str, object] = {}
         for draining, group in ((False, self.nodes), (True, self._draining)):
             for name, node in group.items():
-                nodes.setdefault(name, {**node.snapshot(), "draining": draining})
+                view = {**node.snapshot(), "draining": draining}
+                roles = view.get("roles")
+                for role, info in roles.items() if isinstance(roles, dict) else ():
+                    held = self._nodes_of.get(role, ())
+                    if len(held) > 1 and isinstance(info, dict):
+                        info["copies"] = [n.name for n in held]
+                        info["copy_in_flight"] = self._in_flight.get((role, name), 0)
+                nodes.setdefault(name, view)
         return {"nodes": nodes}
 
     async def measured_bytes(self) -> dict[str, dict[str, int]]:

@@ -155,8 +155,9 @@ class NodeLoop:
             self._record(effect)
         elif isinstance(effect, UpdateGauges):
             if self._metrics is not None:
-                self._metrics.in_flight.labels(role=effect.role).set(effect.in_flight)
-                self._metrics.queued.labels(role=effect.role).set(effect.queued)
+                labels = {"node": self.name, "role": effect.role}
+                self._metrics.in_flight.labels(**labels).set(effect.in_flight)
+                self._metrics.queued.labels(**labels).set(effect.queued)
         elif isinstance(effect, StartBackend):
             self._started_by[effect.role] = self._backends
             self._spawn(self._start_backend(effect.role, self._backends))

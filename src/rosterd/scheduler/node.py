@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Mapping
 from rosterd.backends.interface import BackendEventSource, MeasuredBackends, RoleBackends
 from rosterd.errors import RoleUnavailableError, RosterdError, ShuttingDownError, UnknownRoleError
 from rosterd.metrics import RosterdMetrics
+from rosterd.replica_choice import CopyState
 from rosterd.scheduler.events import (
     Acquire,
     AddRole,
@@ -47,9 +48,26 @@ from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.loop import NodeLoop
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.replan import launch_changed
-from rosterd.scheduler.values import NodeChange, NodeConcurrency, SchedulerLimits, client_reason
+from rosterd.scheduler.values import (
+    NodeChange,
+    NodeConcurrency,
+    Phase,
+    SchedulerLimits,
+    client_reason,
+)
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, describe_exit
+
+#: A copy's state by its role's phase (``ready`` is decided with its probe, above).
+_COPY_STATES: dict[Phase, CopyState] = {
+    Phase.STOPPED: CopyState.COLD,
+    Phase.STOPPING: CopyState.COLD,
+    Phase.LOADING: CopyState.LOADING,
+    Phase.RESTARTING: CopyState.LOADING,
+    Phase.UNHEALTHY: CopyState.UNHEALTHY,
+    Phase.LOST: CopyState.LOST,
+    Phase.READY: CopyState.READY,
+}
 
 
 class NodeScheduler(NodeLoop):
@@ -226,6 +244,22 @@ class NodeScheduler(NodeLoop):
         to serve them elsewhere; no start or stop is asked of the node again.
         """
         self._post(NodeLost(self._clock(), reason))
+
+    def copy_state(self, role: str) -> CopyState | None:
+        """What this node's copy of ``role`` can do now, for the choice among a role's
+        copies (``rosterd.replica_choice``); ``None``: it cannot serve it here (not
+        placed, unavailable, retiring). A ready role a stalled request made suspect
+        counts as unhealthy until its probe answers."""
+        if role not in self.specs or role in self.unavailable or role in self._retiring:
+            return None
+        if role not in self._machine.specs:
+            return CopyState.COLD  # added by apply() a moment ago
+        if self._machine.lost_reason is not None:
+            return CopyState.LOST
+        phase, suspected, _load = self._machine.copy_load(role)
+        if phase is Phase.READY:
+            return CopyState.UNHEALTHY if suspected else CopyState.READY
+        return _COPY_STATES[phase]
 
     @property
     def lost_reason(self) -> str | None:

@@ -162,6 +162,12 @@ class MachineState:
             return None
         return self.concurrency.limit(self.resident())
 
+    def copy_load(self, role: str) -> tuple[Phase, bool, int]:
+        """``role``'s phase, whether a stalled request made it suspect, and its requests in
+        flight plus queued (a replica's load, for the choice among copies)."""
+        st = self._roles[role]
+        return st.phase, st.suspected, st.in_flight + len(st.waiters)
+
     def waiting_reason(self, role: str) -> str | None:
         """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""
         return self._roles[role].waiting_reason

@@ -203,6 +203,10 @@ function roleNote(role, info) {
   }
   const failure = state.failures[role];
   if (failure) return { text: `${failure.kind.replace("_", " ")}: ${failure.cause}`, kind: "error" };
+  // A role with replicas: this row is one copy; say where the others are.
+  if (info.copies && info.copies.length > 1) {
+    return { text: `one of ${info.copies.length} copies, on ${info.copies.join(", ")}`, kind: "" };
+  }
   return { text: "", kind: "" };
 }
 
