@@ -2,6 +2,7 @@
 machine, and how long a node's loss takes to show, in one run.
 
     .venv/bin/python bench/fleet_bench.py [--requests N] [--rounds R] [--max-tokens T]
+    .venv/bin/python bench/fleet_bench.py --replicas [--requests N] [--service-ms MS]
 
 Needs the ``ray`` extra and the llama-server binary. It starts a Ray test
 cluster on this machine (``ray.cluster_utils``: a head at 127.0.0.2 and a node
@@ -22,6 +23,15 @@ role marked lost), then asks for the role at once and measures the time from
 the removal to that request's answer (200), served on ``local`` after the
 run-time re-plan moved the role there and loaded it (a cold start of the
 tiny GGUF included).
+
+Replicas (``--replicas``): the same two nodes serve ``one`` (one copy) and ``two``
+(``replicas: 2``, a copy on each node), both backends the stand-in of
+``tests/fake_llama_server.py`` with a fixed service time (``--service-ms``, one slot:
+a copy serves at most 1000 / MS requests a second). It prints the throughput of ``N``
+requests at 8 connections to each role and their ratio (two copies should give about
+twice one's), then the routing cost at one connection: the p50 through the router to
+``two`` minus that to ``one`` (over ``--rounds``, alternating), and the in-process
+time of the choice itself (``prefix_key`` and ``choose_copy`` on two copies).
 """
 
 from __future__ import annotations
@@ -118,17 +128,23 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def wait_serving(router: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
-    """Wait for ``/health``, load both roles, return ``/status``."""
+async def wait_health(router: str, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until the router answers ``/health``."""
     async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
         for _ in range(1200):
             if proc.poll() is not None:
                 raise SystemExit(f"rosterd up exited with {proc.returncode}")
             try:
                 if (await client.get(router + "/health")).status_code == 200:
-                    break
+                    return
             except httpx.HTTPError:
                 await asyncio.sleep(0.1)
+
+
+async def wait_serving(router: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """Wait for ``/health``, load both roles, return ``/status``."""
+    await wait_health(router, proc)
+    async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
         for role in ("near", "far"):
             (await client.post(router + f"/rosterd/load/{role}")).raise_for_status()
         status: dict[str, Any] = (await client.get(router + "/status")).json()
@@ -196,12 +212,93 @@ async def time_loss(router: str, cluster: Any, worker: Any, status: dict[str, An
         )
 
 
+def write_replicas_lab(work: Path) -> list[str]:
+    """The replicas lab: roles ``one`` (one copy) and ``two`` (two), on the stand-in."""
+    argv = write_lab(work)
+    roster = {
+        "roster": [
+            {"id": r, "role": "bench", "name": r, "repo": f"local/{r}", "ram_gb": 0.3}
+            | {"backend": "llama.cpp", "status": "live"}
+            for r in ("one", "two")
+        ]
+    }
+    (work / "roster.yaml").write_text(json.dumps(roster))
+    (work / "overlay.yaml").write_text(json.dumps({"latency_class": {}}))
+    fleet = json.loads((work / "fleet.yaml").read_text())
+    source = {"path": str(work / "tiny.gguf"), "parallel": 1}
+    fleet["models"] = {"one": source, "two": source | {"replicas": 2}}
+    (work / "fleet.yaml").write_text(json.dumps(fleet))
+    return argv
+
+
+async def throughput(router: str, model: str, n: int, connections: int) -> float:
+    """Requests a second for ``n`` short completions over ``connections`` at once."""
+    todo = iter(range(n))
+    async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
+
+        async def worker() -> None:
+            for i in todo:
+                body = {"model": model, "prompt": f"Say {i}", "max_tokens": 1}
+                (await client.post(router + "/v1/completions", json=body)).raise_for_status()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(connections)))
+        return n / (time.perf_counter() - started)
+
+
+def choice_cost_s(iterations: int = 20000) -> float:
+    """Seconds per request of the choice among two copies (prefix hash and ring walk)."""
+    from rosterd.replica_choice import Copy, CopyState, choose_copy, prefix_key
+
+    copies = [Copy("local", CopyState.READY, 1, 1), Copy("remote", CopyState.READY, 0, 1)]
+    body: dict[str, object] = {"model": "two", "prompt": "Say something " * 40}
+    started = time.perf_counter()
+    for _ in range(iterations):
+        choose_copy(copies, prefix_key(body))
+    return (time.perf_counter() - started) / iterations
+
+
+async def measure_replicas(router: str, args: argparse.Namespace) -> None:
+    async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
+        for role in ("one", "two"):
+            (await client.post(router + f"/rosterd/load/{role}")).raise_for_status()
+        status = (await client.get(router + "/status")).json()
+    print(f"copies: {status.get('replicas')}; service time {args.service_ms:g} ms, one slot")
+    await throughput(router, "two", 16, 8)  # warm both copies' connections
+    rates = {role: await throughput(router, role, args.requests, 8) for role in ("one", "two")}
+    for role, rate in rates.items():
+        print(f"{role}: {rate:7.1f} requests/s ({args.requests} requests at 8 connections)")
+    print(f"two copies / one copy: {rates['two'] / rates['one']:.2f}x")
+    lat: dict[str, list[float]] = {"one": [], "two": []}
+    for round_no in range(args.rounds):
+        for role in ("one", "two") if round_no % 2 == 0 else ("two", "one"):
+            lat[role] += await latency(router, role, args.requests // 4, 1)
+    added = pct(lat["two"], 0.5) - pct(lat["one"], 0.5)
+    print(
+        f"c=1 p50: one {1000 * pct(lat['one'], 0.5):.2f} ms, two {1000 * pct(lat['two'], 0.5):.2f}"
+        f" ms; added routing cost (p50 difference): {1000 * added:+.3f} ms"
+    )
+    print(f"the choice itself, in process: {1e6 * choice_cost_s():.1f} us per request")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--replicas", action="store_true", help="measure replicas instead")
+    parser.add_argument("--service-ms", type=float, default=50.0)
     args = parser.parse_args()
+    if args.replicas:
+        # The stand-in, for this process's supervisor and (inherited by the cluster's
+        # processes, started below) the node agent's.
+        wrapper_dir = Path(tempfile.mkdtemp(prefix="rosterd-fleet-bench-bin-"))
+        wrapper = wrapper_dir / "llama-server"
+        fake = ROOT / "tests" / "fake_llama_server.py"
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
+        wrapper.chmod(0o755)
+        os.environ["ROSTERD_LLAMA_SERVER"] = str(wrapper)
+        os.environ["FAKE_LLAMA_SERVICE_S"] = str(args.service_ms / 1000)
     from ray.cluster_utils import Cluster
 
     cluster: Any = Cluster(
@@ -222,7 +319,7 @@ def main() -> None:
                     [
                         *argv,
                         "up",
-                        *write_lab(work),
+                        *(write_replicas_lab(work) if args.replicas else write_lab(work)),
                         "--port",
                         str(port),
                         "--ray-address",
@@ -234,9 +331,13 @@ def main() -> None:
                 )
             router = f"http://127.0.0.1:{port}"
             try:
-                status = asyncio.run(wait_serving(router, proc))
-                asyncio.run(measure(router, status, args))
-                asyncio.run(time_loss(router, cluster, worker, status))
+                if args.replicas:
+                    asyncio.run(wait_health(router, proc))
+                    asyncio.run(measure_replicas(router, args))
+                else:
+                    status = asyncio.run(wait_serving(router, proc))
+                    asyncio.run(measure(router, status, args))
+                    asyncio.run(time_loss(router, cluster, worker, status))
             finally:
                 proc.send_signal(signal.SIGINT)
                 proc.wait(timeout=120)

@@ -9,7 +9,10 @@ need. ``GET /health`` and ``GET /v1/models`` answer 200; ``POST /v1/chat/complet
 and ``/v1/completions`` answer one JSON completion, or with ``"stream": true`` an
 event stream of ``$FAKE_LLAMA_CHUNKS`` chunks (default 20) ``$FAKE_LLAMA_CHUNK_GAP_S``
 seconds apart (default 0.1), then ``data: [DONE]``. Its listen backlog is 4096 so
-the stand-in itself never refuses a connection.
+the stand-in itself never refuses a connection. ``$FAKE_LLAMA_SERVICE_S`` (default 0)
+gives a completion a fixed service time: it holds one of ``-np`` slots (default 1)
+that long before it answers, so a copy serves at most ``np / service_s`` a second
+(the replicas bench).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ def _chunk(model: str, index: int, chat: bool) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def make_app(alias: str, chunks: int, gap_s: float) -> Any:
+def make_app(alias: str, chunks: int, gap_s: float, service_s: float = 0.0, slots: int = 1) -> Any:
     """The stand-in's raw ASGI app."""
+    busy = asyncio.Semaphore(slots)
 
     async def app(scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -65,6 +69,9 @@ def make_app(alias: str, chunks: int, gap_s: float) -> Any:
                 break
         payload = json.loads(raw or b"{}")
         chat = path.endswith("/chat/completions")
+        if service_s > 0:
+            async with busy:
+                await asyncio.sleep(service_s)
         if not payload.get("stream"):
             choice: dict[str, object] = (
                 {"index": 0, "message": {"role": "assistant", "content": "x"}}
@@ -108,12 +115,19 @@ def main() -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--alias", default="fake")
+    parser.add_argument("-np", "--parallel", dest="parallel", type=int, default=1)
     args, _ = parser.parse_known_args()
     chunks = int(os.environ.get("FAKE_LLAMA_CHUNKS", "20"))
     gap_s = float(os.environ.get("FAKE_LLAMA_CHUNK_GAP_S", "0.1"))
     print(f"fake llama-server listening on {args.host}:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(
-        make_app(args.alias, chunks, gap_s),
+        make_app(
+            args.alias,
+            chunks,
+            gap_s,
+            float(os.environ.get("FAKE_LLAMA_SERVICE_S", "0")),
+            args.parallel,
+        ),
         host=args.host,
         port=args.port,
         backlog=4096,
