@@ -63,6 +63,9 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "invalid_config": ErrorKind(422, INVALID_REQUEST),
         "queue_full": ErrorKind(429, RATE_LIMIT),  # Retry-After: the scheduler's estimate
         "internal_error": ErrorKind(500, SERVER),
+        # Something rosterd does not do by design (Ollama's /api/pull: models come from
+        # the roster); the message says what to do instead.
+        "not_implemented": ErrorKind(501, INVALID_REQUEST),
         "backend_error": ErrorKind(502, UPSTREAM),
         "backend_load_failed": ErrorKind(502, UPSTREAM, retry_after_s=5.0),
         # No byte within --first-byte-timeout / --chunk-timeout; the role is probed.

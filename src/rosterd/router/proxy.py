@@ -148,16 +148,21 @@ class _Cut:
 
 
 class Proxy:
-    """The raw ASGI app behind one proxied OpenAI path (a key of ``PROXIED_PATHS``).
+    """The raw ASGI app behind one proxied path: the body goes to the backend's ``path``.
 
     Counts every request in ``rosterd_requests_total`` (by role, endpoint and
-    status; 499 for a client that left) and its duration.
+    status; 499 for a client that left) and its duration. ``label`` is the
+    metrics' ``endpoint`` (default: the path's in ``PROXIED_PATHS``; another
+    dialect's routes, such as Ollama's, give their own and may name a backend
+    path of their own).
     """
 
-    def __init__(self, ctx: ProxyContext, path: str) -> None:
+    def __init__(self, ctx: ProxyContext, path: str, *, label: str | None = None) -> None:
         self.ctx = ctx
         self.path = path
-        self.label = PROXIED_PATHS[path]
+        self.label = label if label is not None else PROXIED_PATHS[path]
+        # What a backend's 501 is about, for its hint (an Ollama embed is embeddings).
+        self.served_label = PROXIED_PATHS.get(path, self.label)
         # (role, status) -> its counter and histogram children: labels() takes a lock and
         # builds its key on every call. Bounded by the roles times the statuses sent.
         self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -325,7 +330,7 @@ class Proxy:
             if upstream.status >= 500:
                 with upstream_errors(role):
                     text = (await upstream.read()).decode(errors="replace")
-                raise upstream_status_error(role, upstream.status, text, endpoint=self.label)
+                raise upstream_status_error(role, upstream.status, text, endpoint=self.served_label)
             stream = content_type.startswith("text/event-stream")
             length = upstream.content_length
             if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
