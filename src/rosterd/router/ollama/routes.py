@@ -8,6 +8,7 @@ sends the key with ``Client(host=..., headers={"Authorization": "Bearer KEY"})``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from starlette.routing import BaseRoute, Route
 
@@ -15,6 +16,9 @@ from rosterd.router.ollama.catalog import catalog_routes
 from rosterd.router.ollama.generation import OLLAMA_PATHS, OllamaGeneration
 from rosterd.router.proxy import ProxyContext
 from rosterd.router.routing import ModelNames, RoleRoute
+
+#: Where Ollama's API lives: every path under it answers errors in Ollama's envelope.
+OLLAMA_PREFIX: Final[str] = "/api/"
 
 
 def ollama_routes(
