@@ -137,6 +137,8 @@ class SchedulerEvent:
     ``stopped``, ``refused``, ``crashed``, ``restarted``, ``restart_failed``,
     ``unhealthy`` (its generation probe failed), ``load_cancelled`` (nobody
     waited for it and another role needed the room);
+    ``node_silent`` (its node did not answer a probe: its requests wait for the
+    node's verdict) and ``node_answers`` (it answers again);
     ``lost`` (the role's node is lost); ``moved`` / ``unplaced`` (a re-plan after a
     loss moved the role to another node / found it no node: recorded on the lost node);
     ``cause``: why (the policy's reason, ``idle``, ``unload``, ``shutdown``, …);
