@@ -55,10 +55,12 @@ def ip(*args: str) -> subprocess.CompletedProcess[str]:
 
 @dataclass
 class Lab:
-    """Two namespaces, ``first`` and ``second``, joined by a veth pair."""
+    """Two namespaces, ``first`` and ``second``, joined by a veth pair (``second_link``:
+    its end in ``second``)."""
 
     first: str
     second: str
+    second_link: str = ""
 
     def run_in(self, ns: str, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         """Start ``argv`` inside namespace ``ns`` in a process group of its own."""
@@ -133,7 +135,7 @@ def lab() -> Iterator[Lab]:
             done = ip(*step)
             if done.returncode != 0:
                 pytest.skip(f"cannot build the namespaces (ip {' '.join(step)}): {done.stderr}")
-        yield Lab(first, second)
+        yield Lab(first, second, veth_b)
     finally:
         for ns in made:
             for pid in Lab(first, second).pids(ns):  # only processes this test started

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from netns_lab import FIRST_IP, Lab, env, lab, running_fleet, wait, write_lab
+from netns_lab import FIRST_IP, Lab, env, ip, lab, running_fleet, wait, write_lab
 from ray_helpers import needs_ray
 from test_up_support import rosterd_argv
 
@@ -62,9 +62,14 @@ def _answers(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _power_cut(lab: Lab, ns: str) -> int:
+def _power_cut(lab: Lab, ns: str, *, unplug: bool) -> int:
     """SIGKILL every process of namespace ``ns`` in one sweep (and what it forked meanwhile),
-    until none is left; how many were killed."""
+    until none is left; how many were killed. ``unplug``: first take the second host's
+    link down, so that no RST or FIN of its dying sockets reaches the first host (what a
+    power cut is on a real network: its connections are left open, unanswered)."""
+    if unplug:
+        done = ip("-n", ns, "link", "set", lab.second_link, "down")
+        assert done.returncode == 0, done.stderr
     killed: set[int] = set()
     deadline = time.monotonic() + 30
     while (pids := lab.pids(ns)) and time.monotonic() < deadline:
@@ -79,8 +84,9 @@ def _power_cut(lab: Lab, ns: str) -> int:
 
 @pytest.mark.slow
 @needs_ray
+@pytest.mark.parametrize("unplug", [False, True], ids=["killed", "killed-unplugged"])
 def test_a_power_cut_on_the_second_host_loses_no_request(
-    lab: Lab, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
+    lab: Lab, tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path, unplug: bool
 ) -> None:
     files = write_lab(tmp_path, tiny_gguf)
     with running_fleet(lab, tmp_path, files, rosterd_argv(), "--queue-timeout", "120") as fleet:
@@ -101,7 +107,7 @@ def test_a_power_cut_on_the_second_host_loses_no_request(
         try:
             wait(lambda: len(_answers(answers)) >= 6, 60, "requests served from the second host")
             killed_at = time.time()
-            killed = _power_cut(lab, lab.second)
+            killed = _power_cut(lab, lab.second, unplug=unplug)
 
             def served_after_the_cut() -> bool:
                 assert fleet.up.poll() is None, fleet.said()
@@ -122,7 +128,8 @@ def test_a_power_cut_on_the_second_host_loses_no_request(
         during = [a for a in got if float(str(a["sent"])) < killed_at < float(str(a["done"])) - 0.5]
         first_served_s = min(float(str(a["done"])) for a in after) - killed_at
         print(
-            f"\npower cut: {killed} processes of the second host SIGKILLed; "
+            f"\npower cut ({'link down, then ' if unplug else ''}SIGKILL): "
+            f"{killed} processes of the second host SIGKILLed; "
             f"{len(got)} requests, {len(during)} waiting across the cut, "
             f"{len(after)} sent after it, 0 failed; first request served on the first host "
             f"{first_served_s:.1f} s after the kill"

@@ -133,6 +133,12 @@ class LivenessRules(GrantRules):
         # (its LoadDone/StopDone are then ignored), and no new one is asked for.
         self._transition = None
         for role, st in self._roles.items():
+            if st.in_flight:
+                # A power cut leaves their connections open, unanswered: cut them, and
+                # let the router send those not answered yet where the role goes next.
+                message = f"the node serving role {role} is lost ({ev.reason})"
+                revocation = Revocation("node_lost", message, resend=True)
+                self._out.append(RevokeLeases(role, st.generation, revocation))
             st.phase = Phase.LOST
             st.endpoint = None
             st.generation += 1  # leases of its processes are void

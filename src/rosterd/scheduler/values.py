@@ -121,12 +121,16 @@ class Revocation:
     requests are still in flight (after ``drain_s``), so the router ends them itself.
 
     ``code``: the OpenAI error code for the client (``evicted``, ``shutting_down``,
-    ``backend_unhealthy``);
-    ``message``: what the client is told (no paths, no pids).
+    ``backend_unhealthy``, ``node_lost``);
+    ``message``: what the client is told (no paths, no pids);
+    ``resend``: a request of which no byte was answered yet may be sent again, on
+    wherever its role is served next (its backend vanished with its node, so it never
+    ran to an end anywhere: a power cut leaves connections that no RST closes).
     """
 
     code: str
     message: str
+    resend: bool = False
 
 
 @dataclass(frozen=True, slots=True)
