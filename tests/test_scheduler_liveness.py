@@ -319,3 +319,17 @@ def test_a_load_nobody_waits_for_finishes_and_stays_when_the_room_is_not_needed(
     bench.settle()
     assert bench.lease(y) is not None
     assert set(bench.machine.resident()) == {"x", "y"}
+
+
+def test_a_lost_nodes_requests_in_flight_are_cut_and_may_be_sent_again() -> None:
+    bench = Bench([spec("a", 100)], 1000, PROBING)
+    ticket = bench.acquire("a")
+    bench.settle()
+    lease = bench.lease(ticket)
+    assert lease is not None
+    bench.send(NodeLost(1.0, "node n1 is lost: Ray declared its node dead"))
+    [revoke] = bench.of(RevokeLeases)
+    assert revoke.generation == lease.generation
+    assert revoke.revocation.code == "node_lost"
+    assert revoke.revocation.resend  # no byte answered: the router sends it where a moves
+    assert "node n1 is lost" in revoke.revocation.message
