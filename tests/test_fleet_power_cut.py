@@ -127,19 +127,20 @@ def test_a_power_cut_on_the_second_host_loses_no_request(
         after = [a for a in got if float(str(a["sent"])) >= killed_at]
         during = [a for a in got if float(str(a["sent"])) < killed_at < float(str(a["done"])) - 0.5]
         first_served_s = min(float(str(a["done"])) for a in after) - killed_at
+        events = lab.http("GET", f"{url}/rosterd/events")["body"]["events"]
+        lost_s = min(e["at"] for e in events if e["kind"] == "lost") - killed_at
         print(
             f"\npower cut ({'link down, then ' if unplug else ''}SIGKILL): "
-            f"{killed} processes of the second host SIGKILLed; "
-            f"{len(got)} requests, {len(during)} waiting across the cut, "
-            f"{len(after)} sent after it, 0 failed; first request served on the first host "
-            f"{first_served_s:.1f} s after the kill"
+            f"{killed} processes of the second host SIGKILLed; {len(got)} requests, "
+            f"{len(during)} waiting across the cut, {len(after)} sent after it, 0 failed; "
+            f"node lost (Ray's verdict) {lost_s:.1f} s after the kill, first request served "
+            f"on the first host {first_served_s:.1f} s after it"
         )
         status = lab.http("GET", f"{url}/status")["body"]
         assert status["nodes"]["far"]["connected"] is False, status
         near = status["nodes"]["near"]["roles"]
         assert near[role]["phase"] == "ready", status
         assert near[role]["base_url"].startswith(f"http://{FIRST_IP}:"), status
-        events = lab.http("GET", f"{url}/rosterd/events")["body"]["events"]
         kinds = {e["kind"] for e in events if e["role"] == role}
         assert not kinds & {"restart_failed", "unhealthy", "crashed"}, events
         assert {"lost", "moved"} <= kinds, events
