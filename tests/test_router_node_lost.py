@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -69,6 +69,14 @@ class At(NoLiveness):
         return None
 
 
+async def _until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
 @pytest.fixture
 def answering() -> Iterator[str]:
     """``tests/fake_backend.py`` on a free port: its base URL once it answers."""
@@ -106,12 +114,11 @@ async def test_a_request_cut_by_its_nodes_loss_before_any_byte_is_served_where_i
     serving = asyncio.create_task(server.serve())
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            while not server.started:
-                await asyncio.sleep(0.01)
+            await _until(lambda: server.started, "the router to serve")
             body = {"model": "chat", "prompt": "Hi", "max_tokens": 4}
             request = asyncio.create_task(client.post("/v1/completions", json=body))
-            while not dead.received:  # sent to n1's backend, which never answers
-                await asyncio.sleep(0.01)
+            # sent to n1's backend, which never answers
+            await _until(lambda: bool(dead.received), "the request to reach n1's backend")
             n1.node_lost("node n1 is lost: its Ray node died")
             await asyncio.sleep(0.2)
             assert not request.done()  # cut, not failed: it waits for where its role goes
