@@ -296,15 +296,18 @@ class Scheduler:
         start = self.nodes.get(on_node) if on_node is not None else None
         if start is None or role not in start.specs:
             start = self.choose_node(role, prefix, avoid)
+        first = start
+
+        def ask(node: NodeScheduler, left_s: float | None) -> Awaitable[Lease]:
+            # A generation counts a backend of one node: on the node the role moved to,
+            # any backend is newer than the one that failed the request.
+            newer = newer_than if node is first else None
+            return node.acquire(role, timeout_s=left_s, newer_than=newer)
+
         key = (role, start.name)
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         try:
-            lease = await self._follow_moves(
-                role,
-                timeout_s,
-                lambda node, left_s: node.acquire(role, timeout_s=left_s, newer_than=newer_than),
-                start,
-            )
+            lease = await self._follow_moves(role, timeout_s, ask, start)
         except BaseException:
             self._count_done(key)
             raise
