@@ -30,7 +30,8 @@ def test_readme_fleet_example_marks_exactly_the_required_node_keys(tmp_path: Pat
     lines = _readme_fleet_example()
     fleet = parse_fleet("\n".join(lines), file="fleet.yaml", base_dir=tmp_path)
     assert fleet.nodes[0].name == "studio"
-    assert set(fleet.models) == {"gemma-3-270m", "tiny-a"}
+    assert set(fleet.models) == {"gemma-3-270m", "tiny-a", "chat"}
+    assert fleet.replicas_of("chat") == 2
     node_keys = [
         (i, line.split(":")[0].strip(" -"))
         for i, line in enumerate(lines)
