@@ -11,8 +11,9 @@ whose roster port is taken on its node by an earlier role, or is the router's
 ``--port`` (when given) on this machine, is unplaced with a reason naming both, as
 ``rosterd up`` would leave it (not with ``--auto-backend-ports``, where the roster's
 ports are not used). ``--json`` prints ``{"placements": {role: node}, "unplaced":
-[[role, reason]], "nodes": {name: {"capacity_bytes": n, "always_resident": [...],
-"swappable": [...]}}, "memory": {role: {...}}}`` (``memory`` as
+[[role, reason]], "copies": {role: [node, ...]} (the further copies of roles with
+``replicas:``), "copies_short": [[role, reason]], "nodes": {name: {"capacity_bytes": n,
+"always_resident": [...], "swappable": [...]}}, "memory": {role: {...}}}`` (``memory`` as
 ``RoleMemory.as_json``). Measured peaks are read from the state folder ``rosterd up``
 writes them to (``--state-dir``, default ``$XDG_STATE_HOME/rosterd``).
 
@@ -53,6 +54,8 @@ def plan_to_json(result: Plan, memory: RosterMemory | None = None) -> dict[str, 
     doc: dict[str, object] = {
         "placements": dict(result.placements),
         "unplaced": [[role, reason] for role, reason in result.unplaced],
+        "copies": {role: list(nodes) for role, nodes in result.copies.items()},
+        "copies_short": [[role, reason] for role, reason in result.copies_short],
         "nodes": {
             name: {
                 "capacity_bytes": node.capacity_bytes,
@@ -160,6 +163,12 @@ def _render(
         console.print(table)
     else:
         console.print("every role is placed")
+    for role, nodes in result.copies.items():
+        console.print(
+            Text(f"{role}: {len(nodes) + 1} copies, on {', '.join(result.nodes_of(role))}")
+        )
+    for role, reason in result.copies_short:
+        console.print(Text(f"{role}: fewer copies than asked: {reason}"))
 
 
 @app.command("plan")

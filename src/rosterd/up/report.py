@@ -89,7 +89,7 @@ def plan_table(shown: ShowPlan) -> PlanTable:
         always = set(node_plan.always_resident) if node_plan else set()
         rows: list[PlanRow] = []
         guessed = False
-        for role in (r for r, n in result.placements.items() if n == node.name):
+        for role in (r for r, n in result.copy_pairs() if n == node.name):  # every copy
             s = specs[role]
             figures = config.memory.role_json(role, node.name)
             counted, declared = s.memory.resident_bytes, _gib(s.memory.resident_bytes)
