@@ -271,7 +271,7 @@ class Proxy:
             lease = await scheduler.acquire(role, prefix=prefix)
         self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
         waits = 0
-        failed_over = False
+        failed_over = failover = False
         while True:
             try:
                 await self._forward_unless_revoked(lease, payload, answer, cut)
@@ -282,10 +282,12 @@ class Proxy:
                 # Nothing was sent to the client and the backend never answered: wait for
                 # the supervisor's restart (a newer generation) rather than a dead port.
                 waits += 1
-                log.info("backend of %s on %s unreachable (%s)", role, lease.node, err)
+                failover = not failed_over and self._other_copy_ready(role, lease.node)
+                then = "sent to another copy" if failover else "waiting for its restart"
+                log.info("backend of %s on %s unreachable (%s); %s", role, lease.node, err, then)
             finally:
                 scheduler.release(lease)
-            if not failed_over and self._other_copy_ready(role, lease.node):
+            if failover:
                 failed_over = True  # once: a second dead copy means waiting for a restart
                 with scheduler_errors():
                     lease = await scheduler.acquire(role, prefix=prefix, avoid={lease.node})
