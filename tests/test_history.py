@@ -159,7 +159,7 @@ def test_a_point_is_one_column_of_the_history() -> None:
         "queue_wait_p50_s": 0.5,
         "queue_wait_p95_s": 0.5,
     }
-    assert [m["role"] for m in point["marks"]] == ["chat"]  # type: ignore[attr-defined, index]
+    assert [m["role"] for m in point["marks"]] == ["chat"]  # type: ignore[attr-defined]
     assert history.sample(12.0, _nodes(0))["marks"] == []  # each mark goes out once
     assert [n for n, _ in history.recent] == [1, 2]
 
