@@ -87,7 +87,11 @@ async function playSend(event) {
       method: "POST",
       headers: headers({ "Content-Type": "application/json", Accept: "text/event-stream" }),
       body: JSON.stringify({
-        model: role, messages: play.messages, stream: true, stream_options: { include_usage: true },
+        model: role,
+        messages: play.messages,
+        max_tokens: Math.max(1, Number($("play-max").value) || 256),
+        stream: true,
+        stream_options: { include_usage: true },
       }),
       signal: abort.signal,
     });
