@@ -177,7 +177,7 @@ class History:
 
     # ---- closing a point ------------------------------------------------------------
 
-    def sample(self, now: float, nodes: Mapping[str, Mapping[str, object]]) -> dict[str, object]:
+    def sample(self, now: float, nodes: Mapping[str, object]) -> dict[str, object]:
         """Close the point at ``now`` (seconds since the epoch) from ``nodes`` (the
         scheduler's snapshot: name -> ``capacity_bytes``, ``roles`` -> ``phase``,
         ``resident_bytes``: the bytes the node's budget counts for the role) and what was
@@ -192,14 +192,16 @@ class History:
             if name not in self.capacity:
                 self.capacity[name] = deque([None] * length, maxlen=self.points)
         for name in list(self.memory):
-            node = nodes.get(name, {})
+            node = _mapping(nodes.get(name))
             capacity = node.get("capacity_bytes")
             self.capacity[name].append(capacity if isinstance(capacity, int) else None)
             self.memory[name].append(_held_bytes(node.get("roles")), length)
             self.memory[name].drop(self.memory[name].empty())  # gone for the whole window
             if not self.memory[name].by_name and all(v is None for v in self.capacity[name]):
                 del self.memory[name], self.capacity[name]
-        served = {str(r) for node in nodes.values() for r in _mapping(node.get("roles"))}
+        served = {
+            str(role) for node in nodes.values() for role in _mapping(_mapping(node).get("roles"))
+        }
         per_role: dict[str, dict[str, Value]] = {name: {} for name in ROLE_SERIES}
         for role in served | self._requests.keys() | self._waits.keys():
             per_role["requests_per_s"][role] = round(self._requests.get(role, 0) / elapsed, 4)
@@ -304,19 +306,23 @@ async def sample_forever(
     listen to every node's events for the marks (nodes added by a reload are joined at
     the next point). Runs until cancelled; ``on_sample(point)`` hears each point."""
     joined: dict[str, list[Callable[[SchedulerEvent], None]]] = {}
+
+    def join_nodes() -> None:
+        for name, node in scheduler.nodes.items():
+            if name not in joined:
+                node.listeners.append(history.hear)
+                joined[name] = node.listeners
+
     loop = asyncio.get_running_loop()
     next_at = loop.time() + history.interval_s
     try:
+        join_nodes()  # at once: the warm-up's loads are marks too
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             # A fixed cadence; after a stall (a suspended laptop) start again from now.
             next_at = max(next_at + history.interval_s, loop.time())
-            for name, node in scheduler.nodes.items():
-                if name not in joined:
-                    node.listeners.append(history.hear)
-                    joined[name] = node.listeners
-            nodes = scheduler.snapshot()["nodes"]
-            point = history.sample(clock(), _mapping(nodes))  # type: ignore[arg-type]
+            join_nodes()
+            point = history.sample(clock(), _mapping(scheduler.snapshot()["nodes"]))
             if on_sample is not None:
                 on_sample(point)
     finally:
