@@ -22,8 +22,9 @@ its licence): a small, well-kept canvas library for time series, with no depende
 and nothing to fetch, so the page works on a lab network without the internet.
 
 Keys: the page, its CSS and its script hold no data and are served without a
-key; everything they show comes from the stream, ``/rosterd/logs`` and
-``/rosterd/load|unload``, which the key gate guards as every other path. The
+key; everything they show comes from the stream, ``/rosterd/logs``,
+``/rosterd/history``, ``/rosterd/load|unload`` and (the playground)
+``/v1/chat/completions``, which the key gate guards as every other path. The
 script sends ``Authorization: Bearer`` with ``fetch`` and reads the stream with
 ``fetch`` too (``EventSource`` cannot send a header). A cookie set by a login
 would have let any other site's page make a logged-in browser load and unload
