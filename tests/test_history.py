@@ -173,6 +173,7 @@ def test_generated_tokens_come_from_what_the_backend_reports() -> None:
     )
     assert generated_tokens(stream_end) == 10
     assert generated_tokens(b'data: {"timings":{"predicted_n":9}}\n\n') == 9
+    assert generated_tokens(b'{"done":true,"eval_count":4}\n') == 4  # Ollama's own API
     assert generated_tokens(b'{"data":[{"embedding":[0.1]}]}') == 0
 
 

@@ -16,7 +16,8 @@ Every series is a ring buffer (``collections.deque`` with ``maxlen``) of
   recorded, kept while their time is inside the window (at most :data:`MAX_MARKS`).
 
 Generated tokens are what the backend reports it generated (``usage.completion_tokens``,
-or llama-server's ``timings.predicted_n``), read from the end of the answer; an answer
+llama-server's ``timings.predicted_n`` or Ollama's ``eval_count``), read from the end of
+the answer; an answer
 that reports neither counts none. A series whose role is gone (retired by a reload) is
 dropped once the window holds no value of it, so roles coming and going do not grow it
 either.
@@ -62,6 +63,7 @@ ROLE_SERIES: Final[tuple[str, ...]] = (
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PREDICTED_N = re.compile(rb'"predicted_n"\s*:\s*(\d+)')
+_EVAL_COUNT = re.compile(rb'"eval_count"\s*:\s*(\d+)')
 
 Value = float | int | None
 
@@ -69,8 +71,9 @@ Value = float | int | None
 def generated_tokens(tail: bytes) -> int:
     """The tokens an answer says it generated, from its last bytes (the end of a JSON
     answer, or an event stream's last events): the last ``usage.completion_tokens``, else
-    llama-server's ``timings.predicted_n``, else 0 (the backend did not say)."""
-    for pattern in (_COMPLETION_TOKENS, _PREDICTED_N):
+    llama-server's ``timings.predicted_n``, else Ollama's ``eval_count`` (its own API, passed
+    through), else 0 (the backend did not say)."""
+    for pattern in (_COMPLETION_TOKENS, _PREDICTED_N, _EVAL_COUNT):
         found = pattern.findall(tail)
         if found:
             return int(found[-1])
