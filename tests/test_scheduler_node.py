@@ -31,7 +31,9 @@ from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, PortInUseError, Supervisor
 
 MIB = 2**20
-LIMITS = SchedulerLimits(idle_ttl_s=float("inf"), min_residency_s=0.0, drain_s=0.3, tick_s=0.01)
+LIMITS = SchedulerLimits(
+    idle_ttl_s=float("inf"), min_busy_residency_s=0.0, drain_s=0.3, tick_s=0.01
+)
 
 
 def spec(role: str, mib: int, **options: object) -> InferenceSpec:
