@@ -23,10 +23,10 @@ from rosterd.adapters import WeightsSource
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.values import Endpoint
 from rosterd.errors import LoadFailedError, RoleUnavailableError, ShuttingDownError
-from rosterd.metrics import RosterdMetrics
+from rosterd.metrics import ROLE_PHASES, RosterdMetrics
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
-from rosterd.scheduler.values import SchedulerLimits
+from rosterd.scheduler.values import Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, PortInUseError, Supervisor
 
@@ -314,3 +314,13 @@ async def test_metrics_count_loads_evictions_and_show_the_queue() -> None:
     assert loads("rosterd_loads_total", {"node": "n1", "role": "a", "cause": "load"}) == 1
     assert loads("rosterd_loads_total", {"node": "n1", "role": "b", "cause": "request"}) == 1
     assert loads("rosterd_resident_bytes", {"node": "n1"}) == 0
+
+
+def test_every_scheduler_phase_has_its_rosterd_role_phase_label() -> None:
+    # An alert on a wedged backend needs phase="unhealthy" (README lists the state).
+    assert {p.value for p in Phase} <= set(ROLE_PHASES)
+    metrics = RosterdMetrics()
+    metrics.observe_nodes({"box": {"roles": {"chat": {"phase": "unhealthy"}}}})
+    text = metrics.render().decode()
+    assert 'rosterd_role_phase{node="box",phase="unhealthy",role="chat"} 1.0' in text
+    assert 'rosterd_role_phase{node="box",phase="ready",role="chat"} 0.0' in text
