@@ -269,8 +269,8 @@ class MachineState:
 
         A turn lasts ``max_wait_s`` from its start (``_turn_start``); 0 for an
         interactive request, which keeps its precedence (the roles in its way drain
-        at once). The resident role's turn also ends when its queue is empty (the
-        caller checks): demand ends it first (issue 22, llama-swap#612)."""
+        at once). The resident role's turn also ends when it has no request in flight
+        or queued (the caller checks): demand ends it first (issue 22, llama-swap#612)."""
         if self._roles[for_role].spec.interactive:
             return 0.0
         return max(0.0, self._turn_start(for_role, since) + self.limits.max_wait_s - now)
