@@ -181,7 +181,15 @@ def test_excluded_roles_are_never_resident_together(
     overlay.write_text("excludes:\n  a: [b]\nsticky:\n  a: false\n  b: false\n")
     fleet = write_fleet(tmp_path / "fleet.yaml", memory_gb=4, reserved_gb=1)
     up = start_up(
-        [str(roster), "--overlay", str(overlay), "--fleet", str(fleet), "--min-busy-residency", "0"],
+        [
+            str(roster),
+            "--overlay",
+            str(overlay),
+            "--fleet",
+            str(fleet),
+            "--min-busy-residency",
+            "0",
+        ],
         tmp_path,
         free_port,
     )

@@ -107,10 +107,15 @@ class NodeConcurrency:
     the slots of the roles holding memory); ``slots``: role -> its backend's
     parallel slots (the fleet's ``parallel``; 1 for a role not named). Per-role
     limits (``SchedulerLimits.max_concurrency``) still hold inside it.
+    ``role_caps``: role -> the most requests its backend serves at once (a
+    llama-server's ``--parallel`` slots): no more leases than that go to it, the
+    rest wait in rosterd's queue, where they can be counted and cut (issue 22: a
+    one-slot role held 2 in flight, the second waiting inside llama-server).
     """
 
     max_concurrency: int | None = None
     slots: Mapping[str, int] = field(default_factory=dict, hash=False)
+    role_caps: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     def limit(self, resident: Iterable[str]) -> int:
         """Generations the node may run at once while ``resident`` roles hold memory."""
