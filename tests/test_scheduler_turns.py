@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rosterd.scheduler.values import SchedulerLimits
+from test_scheduler import LIMITS, Bench, spec
 from turns_support import Outcome, Request, simulate
 
 LOAD_S, STOP_S = 0.5, 0.1
@@ -147,3 +148,25 @@ def test_under_a_backlog_swaps_are_bounded_by_max_wait(
     assert not outcome.failures
     # every turn but the last of each role lasts max_wait (its queue stays full)
     assert len(outcome.swaps) <= math.ceil(outcome.end_s / max_wait_s) + 2
+
+
+def test_a_request_waiting_for_a_turn_is_told_whose_and_until_when() -> None:
+    limits = dataclasses.replace(LIMITS, max_concurrency=1, max_wait_s=30.0)
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
+    first = bench.acquire("x")
+    bench.settle()
+    bench.acquire("x")  # x has work queued: it keeps its turn
+    bench.now = 10.0
+    y = bench.acquire("y")
+    reason = str(bench.machine.role_view("y", bench.now)["waiting_reason"])
+    assert "x serves its turn 30 s more at most (--max-wait)" in reason, reason
+    bench.at(25.0)
+    reason = str(bench.machine.role_view("y", bench.now)["waiting_reason"])
+    assert "x serves its turn 15 s more at most (--max-wait)" in reason, reason
+    bench.at(40.0)  # y's turn wait is over: x drains, and says when it is cut
+    reason = str(bench.machine.role_view("y", bench.now)["waiting_reason"])
+    assert "x drains; its requests are cut in 5 s (--drain)" in reason, reason
+    bench.at(45.0)
+    bench.release(first)
+    bench.settle()
+    assert bench.lease(y) is not None

@@ -320,6 +320,9 @@ class NodeMachine(LivenessRules, ReplanRules):
                 holds[b] = min(holds.get(b, hold), hold)
                 if waiting.turn_given and waiting.drain_from is None:
                     waiting.drain_from = now  # the turn is over: the drain starts now
+        waiting.waiting_reason = (waiting.waiting_reason or "") + self._hold_note(
+            blocking, for_role, since, now
+        )
 
     def _decide_loads(self, now: float, holds: dict[str, float]) -> bool:
         pending = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -274,6 +274,29 @@ class MachineState:
         if self._roles[for_role].spec.interactive:
             return 0.0
         return max(0.0, self._turn_start(for_role, since) + self.limits.max_wait_s - now)
+
+    def _hold_note(self, blocking: Iterable[str], for_role: str, since: float, now: float) -> str:
+        """Words for ``for_role``'s waiting reason (``ps``, the page, a 503) on what holds
+        the ``blocking`` roles and until when, in seconds from ``now``: their turn
+        (``--max-wait``), their minimum residency (``--min-busy-residency``), or the
+        drain before their requests are cut (``--drain``). Empty if none applies."""
+        notes = []
+        turn_left = self._turn_left_s(for_role, since, now)
+        for b in blocking:
+            st = self._roles[b]
+            if st.phase is not Phase.READY:
+                continue
+            if self._recently_loaded(st, now, for_role) and st.loaded_at is not None:
+                left = st.loaded_at + self.limits.min_busy_residency_s - now
+                notes.append(f"{b} holds its room {left:.0f} s more (--min-busy-residency)")
+            elif turn_left > 0 and (st.waiters or st.in_flight):
+                notes.append(f"{b} serves its turn {turn_left:.0f} s more at most (--max-wait)")
+            elif st.in_flight:
+                waiting = self._roles[for_role]
+                start = waiting.drain_from if waiting.drain_from is not None else since
+                left = max(0.0, start + self.limits.drain_s - now)
+                notes.append(f"{b} drains; its requests are cut in {left:.0f} s (--drain)")
+        return "".join(f"; {note}" for note in notes)
 
     def _drained(self, for_role: str, since: float, now: float) -> bool:
         """Whether busy roles in the way of ``for_role``'s oldest request (waiting since
