@@ -144,7 +144,7 @@ def up_cmd(
     ] = 10.0,
     min_residency: Annotated[
         float | None,
-        typer.Option(min=0, hidden=True, help="Deprecated: --min-busy-residency."),
+        typer.Option(min=0, help="Deprecated name of --min-busy-residency."),
     ] = None,
     max_wait: Annotated[
         float,
