@@ -70,6 +70,7 @@ TABLE: dict[str, tuple[int, str, str | None]] = {
     "queue_timeout": (503, "server_error", None),
     "shutting_down": (503, "server_error", "5"),
     "evicted": (503, "server_error", "1"),
+    "node_lost": (503, "server_error", "1"),
     "role_refused": (503, "server_error", None),
     "model_unavailable": (503, "server_error", None),
     "unavailable": (503, "server_error", None),

@@ -74,6 +74,8 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "queue_timeout": ErrorKind(503, SERVER),  # Retry-After: the scheduler's estimate
         "shutting_down": ErrorKind(503, SERVER, retry_after_s=5.0),
         "evicted": ErrorKind(503, SERVER, retry_after_s=1.0),
+        # Its node was lost while the answer streamed (unstarted ones are sent again).
+        "node_lost": ErrorKind(503, SERVER, retry_after_s=1.0),
         "role_refused": ErrorKind(503, SERVER),
         "model_unavailable": ErrorKind(503, SERVER),
         "unavailable": ErrorKind(503, SERVER),

@@ -127,6 +127,7 @@ _PROXY_CODES = (
     "backend_error",
     *_ADMIN_CODES[2:],
     "evicted",
+    "node_lost",
     "unavailable",
 )
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -60,6 +61,9 @@ from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.values import Revocation
 
 log = logging.getLogger("rosterd.router")
+
+#: How many times one request is sent again after its node was lost under it.
+MAX_RESENDS = 2
 
 #: nginx's "client closed request": the status counted in metrics for a client that left.
 CLIENT_CLOSED_STATUS = 499
@@ -223,12 +227,23 @@ class Proxy:
         watcher = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
         watcher.add_done_callback(cut.client_left)
         try:
-            await self._serve_leased(role, payload, answer, cut)
-        except asyncio.CancelledError:
-            if cut.why is None:
-                raise  # not ours: uvicorn's, at the end of the drain time
-            task.uncancel()
-            await self._after_cut(role, cut.why, answer)
+            for resends in itertools.count():
+                try:
+                    await self._serve_leased(role, payload, answer, cut)
+                    return
+                except asyncio.CancelledError:
+                    if cut.why is None:
+                        raise  # not ours: uvicorn's, at the end of the drain time
+                    task.uncancel()
+                    why = cut.why
+                    if _may_resend(why, answer) and resends < MAX_RESENDS:
+                        # Its backend vanished with its node before answering a byte: the
+                        # request ran nowhere to its end; send it where the role is now.
+                        log.info("resending a %s request to %s: %s", self.label, role, why)
+                        cut.why = None
+                        continue
+                    await self._after_cut(role, why, answer)
+                    return
         finally:
             cut.armed = False
             watcher.remove_done_callback(cut.client_left)
@@ -382,6 +397,12 @@ class Proxy:
         except UpstreamClosedError as exc:
             log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
         return await upstream.post(base_url, self.path, body, accept, fresh=True)
+
+
+def _may_resend(why: str | Revocation, answer: _Answer) -> bool:
+    """Whether a request cut for ``why`` may be sent again: its revocation allows it and no
+    byte of its answer was sent."""
+    return isinstance(why, Revocation) and why.resend and not answer.status
 
 
 async def _send_whole(send: Send, status: int, content_type: str, body: bytes) -> None:
