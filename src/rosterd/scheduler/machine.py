@@ -311,7 +311,9 @@ class NodeMachine(LivenessRules, ReplanRules):
         for b in blocking:
             st = self._roles[b]
             recent = self._recently_loaded(st, now, for_role)
-            turn = in_turn and bool(st.waiters or st.in_flight)  # it has work
+            # its own queue, not only requests in flight: a lone long request gets no
+            # turn, its drain starts at once (as before turns)
+            turn = in_turn and bool(st.waiters)
             waiting.turn_given = waiting.turn_given or turn
             if st.phase is Phase.READY and st.in_flight > 0 and not recent and not turn:
                 # After a turn, b grants nothing new, however old: its queue had its

@@ -272,8 +272,8 @@ class MachineState:
 
         A turn lasts ``max_wait_s`` from its start (``_turn_start``); 0 for an
         interactive request, which keeps its precedence (the roles in its way drain
-        at once). The resident role's turn also ends when it has no request in flight
-        or queued (the caller checks): demand ends it first (issue 22, llama-swap#612)."""
+        at once). The resident role's turn also ends when its queue is empty (the
+        caller checks): demand ends it first (issue 22, llama-swap#612)."""
         if self._roles[for_role].spec.interactive:
             return 0.0
         return max(0.0, self._turn_start(for_role, since) + self.limits.max_wait_s - now)
@@ -292,7 +292,7 @@ class MachineState:
             if self._recently_loaded(st, now, for_role) and st.loaded_at is not None:
                 left = st.loaded_at + self.limits.min_busy_residency_s - now
                 notes.append(f"{b} holds its room {left:.0f} s more (--min-busy-residency)")
-            elif turn_left > 0 and (st.waiters or st.in_flight):
+            elif turn_left > 0 and st.waiters:
                 notes.append(f"{b} serves its turn {turn_left:.0f} s more at most (--max-wait)")
             elif st.in_flight:
                 waiting = self._roles[for_role]
