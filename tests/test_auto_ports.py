@@ -33,7 +33,10 @@ def test_picked_ports_lie_outside_the_ephemeral_range_and_are_free() -> None:
         port = free_port("127.0.0.1", (low, high))
         assert LOWEST_PICKED_PORT <= port < low or high < port <= 65535, port
         with socket.socket() as sock:
-            sock.bind(("127.0.0.1", port))  # nothing listens there
+            # nothing listens there (a socket of the other tests may linger in TIME_WAIT,
+            # which a server's SO_REUSEADDR bind, llama-server's too, does not mind)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
 
 
 def test_the_kernels_range_is_read_and_a_broken_file_falls_back(tmp_path: Path) -> None:
