@@ -118,7 +118,8 @@ def test_no_request_waits_past_its_queue_timeout_when_the_turns_allow_it(
     assert not outcome.failures
     assert len(outcome.waits) == len(drawn)
     assert max(outcome.waits.values()) <= timeout_s
-    assert outcome.cut == 0  # a turn never ends by cutting requests short: drain_s >= 2 s
+    # (a lease may be cut: a role with no queue gets no turn, and drains from the
+    # waiting request's arrival, as before turns)
 
 
 @settings(max_examples=150, deadline=None)
