@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from rosterd.adapters.base import Adapter, HttpProbe, Launch, SharedServer, one_token_completion
+from rosterd.adapters.base import (
+    Adapter,
+    HttpProbe,
+    Launch,
+    SharedServer,
+    SlotFile,
+    SlotKeeping,
+    one_token_completion,
+)
 from rosterd.adapters.llamacpp import LlamaCppAdapter, find_llama_server
 from rosterd.adapters.mlx_lm import MlxLmAdapter
 from rosterd.adapters.ollama import OllamaAdapter
@@ -34,6 +42,8 @@ __all__ = [
     "OllamaError",
     "ResolvedWeights",
     "SharedServer",
+    "SlotFile",
+    "SlotKeeping",
     "WeightsSource",
     "adapter_for",
     "estimate_memory",

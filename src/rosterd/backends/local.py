@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
 from rosterd.backends.interface import Endpoint
+from rosterd.backends.kv_keep import KvKeeper
 from rosterd.backends.shared import SharedServers
 from rosterd.errors import BackendAlreadySupervisedError
 from rosterd.spec import InferenceSpec, InferFlavor
@@ -49,7 +51,10 @@ class SupervisorBackends:
     adapter (default ``adapter_for``); ``model_names``: role -> the name a shared server
     knows the role's model by when its spec names none (the roster's own ``name``: an
     ollama tag such as ``llama3.1:8b`` is no plain token, so the import keeps no model
-    for it, as roster.rs does); otherwise the spec's model, then the role id.
+    for it, as roster.rs does); otherwise the spec's model, then the role id; ``kv``: the
+    machine's kept KV caches (``None``: nothing is kept), used for roles whose adapter can
+    save its slots and whose fleet entry keeps them (``keep_kv``, the default): a start
+    restores them before it returns, a stop saves them before the process is stopped.
 
     Roles of a flavor with one shared server per node (an adapter whose
     ``shared_server`` is set: ollama) are not processes: they go to
@@ -75,8 +80,10 @@ class SupervisorBackends:
         adapters: Callable[[InferFlavor], Adapter] = adapter_for,
         node: str = "node",
         model_names: Mapping[str, str] | None = None,
+        kv: KvKeeper | None = None,
     ) -> None:
         self.supervisor = supervisor
+        self.kv = kv
         self.model_names = dict(model_names or {})
         self.specs = dict(specs)
         self.host = host
@@ -138,6 +145,12 @@ class SupervisorBackends:
         if self.auto_ports or port is None:
             port = free_port(self.host)
         launch = adapter.launch(spec, source, host=self.host, port=port)
+        keeping = adapter.slot_keeping if self.kv is not None else None
+        if not getattr(source, "keep_kv", True):
+            keeping = None  # the fleet's models: entry says keep_kv: false
+        if keeping is not None and self.kv is not None:
+            folder = self.kv.folder(role)
+            launch = replace(launch, argv=(*launch.argv, *keeping.launch_args(folder)))
         grace = getattr(source, "grace_s", None)  # the fleet's models: entry, if it sets one
         backend = await self.supervisor.start(
             role,
@@ -145,6 +158,9 @@ class SupervisorBackends:
             ready_timeout_s=self.ready_timeout_s,
             grace_s=grace if isinstance(grace, int | float) else None,
         )
+        if keeping is not None and self.kv is not None:
+            # Before the start returns: the first request is granted only after it.
+            await self.kv.started(role, keeping, launch, backend.base_url, source.path)
         return Endpoint(backend.base_url, launch.served_model, backend.pid)
 
     async def _after_previous(self, role: str) -> None:
@@ -179,6 +195,8 @@ class SupervisorBackends:
             size = await self.shared.unload(spec, shared, self._model_of(spec), measure=measure)
             self._note_size(role, size)
             return
+        if self.kv is not None and self.supervisor.backend(role) is not None:
+            await self.kv.stopping(role)  # every stop we ask for saves first
         self._sample_peak(role)  # the process and its high-water mark are gone after the stop
         await self.supervisor.stop(role)
 

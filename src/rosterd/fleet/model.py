@@ -59,7 +59,11 @@ class ModelSource:
     ``path`` is absolute (relative paths in the fleet file resolve against the file's
     folder); ``ctx_size`` and ``parallel`` are positive or ``None`` (adapter default);
     ``extra_args`` are appended to the backend's argv as given; ``grace_s``: seconds
-    from SIGTERM to SIGKILL when its backend stops (``None``: ``rosterd up --grace``).
+    from SIGTERM to SIGKILL when its backend stops (``None``: ``rosterd up --grace``);
+    ``keep_kv``: save the backend's KV cache when it stops and restore it when it
+    starts, where the flavor can (llama.cpp); ``cache_ram_mb``: the backend's RAM
+    prompt cache in MiB (llama-server's ``--cache-ram``; ``None``: the adapter's small
+    default), which the role's estimate counts.
     """
 
     path: Path
@@ -67,6 +71,8 @@ class ModelSource:
     parallel: int | None = None
     extra_args: tuple[str, ...] = ()
     grace_s: float | None = None
+    keep_kv: bool = True
+    cache_ram_mb: int | None = None
 
 
 @dataclass(frozen=True)
