@@ -11,9 +11,11 @@ the whole prompt with ``keep_kv: false``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,6 @@ from test_up_support import (
     llama_entry,
     prepare_example_models,
     start_up,
-    wait_resident,
     write_box_fleet,
     write_roster,
 )
@@ -166,7 +167,7 @@ def test_a_kill_during_a_save_leaves_the_older_save_or_none_and_says_which(
         if record["saved_at"] == saved["saved_at"]:  # the older save: the older conversation
             assert reply["timings"]["prompt_n"] <= 0.05 * reply["usage"]["prompt_tokens"]
         if len([n for n in leftovers if n.endswith(".bin")]) > 1:
-            assert f"an unfinished KV save (" in said, said
+            assert "an unfinished KV save (" in said, said
             assert f"the older save of {when} remains" in said, said
     finally:
         code = up.stop()
@@ -176,13 +177,10 @@ def test_a_kill_during_a_save_leaves_the_older_save_or_none_and_says_which(
 def _unload_and_kill_during_the_save(up: Up, kv: Path) -> None:
     """Ask for ``chat``'s unload and ``kill -9`` rosterd the moment llama-server has begun
     writing the new slot file (a second ``.bin`` appears beside the record's)."""
-    import threading
 
     def unload() -> None:
-        try:
+        with contextlib.suppress(httpx.HTTPError):  # rosterd is killed under it
             httpx.post(up.url + "/rosterd/unload/chat", timeout=60, trust_env=False)
-        except httpx.HTTPError:
-            pass  # rosterd is killed under it
 
     before = {p.name for p in kv.glob("*.bin")}
     asker = threading.Thread(target=unload)
