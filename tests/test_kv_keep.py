@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from test_up_support import (
@@ -192,3 +193,34 @@ def _unload_and_kill_during_the_save(up: Up, kv: Path) -> None:
         time.sleep(0.0005)
     os.kill(up.proc.pid, signal.SIGKILL)
     asker.join(60)
+
+
+def test_twelve_long_conversations_stay_within_the_counted_figure(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    """llama-server's RAM prompt cache is bounded (``--cache-ram``) and counted: its RSS
+    stays within 10 % of rosterd's counted figure (measured before the bound: 1.85x)."""
+    prepare_example_models()
+    roster = write_roster(
+        tmp_path / "roster.yaml", [llama_entry("chat", "gemma-3-270m", 0.1, 18563)]
+    )
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml",
+        {"gemma-3-270m": {"path": str(GEMMA), "ctx_size": 4096, "parallel": 1}},
+        flavors=["llamacpp"],
+    )
+    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, free_port)
+    figures: list[tuple[int, int]] = []
+    try:
+        for n in range(12):
+            words = long_conversation(1900)[0]["content"].replace("Note", f"Entry{n}")
+            chat(up, "chat", [{"role": "user", "content": words}])
+            role = up.get("/status")["nodes"]["box"]["roles"]["chat"]
+            rss = psutil.Process(role["pid"]).memory_info().rss
+            figures.append((rss, role["memory"]["counted_bytes"]))
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    shown = [(round(r / 2**20), round(c / 2**20)) for r, c in figures]
+    assert all(rss <= 1.10 * counted for rss, counted in figures), shown
+    assert "more than the" not in up.output()  # the count never had to follow
