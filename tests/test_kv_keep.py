@@ -112,6 +112,10 @@ def test_a_swap_keeps_the_conversation(
         record = json.loads(records[0].read_text())
         assert record["identity"]["swa_full"] == "true"
         assert record["tokens"] >= prompt_tokens
+        kv = up.get("/status")["nodes"]["box"]["roles"]["chat"]["kv"]
+        assert kv["last_restore"] == "restored", kv
+        assert kv["tokens"] == record["tokens"]
+        assert kv["file_bytes"] == record["file_bytes"] > 0
     finally:
         code = up.stop()
     assert code == 0, up.output()

@@ -200,6 +200,20 @@ class SupervisorBackends:
         self._sample_peak(role)  # the process and its high-water mark are gone after the stop
         await self.supervisor.stop(role)
 
+    def kept_kv(self, role: str) -> dict[str, object] | None:
+        """What the machine keeps of ``role``'s KV cache (``KeptKvSource``); ``None``
+        without a keeper or for a role of another node."""
+        if self.kv is None or role not in self.specs:
+            return None
+        kept = self.kv.kept(role)
+        restore = self.kv.last_restore.get(role)
+        return {
+            "tokens": kept.tokens,
+            "file_bytes": kept.file_bytes,
+            "last_restore": restore.outcome if restore is not None else None,
+            "last_restore_detail": restore.detail if restore is not None else None,
+        }
+
     async def measured_bytes(self) -> dict[str, int]:
         """Role -> RSS in bytes of its backend's process tree on this machine, measured now
         (roles without a process of their own, such as a shared server's, are left out)."""

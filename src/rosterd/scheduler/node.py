@@ -25,7 +25,12 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Final
 
-from rosterd.backends.interface import BackendEventSource, MeasuredBackends, RoleBackends
+from rosterd.backends.interface import (
+    BackendEventSource,
+    KeptKvSource,
+    MeasuredBackends,
+    RoleBackends,
+)
 from rosterd.errors import RoleUnavailableError, RosterdError, ShuttingDownError, UnknownRoleError
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (
@@ -412,7 +417,8 @@ class NodeScheduler(NodeLoop):
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
         cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
         re-plan removed the role and it drains before it stops; ``memory``: the
-        role's figures given at construction, or ``None``); per node also
+        role's figures given at construction, or ``None``; ``kv``: what is kept of its
+        KV cache across stops (``KeptKvSource.kept_kv``), or ``None``); per node also
         ``in_flight`` and ``max_concurrency`` (the node-wide limit now, or ``None``).
         """
         now = self._clock()
@@ -429,6 +435,8 @@ class NodeScheduler(NodeLoop):
             view["retiring"] = role in self._retiring
             figures = self.memory.get(role)
             view["memory"] = dict(figures) if figures is not None else None
+            backends = self._backends
+            view["kv"] = backends.kept_kv(role) if isinstance(backends, KeptKvSource) else None
             roles[role] = view
         return {
             "capacity_bytes": self.capacity_bytes,
