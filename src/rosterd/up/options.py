@@ -30,6 +30,8 @@ class UpOptions:
     for its first byte and between chunks (then 504 and a probe);
     ``request_read_timeout_s``: for a client's request headers and body (then
     the connection is closed, or 408). Liveness probes are in ``limits``.
+    ``kv_disk_bytes``: the disk this machine's kept KV caches may take
+    (``--kv-disk-gb``; the least recently used go first).
     """
 
     roster_path: Path
@@ -50,3 +52,4 @@ class UpOptions:
     first_byte_timeout_s: float = 300.0
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
+    kv_disk_bytes: int = 10 * 2**30
