@@ -61,7 +61,7 @@ async def test_a_save_of_other_settings_is_refused_named_and_removed(
     assert not (folder / "slot0.json").exists()
     assert not (folder / record["file"]).exists()
     assert kv.last_restore["tiny"].outcome == "refused"
-    assert kv.totals.refusals == 1
+    assert kv.totals["tiny"].refusals == 1
     await backends.stop("tiny")
 
 

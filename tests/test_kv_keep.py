@@ -116,6 +116,10 @@ def test_a_swap_keeps_the_conversation(
         assert kv["last_restore"] == "restored", kv
         assert kv["tokens"] == record["tokens"]
         assert kv["file_bytes"] == record["file_bytes"] > 0
+        metrics = httpx.get(up.url + "/metrics", trust_env=False).text
+        assert 'rosterd_kv_files_total{action="save",node="box",role="chat"} 1.0' in metrics
+        assert 'rosterd_kv_files_total{action="restore",node="box",role="chat"} 1.0' in metrics
+        assert 'rosterd_kv_kept_tokens{node="box",role="chat"}' in metrics
     finally:
         code = up.stop()
     assert code == 0, up.output()

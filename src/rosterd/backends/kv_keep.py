@@ -69,7 +69,7 @@ class RestoreResult:
 
 @dataclass(slots=True)
 class KeptTotals:
-    """What the keeper did since it started, for metrics: counts and bytes."""
+    """What the keeper did for one role since it started, for metrics: counts and bytes."""
 
     saves: int = 0
     restores: int = 0
@@ -104,8 +104,11 @@ class KvKeeper:
     root: Path
     disk_budget_bytes: int = DEFAULT_KV_DISK_BYTES
     last_restore: dict[str, RestoreResult] = field(default_factory=dict)
-    totals: KeptTotals = field(default_factory=KeptTotals)
+    totals: dict[str, KeptTotals] = field(default_factory=dict)
     _running: dict[str, _Running] = field(default_factory=dict)
+
+    def _totals(self, role: str) -> KeptTotals:
+        return self.totals.setdefault(role, KeptTotals())
 
     def folder(self, role: str) -> Path:
         """``root/role``, made if missing (``role`` is a plain token: the spec checked it).
@@ -196,7 +199,7 @@ class KvKeeper:
             _remove(record_path)
             _remove(file_path)
             total -= size
-            self.totals.pruned_bytes += size
+            self._totals(role).pruned_bytes += size
             removed.append(f"{role}/{file_path.name}")
             log.info(
                 "role %s: kept KV %s removed (%s): the kept files pass --kv-disk-gb %.1f",
@@ -216,7 +219,7 @@ class KvKeeper:
         try:
             saved = await running.keeping.save(client, slot, name, timeout_s=SLOT_CALL_TIMEOUT_S)
         except SlotFileError as exc:
-            self.totals.failures += 1
+            self._totals(role).failures += 1
             _remove(folder / name)
             log.warning("role %s: KV of slot %d not saved: %s", role, slot, exc)
             return
@@ -242,8 +245,8 @@ class KvKeeper:
         )
         if old is not None and old.get("file") != name:
             _remove(folder / str(old.get("file")))
-        self.totals.saves += 1
-        self.totals.saved_bytes += saved.file_bytes
+        self._totals(role).saves += 1
+        self._totals(role).saved_bytes += saved.file_bytes
         log.info(
             "role %s: KV of slot %d saved (%d tokens, %s) in %.0f ms",
             role,
@@ -275,7 +278,7 @@ class KvKeeper:
             if refusal is not None:
                 _remove(record_path)
                 _remove(file_path)
-                self.totals.refusals += 1
+                self._totals(role).refusals += 1
                 line = f"role {role}: kept KV of slot {slot} refused: {refusal}; removed"
                 log.warning("%s", line)
                 lines.append(line)
@@ -288,7 +291,7 @@ class KvKeeper:
             except SlotFileError as exc:
                 _remove(record_path)
                 _remove(file_path)
-                self.totals.failures += 1
+                self._totals(role).failures += 1
                 line = f"role {role}: kept KV of slot {slot} not restored: {exc}; removed"
                 log.warning("%s", line)
                 lines.append(line)
@@ -296,8 +299,8 @@ class KvKeeper:
                 continue
             record["used_at"] = time.time()
             _write_atomically(record_path, record)
-            self.totals.restores += 1
-            self.totals.restored_bytes += back.file_bytes
+            self._totals(role).restores += 1
+            self._totals(role).restored_bytes += back.file_bytes
             tokens += back.tokens
             took += back.took_s
             outcome = "restored"

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
 from rosterd.backends.interface import Endpoint
-from rosterd.backends.kv_keep import KvKeeper
+from rosterd.backends.kv_keep import KeptTotals, KvKeeper
 from rosterd.backends.shared import SharedServers
 from rosterd.errors import BackendAlreadySupervisedError
 from rosterd.spec import InferenceSpec, InferFlavor
@@ -201,17 +201,24 @@ class SupervisorBackends:
         await self.supervisor.stop(role)
 
     def kept_kv(self, role: str) -> dict[str, object] | None:
-        """What the machine keeps of ``role``'s KV cache (``KeptKvSource``); ``None``
+        """What the machine keeps of ``role``'s KV cache (``KeptKvSource``), with the
+        counts and bytes of its saves, restores and refusals in this run; ``None``
         without a keeper or for a role of another node."""
         if self.kv is None or role not in self.specs:
             return None
         kept = self.kv.kept(role)
         restore = self.kv.last_restore.get(role)
+        totals = self.kv.totals.get(role) or KeptTotals()
         return {
             "tokens": kept.tokens,
             "file_bytes": kept.file_bytes,
             "last_restore": restore.outcome if restore is not None else None,
             "last_restore_detail": restore.detail if restore is not None else None,
+            "saves": totals.saves,
+            "restores": totals.restores,
+            "refusals": totals.refusals,
+            "saved_bytes": totals.saved_bytes,
+            "restored_bytes": totals.restored_bytes,
         }
 
     async def measured_bytes(self) -> dict[str, int]:
