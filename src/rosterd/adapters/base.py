@@ -181,6 +181,13 @@ class Adapter(Protocol):
         ``None`` when the flavor's server cannot (rosterd then keeps nothing across a stop)."""
         ...
 
+    @property
+    def serves_ollama_api(self) -> bool:
+        """Whether the backend answers Ollama's own ``/api/chat``, ``/api/generate`` and
+        ``/api/embed`` (ollama does): the router passes those requests through rather than
+        translating them to the OpenAI routes."""
+        ...
+
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         """The argv, environment and readiness probe serving ``spec`` on ``host``:``port``."""
         ...
@@ -247,6 +254,11 @@ class OpenAICompatible:
     """
 
     __slots__ = ()
+
+    @property
+    def serves_ollama_api(self) -> bool:
+        """``False``: an OpenAI-compatible server gets Ollama's requests translated."""
+        return False
 
     def generation_probe(self, served_model: str) -> HttpProbe:
         """A one-token ``/v1/completions`` against ``served_model``."""

@@ -7,7 +7,7 @@ standard library's ``hmac.compare_digest`` (constant time, the DESIGN.md rule).
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -45,6 +45,8 @@ class ApiKeyGate:
     ``invalid_api_key`` with ``WWW-Authenticate: Bearer``. ``open_paths`` and
     ``open_prefixes`` name more paths that need no key: files that hold no data
     (the web page's HTML, CSS and script, which then ask for the key).
+    ``dialect_errors``: path prefix -> how a 401 is sent there (another API's envelope,
+    such as Ollama's under ``/api/``); elsewhere it is OpenAI's.
     """
 
     def __init__(
@@ -54,8 +56,10 @@ class ApiKeyGate:
         *,
         open_paths: Iterable[str] = (),
         open_prefixes: Iterable[str] = (),
+        dialect_errors: Mapping[str, Callable[[Send, RouterError], Awaitable[None]]] | None = None,
     ) -> None:
         self.app = app
+        self.dialect_errors = dict(dialect_errors or {})
         self.keys = [k.encode() for k in keys]
         self.open_paths = frozenset((OPEN_PATH, *open_paths))
         self.open_prefixes = tuple(open_prefixes)
@@ -76,6 +80,12 @@ class ApiKeyGate:
                 if not given
                 else "invalid API key"
             )
-            await send_error(scope, receive, send, RouterError("invalid_api_key", message))
+            err = RouterError("invalid_api_key", message)
+            path = scope.get("path", "")
+            for prefix, send_dialect_error in self.dialect_errors.items():
+                if path.startswith(prefix):
+                    await send_dialect_error(send, err)
+                    return
+            await send_error(scope, receive, send, err)
             return
         await self.app(scope, receive, send)

@@ -28,13 +28,16 @@ class RoleRoute:
     ``names``: other names that route to it (the roster's model name,
     aliases); ``rewrite``: the adapter's ``rewrite_request(body,
     served_model)`` (default: only ``model`` is set to the served name);
-    ``info``: extra JSON for ``/v1/models`` (node, latency class, …).
+    ``info``: extra JSON for ``/v1/models`` (node, latency class, …);
+    ``ollama_api``: its backend answers Ollama's own API (``Adapter.serves_ollama_api``),
+    so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated.
     """
 
     role: str
     names: tuple[str, ...] = ()
     rewrite: RewriteRequest = rewrite_model_field
     info: Mapping[str, object] = field(default_factory=dict)
+    ollama_api: bool = False
 
 
 @dataclass(frozen=True, slots=True)
