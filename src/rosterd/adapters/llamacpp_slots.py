@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rosterd.adapters.base import Launch, SlotFile
-from rosterd.errors import SlotFileError
+from rosterd.errors import AdapterError
 from rosterd.memory.estimate import parse_llamacpp_settings
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class LlamaServerSlots:
         """``GET /props``'s ``build_info`` (``unknown`` when the server gives none).
 
         Raises:
-            SlotFileError: the server did not answer.
+            AdapterError: the server did not answer.
         """
         body = await _call(client, "GET", "/props", None, timeout_s, "read the version of")
         build = body.get("build_info")
@@ -67,7 +67,7 @@ class LlamaServerSlots:
         """``POST /slots/{slot}?action=save``; the tokens, bytes and time it reports.
 
         Raises:
-            SlotFileError: the server refused (a slot busy, a bad name) or did not answer.
+            AdapterError: the server refused (a slot busy, a bad name) or did not answer.
         """
         body = await _call(
             client, "POST", f"/slots/{slot}?action=save", filename, timeout_s, "save"
@@ -80,7 +80,7 @@ class LlamaServerSlots:
         """``POST /slots/{slot}?action=restore``; the tokens, bytes and time it reports.
 
         Raises:
-            SlotFileError: the server refused (a file of another model or settings, a
+            AdapterError: the server refused (a file of another model or settings, a
                 missing file) or did not answer.
         """
         body = await _call(
@@ -97,7 +97,7 @@ async def _call(
     timeout_s: float,
     what: str,
 ) -> dict[str, object]:
-    """One request to the server; its JSON object. httpx's errors become ``SlotFileError``."""
+    """One request to the server; its JSON object. httpx's errors become ``AdapterError``."""
     import httpx
 
     try:
@@ -108,7 +108,7 @@ async def _call(
             timeout=timeout_s,
         )
     except httpx.HTTPError as exc:
-        raise SlotFileError(f"llama-server did not answer {method} {path}: {exc!r}") from exc
+        raise AdapterError(f"llama-server did not answer {method} {path}: {exc!r}") from exc
     try:
         body = answer.json()
     except ValueError:
@@ -117,7 +117,7 @@ async def _call(
         message = body.get("error") if isinstance(body, dict) else None
         if isinstance(message, dict):
             message = message.get("message")
-        raise SlotFileError(
+        raise AdapterError(
             f"llama-server refused to {what} ({method} {path}: HTTP {answer.status_code}"
             + (f": {message}" if message else "")
             + ")"

@@ -39,7 +39,7 @@ from typing import Final
 import httpx
 
 from rosterd.adapters import Launch, SlotKeeping
-from rosterd.errors import SlotFileError
+from rosterd.errors import AdapterError
 from rosterd.tokens import GB
 
 log = logging.getLogger("rosterd.kv")
@@ -143,7 +143,7 @@ class KvKeeper:
         async with httpx.AsyncClient(base_url=base_url) as client:
             try:
                 version = await keeping.version(client, timeout_s=30.0)
-            except SlotFileError as exc:
+            except AdapterError as exc:
                 result = RestoreResult("failed", detail=f"role {role}: no restore: {exc}")
                 log.warning("%s", result.detail)
                 self.last_restore[role] = result
@@ -218,7 +218,7 @@ class KvKeeper:
         name = f"slot{slot}-{time.time_ns():x}.bin"
         try:
             saved = await running.keeping.save(client, slot, name, timeout_s=SLOT_CALL_TIMEOUT_S)
-        except SlotFileError as exc:
+        except AdapterError as exc:
             self._totals(role).failures += 1
             _remove(folder / name)
             log.warning("role %s: KV of slot %d not saved: %s", role, slot, exc)
@@ -288,7 +288,7 @@ class KvKeeper:
                 back = await keeping.restore(
                     client, slot, file_path.name, timeout_s=SLOT_CALL_TIMEOUT_S
                 )
-            except SlotFileError as exc:
+            except AdapterError as exc:
                 _remove(record_path)
                 _remove(file_path)
                 self._totals(role).failures += 1
