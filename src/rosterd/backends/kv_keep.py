@@ -153,8 +153,10 @@ class KvKeeper:
                 **keeping.identity(launch),
                 "backend_version": version,
             }
-            self._running[role] = _Running(keeping, base_url, identity, slots)
             result = await self._restore(role, keeping, client, identity, slots)
+        # Only now: a stop during the restore (a shutdown) saves nothing half-restored,
+        # and the files it restores from stay for the next start.
+        self._running[role] = _Running(keeping, base_url, identity, slots)
         self.last_restore[role] = result
         return result
 
