@@ -208,6 +208,13 @@ def up_cmd(
             help="Let pages from ORIGIN call the API (CORS; repeatable; * for any). Default: none.",
         ),
     ] = None,
+    history_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.01,
+            help="Seconds between two points of the page's charts (360 are kept: 1 h at 10 s).",
+        ),
+    ] = 10.0,
     watch: Annotated[
         bool,
         typer.Option(
@@ -271,6 +278,7 @@ def up_cmd(
         auto_backend_ports=auto_backend_ports,
         warm_up=warm_up,
         cors_origins=origins,
+        history_interval_s=history_interval,
         watch=watch,
         ray_address=ray_address_of(ray_address, os.environ),
         ray_join_timeout_s=ray_join_timeout,

@@ -33,6 +33,7 @@ class UpOptions:
     the connection is closed, or 408). Liveness probes are in ``limits``.
     ``kv_disk_bytes``: the disk this machine's kept KV caches may take
     (``--kv-disk-gb``; the least recently used go first).
+    ``history_interval_s``: seconds between two points of the page's charts.
     """
 
     roster_path: Path
@@ -55,3 +56,4 @@ class UpOptions:
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
     kv_disk_bytes: int = 10 * 2**30
+    history_interval_s: float = 10.0
