@@ -75,6 +75,7 @@ ROLE_PHASES = (
     "loading",
     "ready",
     "restarting",
+    "unhealthy",
     "stopping",
     "lost",
     "unavailable",
