@@ -52,8 +52,18 @@ def test_llama_server_argv_and_readiness() -> None:
         "-c", "8192",
         "-np", "2",
         "--alias", "gemma-3-270m",
+        # the RAM prompt cache's small bound, and a sliding-window cache that restores
+        "--cache-ram", "64",
+        "--swa-full",
         "-t", "4",
     )  # fmt: skip
+    kept_nothing = LlamaCppAdapter(server_binary=SERVER).launch(
+        llama_spec(),
+        ModelSource(path=Path("/m/g.gguf"), keep_kv=False, cache_ram_mb=512),
+        host="127.0.0.1",
+        port=8301,
+    )
+    assert kept_nothing.argv[-2:] == ("--cache-ram", "512")  # no --swa-full
     # The port opens before the model is loaded and answers 503 meanwhile.
     assert launch.readiness == HttpProbe(method="GET", path="/health")
     assert launch.served_model == "gemma-3-270m"

@@ -115,8 +115,14 @@ def test_checkpoints_are_the_sliding_layers_cache(swa_facts: ModelFacts, tiny_gg
     assert (
         llamacpp_checkpoint_bytes(read_model_facts(tiny_gguf), parse_llamacpp_settings(512, 1)) == 0
     )
-    estimate = estimate_memory(swa_facts, InferFlavor.LLAMACPP, ctx_size=4096, parallel=2)
+    estimate = estimate_memory(
+        swa_facts, InferFlavor.LLAMACPP, ctx_size=4096, parallel=2, keep_kv=False
+    )
     assert any("context checkpoint" in note for note in estimate.notes)
+    # With the KV kept the launch passes --swa-full: full-size sliding layers, no checkpoints.
+    kept = estimate_memory(swa_facts, InferFlavor.LLAMACPP, ctx_size=4096, parallel=2)
+    assert not any("context checkpoint" in note for note in kept.notes)
+    assert kept.kv_bytes > estimate.kv_bytes
 
 
 def test_ubatch_is_capped_by_the_context(gqa_facts: ModelFacts) -> None:
@@ -134,8 +140,18 @@ def test_later_ctx_and_parallel_in_extra_args_win() -> None:
 
 
 def test_estimate_parts_and_notes(swa_facts: ModelFacts) -> None:
-    estimate = estimate_memory(swa_facts, InferFlavor.LLAMACPP, ctx_size=4096, parallel=2)
+    estimate = estimate_memory(
+        swa_facts, InferFlavor.LLAMACPP, ctx_size=4096, parallel=2, keep_kv=False
+    )
     assert estimate.kv_bytes == kv(swa_facts, 4096, 2)
+    kept = estimate_memory(swa_facts, InferFlavor.LLAMACPP, ctx_size=4096, parallel=2)
+    assert kept.kv_bytes == kv(swa_facts, 4096, 2, "--swa-full")  # the launch's flag
+    # the RAM prompt cache's bound (--cache-ram) is counted whole: 64 MiB by default
+    assert "prompt cache (--cache-ram) 64.0 MiB" in kept.overhead_note
+    bigger = estimate_memory(
+        swa_facts, InferFlavor.LLAMACPP, ctx_size=4096, parallel=2, cache_ram_mb=256
+    )
+    assert bigger.overhead_bytes - kept.overhead_bytes == 192 * 2**20
     assert estimate.weights_bytes >= swa_facts.file_bytes
     assert estimate.overhead_bytes > 0
     assert estimate.total_bytes == (
@@ -146,7 +162,12 @@ def test_estimate_parts_and_notes(swa_facts: ModelFacts) -> None:
     assert "compute buffer" in estimate.overhead_note
     assert estimate.as_memory_spec().resident_bytes == estimate.total_bytes
     no_fa = estimate_memory(
-        swa_facts, InferFlavor.LLAMACPP, ctx_size=4096, parallel=2, extra_args=["-fa", "off"]
+        swa_facts,
+        InferFlavor.LLAMACPP,
+        ctx_size=4096,
+        parallel=2,
+        extra_args=["-fa", "off"],
+        keep_kv=False,
     )
     assert no_fa.overhead_bytes > estimate.overhead_bytes
 

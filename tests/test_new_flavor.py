@@ -52,13 +52,24 @@ class TinyServeAdapter(OpenAICompatible):
     def shared_server(self) -> None:
         return None
 
+    @property
+    def slot_keeping(self) -> None:
+        return None
+
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         served = spec.model or spec.role
         argv = ("tinyserve", "--model", str(source.path), "--port", str(port), "--name", served)
         return Launch(argv, host, port, HttpProbe("GET", "/health"), served)
 
     def estimate_memory(
-        self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]
+        self,
+        facts: ModelFacts,
+        *,
+        ctx_size: int,
+        parallel: int,
+        extra_args: Sequence[str],
+        keep_kv: bool = True,
+        cache_ram_mb: int | None = None,
     ) -> MemoryEstimate:
         return MemoryEstimate(
             weights_bytes=facts.file_bytes,

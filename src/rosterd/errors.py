@@ -156,7 +156,7 @@ class MeasuredPeaksError(RosterdError):
 
 
 class AdapterError(RosterdError):
-    """A role cannot be served by its flavor's adapter; the message says why and what to fix."""
+    """A role cannot be served by its flavor's adapter, or its server refused the adapter's call."""
 
 
 class OllamaError(AdapterError):

@@ -24,7 +24,11 @@ Metric names (all prefixed ``rosterd_``):
   node), 0 when it is not connected or lost;
 - ``role_phase{node, role, phase}``: 1 for the role's phase now, 0 for the others
   (``ROLE_PHASES``);
-- ``measured_rss_bytes{node, role}``: its backend's RSS, measured on its node.
+- ``measured_rss_bytes{node, role}``: its backend's RSS, measured on its node;
+- ``kv_kept_bytes{node, role}``, ``kv_kept_tokens{node, role}``: its KV cache kept on
+  disk across stops; ``kv_files_total{node, role, action}`` (``save``, ``restore``,
+  ``refusal``) and ``kv_file_bytes_total{node, role, action}``: what was saved,
+  restored or refused.
 
 The last three (and ``capacity_bytes``/``resident_bytes`` of nodes no scheduler
 runs) are set from the fleet's view at each scrape (:meth:`RosterdMetrics.observe_nodes`).
@@ -189,6 +193,56 @@ class RosterdMetrics:
             registry=r,
         )
 
+        self.kv_kept_bytes = Gauge(
+            "rosterd_kv_kept_bytes",
+            "Bytes of the role's KV cache kept on disk across stops.",
+            ["node", "role"],
+            registry=r,
+        )
+        self.kv_kept_tokens = Gauge(
+            "rosterd_kv_kept_tokens",
+            "Tokens of the role's KV cache kept on disk across stops.",
+            ["node", "role"],
+            registry=r,
+        )
+        self.kv_events = Counter(
+            "rosterd_kv_files",
+            "KV cache files of the role saved, restored or refused (a record that did not match).",
+            ["node", "role", "action"],
+            registry=r,
+        )
+        self.kv_moved_bytes = Counter(
+            "rosterd_kv_file_bytes",
+            "Bytes of KV cache files of the role saved or restored.",
+            ["node", "role", "action"],
+            registry=r,
+        )
+        self._kv_seen: dict[tuple[str, str, str], int] = {}
+
+    def _kv_count(self, counter: Counter, node: str, role: str, action: str, now: object) -> None:
+        """Advance ``counter`` to ``now``, a running total the backends report."""
+        if not isinstance(now, int):
+            return
+        key = (str(id(counter)), node, role + "\0" + action)
+        before = self._kv_seen.get(key, 0)
+        if now > before:
+            counter.labels(node=node, role=role, action=action).inc(now - before)
+        self._kv_seen[key] = now
+
+    def _observe_kv(self, node: str, role: str, kv: Mapping[str, object]) -> None:
+        for key, gauge in (("file_bytes", self.kv_kept_bytes), ("tokens", self.kv_kept_tokens)):
+            value = kv.get(key)
+            if isinstance(value, int):
+                gauge.labels(node=node, role=role).set(value)
+        for action, count_key, bytes_key in (
+            ("save", "saves", "saved_bytes"),
+            ("restore", "restores", "restored_bytes"),
+            ("refusal", "refusals", None),
+        ):
+            self._kv_count(self.kv_events, node, role, action, kv.get(count_key))
+            if bytes_key is not None:
+                self._kv_count(self.kv_moved_bytes, node, role, action, kv.get(bytes_key))
+
     def observe_nodes(self, nodes: Mapping[str, Mapping[str, object]]) -> None:
         """Set the per-node and per-role gauges from the fleet's view (``/rosterd/ps``'s
         ``nodes``: name -> ``capacity_bytes``, ``resident_bytes``, ``connected``,
@@ -212,6 +266,9 @@ class RosterdMetrics:
                     self.role_phase.labels(node=name, role=role, phase=known).set(
                         1 if known == phase else 0
                     )
+                kv = info.get("kv")
+                if isinstance(kv, Mapping):
+                    self._observe_kv(name, role, kv)
                 rss = info.get("measured_rss_bytes")
                 if isinstance(rss, int):
                     self.measured_rss.labels(node=name, role=role).set(rss)

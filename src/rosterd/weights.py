@@ -57,7 +57,8 @@ class ResolvedWeights:
 
     ``size_bytes`` is the weights' size on disk (0 if unknown); ``grace_s``: the
     backend's SIGTERM-to-SIGKILL time from the fleet's ``models:`` entry (``None``:
-    the supervisor's).
+    the supervisor's); ``keep_kv`` and ``cache_ram_mb`` as the entry's
+    (``rosterd.fleet.ModelSource``).
     """
 
     path: Path
@@ -66,6 +67,8 @@ class ResolvedWeights:
     extra_args: tuple[str, ...] = ()
     size_bytes: int = 0
     grace_s: float | None = None
+    keep_kv: bool = True
+    cache_ram_mb: int | None = None
 
 
 def resolve_weights(
@@ -109,6 +112,8 @@ def resolve_weights(
                 extra_args=tuple(source.extra_args),
                 size_bytes=_size_on_disk(path),
                 grace_s=getattr(source, "grace_s", None),
+                keep_kv=bool(getattr(source, "keep_kv", True)),
+                cache_ram_mb=getattr(source, "cache_ram_mb", None),
             )
 
     repo_id = repo or (spec.model if spec.model and "/" in spec.model else None)

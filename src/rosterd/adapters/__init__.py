@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from rosterd.adapters.base import Adapter, HttpProbe, Launch, SharedServer, one_token_completion
+from rosterd.adapters.base import (
+    Adapter,
+    HttpProbe,
+    Launch,
+    SharedServer,
+    SlotFile,
+    SlotKeeping,
+    one_token_completion,
+)
 from rosterd.adapters.llamacpp import LlamaCppAdapter, find_llama_server
 from rosterd.adapters.mlx_lm import MlxLmAdapter
 from rosterd.adapters.ollama import OllamaAdapter
@@ -34,6 +42,8 @@ __all__ = [
     "OllamaError",
     "ResolvedWeights",
     "SharedServer",
+    "SlotFile",
+    "SlotKeeping",
     "WeightsSource",
     "adapter_for",
     "estimate_memory",
@@ -64,12 +74,15 @@ def estimate_memory(
     ctx_size: int,
     parallel: int,
     extra_args: Sequence[str] = (),
+    keep_kv: bool = True,
+    cache_ram_mb: int | None = None,
 ) -> MemoryEstimate:
     """The estimate for ``facts`` served by ``flavor``'s adapter (``Adapter.estimate_memory``).
 
     ``ctx_size`` (tokens) and ``parallel`` (slots) are what the launch uses: the
     fleet's values or the adapter's defaults (``DEFAULT_CTX_SIZE``/
-    ``DEFAULT_PARALLEL`` in ``rosterd.adapters.llamacpp``).
+    ``DEFAULT_PARALLEL`` in ``rosterd.adapters.llamacpp``); ``keep_kv`` and
+    ``cache_ram_mb`` as the fleet's ``models:`` entry gives them.
 
     Raises:
         ValueError: ``ctx_size``/``parallel`` is below 1, or ``flavor`` reads no weights
@@ -78,5 +91,10 @@ def estimate_memory(
     if ctx_size < 1 or parallel < 1:
         raise ValueError(f"ctx_size ({ctx_size}) and parallel ({parallel}) must be at least 1")
     return adapter_for(flavor).estimate_memory(
-        facts, ctx_size=ctx_size, parallel=parallel, extra_args=extra_args
+        facts,
+        ctx_size=ctx_size,
+        parallel=parallel,
+        extra_args=extra_args,
+        keep_kv=keep_kv,
+        cache_ram_mb=cache_ram_mb,
     )

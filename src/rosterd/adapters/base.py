@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rosterd.memory.estimate import MemoryEstimate
@@ -111,6 +112,53 @@ class SharedServer(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SlotFile:
+    """What one slot save or restore moved: ``slot`` id, ``tokens`` held, ``file_bytes``
+    written or read, ``took_s`` the backend's own time for it (seconds)."""
+
+    slot: int
+    tokens: int
+    file_bytes: int
+    took_s: float
+
+
+class SlotKeeping(Protocol):
+    """The capability of a flavor whose server saves and restores its slots' KV cache to
+    files (llama-server's ``--slot-save-path`` and ``/slots/{id}?action=save|restore``).
+
+    ``client`` is an httpx client whose base URL is the role's server; ``timeout_s`` in
+    seconds. The calls raise ``AdapterError`` subclasses when the server refuses or does
+    not answer. ``launch_args`` and ``identity`` are pure.
+    """
+
+    def launch_args(self, folder: Path) -> tuple[str, ...]:
+        """Flags that let the server save to and restore from ``folder`` (and only there)."""
+        ...
+
+    def identity(self, launch: Launch) -> dict[str, str]:
+        """What must match between the run that saved a slot and the run that restores it,
+        read from ``launch`` (field -> value; the weights file, context, slots, cache types,
+        ...); the backend's version is added from :meth:`version`."""
+        ...
+
+    async def version(self, client: httpx.AsyncClient, *, timeout_s: float) -> str:
+        """The running server's build (the save's format follows it)."""
+        ...
+
+    async def save(
+        self, client: httpx.AsyncClient, slot: int, filename: str, *, timeout_s: float
+    ) -> SlotFile:
+        """Write slot ``slot``'s cache to ``filename`` (a plain name inside the folder)."""
+        ...
+
+    async def restore(
+        self, client: httpx.AsyncClient, slot: int, filename: str, *, timeout_s: float
+    ) -> SlotFile:
+        """Read ``filename`` back into slot ``slot`` (before it serves a request)."""
+        ...
+
+
 class Adapter(Protocol):
     """One flavor's pure builders (DESIGN.md layer 4).
 
@@ -125,6 +173,12 @@ class Adapter(Protocol):
     def shared_server(self) -> SharedServer | None:
         """The shared-server capability when one server per node serves every role
         (ollama); ``None`` when each role is its own process."""
+        ...
+
+    @property
+    def slot_keeping(self) -> SlotKeeping | None:
+        """The capability to save and restore the server's KV cache (llama-server);
+        ``None`` when the flavor's server cannot (rosterd then keeps nothing across a stop)."""
         ...
 
     @property
@@ -147,10 +201,19 @@ class Adapter(Protocol):
         ...
 
     def estimate_memory(
-        self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]
+        self,
+        facts: ModelFacts,
+        *,
+        ctx_size: int,
+        parallel: int,
+        extra_args: Sequence[str],
+        keep_kv: bool = True,
+        cache_ram_mb: int | None = None,
     ) -> MemoryEstimate:
         """What the backend will hold resident serving weights of ``facts`` with ``ctx_size``
-        tokens of context, ``parallel`` slots and the launch's ``extra_args``. Pure.
+        tokens of context, ``parallel`` slots and the launch's ``extra_args``, with the KV
+        cache kept across stops (``keep_kv``) and a RAM prompt cache of ``cache_ram_mb``
+        MiB (``None``: the adapter's default), as the fleet's ``models:`` entry says. Pure.
 
         Raises:
             ValueError: the flavor reads no weights (its server keeps its own; a shared

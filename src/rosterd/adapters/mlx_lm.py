@@ -44,8 +44,21 @@ class MlxLmAdapter(OpenAICompatible):
         """``None``: one ``mlx_lm.server`` process per role."""
         return None
 
+    @property
+    def slot_keeping(self) -> None:
+        """``None``: mlx_lm.server has no API to save or restore its prompt cache, which
+        lives only in its process's memory and goes with it."""
+        return None
+
     def estimate_memory(
-        self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]
+        self,
+        facts: ModelFacts,
+        *,
+        ctx_size: int,
+        parallel: int,
+        extra_args: Sequence[str],
+        keep_kv: bool = True,
+        cache_ram_mb: int | None = None,
     ) -> MemoryEstimate:
         """mlx_lm.server's figure for the MLX folder's ``facts`` (``estimate_mlx``): the
         safetensors, a KV cache of ``ctx_size`` tokens per slot, the Python process.

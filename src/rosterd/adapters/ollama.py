@@ -48,6 +48,12 @@ class OllamaAdapter:
         return self
 
     @property
+    def slot_keeping(self) -> None:
+        """``None``: ollama has no API to save or restore a model's KV cache; its runner
+        keeps the cache only while the model stays loaded."""
+        return None
+
+    @property
     def serves_ollama_api(self) -> bool:
         """``True``: ``ollama serve`` answers Ollama's API itself, so it is passed through."""
         return True
@@ -119,7 +125,14 @@ class OllamaAdapter:
         return rewrite_model_field(body, served_model)
 
     def estimate_memory(
-        self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]
+        self,
+        facts: ModelFacts,
+        *,
+        ctx_size: int,
+        parallel: int,
+        extra_args: Sequence[str],
+        keep_kv: bool = True,
+        cache_ram_mb: int | None = None,
     ) -> MemoryEstimate:
         """Never: ollama keeps its own weights, so there are no facts to read.
 

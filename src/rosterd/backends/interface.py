@@ -24,6 +24,7 @@ __all__ = [
     "BackendEvent",
     "BackendEventSource",
     "Endpoint",
+    "KeptKvSource",
     "MeasuredBackends",
     "PeakSource",
     "ProbeResult",
@@ -124,6 +125,17 @@ class PeakSource(Protocol):
         size the server reports holding for its model (ollama's ``/api/ps`` ``size``),
         the largest seen.
         """
+        ...
+
+
+@runtime_checkable
+class KeptKvSource(Protocol):
+    """Backends that keep their roles' KV caches across stops (on this machine's disk)."""
+
+    def kept_kv(self, role: str) -> dict[str, object] | None:
+        """What is kept of ``role``'s KV cache now, for ``/status``: ``{"tokens",
+        "file_bytes", "last_restore", "last_restore_detail"}``; ``None`` when these
+        backends keep nothing for it."""
         ...
 
 

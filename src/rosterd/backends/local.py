@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
 from rosterd.backends.interface import Endpoint
+from rosterd.backends.kv_keep import KeptTotals, KvKeeper
 from rosterd.backends.shared import SharedServers
 from rosterd.errors import BackendAlreadySupervisedError, PortInUseError
 from rosterd.spec import InferenceSpec, InferFlavor
@@ -51,7 +53,10 @@ class SupervisorBackends:
     adapter (default ``adapter_for``); ``model_names``: role -> the name a shared server
     knows the role's model by when its spec names none (the roster's own ``name``: an
     ollama tag such as ``llama3.1:8b`` is no plain token, so the import keeps no model
-    for it, as roster.rs does); otherwise the spec's model, then the role id.
+    for it, as roster.rs does); otherwise the spec's model, then the role id; ``kv``: the
+    machine's kept KV caches (``None``: nothing is kept), used for roles whose adapter can
+    save its slots and whose fleet entry keeps them (``keep_kv``, the default): a start
+    restores them before it returns, a stop saves them before the process is stopped.
 
     Roles of a flavor with one shared server per node (an adapter whose
     ``shared_server`` is set: ollama) are not processes: they go to
@@ -77,8 +82,10 @@ class SupervisorBackends:
         adapters: Callable[[InferFlavor], Adapter] = adapter_for,
         node: str = "node",
         model_names: Mapping[str, str] | None = None,
+        kv: KvKeeper | None = None,
     ) -> None:
         self.supervisor = supervisor
+        self.kv = kv
         self.model_names = dict(model_names or {})
         self.specs = dict(specs)
         self.host = host
@@ -137,11 +144,17 @@ class SupervisorBackends:
         self._peaks.pop(role, None)
         source = self.resolve_weights(spec)
         grace = getattr(source, "grace_s", None)  # the fleet's models: entry, if it sets one
+        keeping = adapter.slot_keeping if self.kv is not None else None
+        if not getattr(source, "keep_kv", True):
+            keeping = None  # the fleet's models: entry says keep_kv: false
         picked = self.auto_ports or spec.serve.port is None
         for attempt in range(1, _BIND_RACE_TRIES + 1):
             port = free_port(self.host) if picked else spec.serve.port
             assert port is not None
             launch = adapter.launch(spec, source, host=self.host, port=port)
+            if keeping is not None and self.kv is not None:
+                folder = self.kv.folder(role)
+                launch = replace(launch, argv=(*launch.argv, *keeping.launch_args(folder)))
             try:
                 backend = await self.supervisor.start(
                     role,
@@ -154,6 +167,9 @@ class SupervisorBackends:
                 if not picked or attempt == _BIND_RACE_TRIES:
                     raise
                 continue
+            if keeping is not None and self.kv is not None:
+                # Before the start returns: the first request is granted only after it.
+                await self.kv.started(role, keeping, launch, backend.base_url, source.path)
             return Endpoint(backend.base_url, launch.served_model, backend.pid)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -189,8 +205,31 @@ class SupervisorBackends:
             size = await self.shared.unload(spec, shared, self._model_of(spec), measure=measure)
             self._note_size(role, size)
             return
+        if self.kv is not None and self.supervisor.backend(role) is not None:
+            await self.kv.stopping(role)  # every stop we ask for saves first
         self._sample_peak(role)  # the process and its high-water mark are gone after the stop
         await self.supervisor.stop(role)
+
+    def kept_kv(self, role: str) -> dict[str, object] | None:
+        """What the machine keeps of ``role``'s KV cache (``KeptKvSource``), with the
+        counts and bytes of its saves, restores and refusals in this run; ``None``
+        without a keeper or for a role of another node."""
+        if self.kv is None or role not in self.specs:
+            return None
+        kept = self.kv.kept(role)
+        restore = self.kv.last_restore.get(role)
+        totals = self.kv.totals.get(role) or KeptTotals()
+        return {
+            "tokens": kept.tokens,
+            "file_bytes": kept.file_bytes,
+            "last_restore": restore.outcome if restore is not None else None,
+            "last_restore_detail": restore.detail if restore is not None else None,
+            "saves": totals.saves,
+            "restores": totals.restores,
+            "refusals": totals.refusals,
+            "saved_bytes": totals.saved_bytes,
+            "restored_bytes": totals.restored_bytes,
+        }
 
     async def measured_bytes(self) -> dict[str, int]:
         """Role -> RSS in bytes of its backend's process tree on this machine, measured now

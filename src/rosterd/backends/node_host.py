@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rosterd.adapters import WeightsSource
+from rosterd.backends.kv_keep import DEFAULT_KV_DISK_BYTES, KvKeeper
 from rosterd.backends.local import SupervisorBackends
 from rosterd.errors import WeightsError
 from rosterd.fleet import Fleet
@@ -61,7 +62,8 @@ class NodeHost:
     """The fleet nodes one machine runs (see the module): ``state_dir`` holds the lock,
     the backends' logs and pid records; ``grace_s``: SIGTERM to SIGKILL, seconds;
     ``on_event`` hears every backend event of the supervisor; ``auto_ports`` and
-    ``ready_timeout_s`` (seconds) as ``SupervisorBackends``'. Call :meth:`open` first."""
+    ``ready_timeout_s`` (seconds) as ``SupervisorBackends``'; ``kv_disk_bytes``: the disk
+    the kept KV caches may take (``--kv-disk-gb``). Call :meth:`open` first."""
 
     def __init__(
         self,
@@ -71,8 +73,11 @@ class NodeHost:
         on_event: Callable[[BackendEvent], None] | None = None,
         auto_ports: bool = False,
         ready_timeout_s: float | None = None,
+        kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
     ) -> None:
         self.state_dir = state_dir
+        #: The kept KV caches of this machine's roles (``<state_dir>/kv``).
+        self.kv = KvKeeper(state_dir / "kv", disk_budget_bytes=kv_disk_bytes)
         self.auto_ports = auto_ports
         self.ready_timeout_s = ready_timeout_s
         self.supervisor = Supervisor(state_dir, grace_s=grace_s, on_event=on_event)
@@ -115,6 +120,7 @@ class NodeHost:
             ready_timeout_s=self.ready_timeout_s,
             node=node,
             model_names=facts.model_names,
+            kv=self.kv,
         )
 
     async def close(self) -> None:

@@ -177,6 +177,14 @@ def up_cmd(
             min=0, help="Probe an idle role's generation after this many seconds (0: never)."
         ),
     ] = 30.0,
+    kv_disk_gb: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="GiB of disk the kept KV caches of llama.cpp roles may take "
+            "(the least recently used go first).",
+        ),
+    ] = 10.0,
     probe_timeout: Annotated[
         float,
         typer.Option(min=0.001, help="Seconds a generation probe may take (then: unhealthy)."),
@@ -286,6 +294,7 @@ def up_cmd(
         first_byte_timeout_s=first_byte_timeout,
         chunk_timeout_s=chunk_timeout,
         request_read_timeout_s=request_read_timeout,
+        kv_disk_bytes=int(kv_disk_gb * 2**30),
         max_body_bytes=max_body,
         auto_backend_ports=auto_backend_ports,
         warm_up=warm_up,

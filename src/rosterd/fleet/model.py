@@ -61,6 +61,10 @@ class ModelSource:
     ``extra_args`` are appended to the backend's argv as given; ``grace_s``: seconds
     from SIGTERM to SIGKILL when its backend stops (``None``: ``rosterd up --grace``);
     ``replicas``: how many copies of the role to place, each on its own node (>= 1).
+    ``keep_kv``: save the backend's KV cache when it stops and restore it when it
+    starts, where the flavor can (llama.cpp); ``cache_ram_mb``: the backend's RAM
+    prompt cache in MiB (llama-server's ``--cache-ram``; ``None``: the adapter's small
+    default), which the role's estimate counts.
     """
 
     path: Path
@@ -69,6 +73,8 @@ class ModelSource:
     extra_args: tuple[str, ...] = ()
     grace_s: float | None = None
     replicas: int = 1
+    keep_kv: bool = True
+    cache_ram_mb: int | None = None
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ A fleet file is YAML::
       gemma-3-270m: models/gemma.gguf           # key: roster model name or role id
       big-coder: {path: /srv/coder.gguf, ctx_size: 8192, parallel: 2, extra_args: [--mlock],
                   grace_s: 30,  # seconds from SIGTERM to SIGKILL (default: up's --grace)
-                  replicas: 2}  # copies on distinct nodes (default 1); requests are
-                                # balanced by cached prefix and load (rosterd.replica_choice)
+                  replicas: 2,          # copies on distinct nodes (default 1); requests are
+                                        # balanced by cached prefix and load (rosterd.replica_choice)
+                  keep_kv: true,        # save/restore the KV cache across swaps (default)
+                  cache_ram_mb: 256}    # the backend's RAM prompt cache, MiB (small default)
     model_roots: [models]       # optional: folders searched for weights
 
 The fleet's types are in :mod:`rosterd.fleet.model`; without a fleet file the
@@ -112,7 +114,16 @@ _NODE_KEYS: Final = (
     "labels",
     "max_concurrency",
 )
-_MODEL_KEYS: Final = ("path", "ctx_size", "parallel", "extra_args", "grace_s", "replicas")
+_MODEL_KEYS: Final = (
+    "path",
+    "ctx_size",
+    "parallel",
+    "extra_args",
+    "grace_s",
+    "keep_kv",
+    "cache_ram_mb",
+    "replicas",
+)
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,18 @@ class _FleetReader:
         value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise self.fail(node, path, f"expected a whole number > 0, found {self.found(node)}")
+        return value
+
+    def whole_number(self, node: yaml.Node, path: str) -> int:
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(node, path, f"expected a whole number >= 0, found {self.found(node)}")
+        return value
+
+    def boolean(self, node: yaml.Node, path: str) -> bool:
+        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if not isinstance(value, bool):
+            raise self.fail(node, path, f"expected true or false, found {self.found(node)}")
         return value
 
     def text(self, node: yaml.Node, path: str, what: str = "text") -> str:
@@ -436,6 +459,12 @@ class _FleetReader:
                         f"{path}.grace_s",
                         f"expected 0 or more, found {grace_s:g}",
                     )
+            keep_kv = True
+            if "keep_kv" in fields:
+                keep_kv = self.boolean(fields["keep_kv"][1], f"{path}.keep_kv")
+            cache_ram_mb = None
+            if "cache_ram_mb" in fields:
+                cache_ram_mb = self.whole_number(fields["cache_ram_mb"][1], f"{path}.cache_ram_mb")
             models[key] = ModelSource(
                 path=source_path,
                 ctx_size=ctx_size,
@@ -443,6 +472,8 @@ class _FleetReader:
                 extra_args=extra,
                 grace_s=grace_s,
                 replicas=replicas,
+                keep_kv=keep_kv,
+                cache_ram_mb=cache_ram_mb,
             )
         return models
 

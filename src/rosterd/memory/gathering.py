@@ -70,8 +70,8 @@ def serving_settings(source: WeightsSource | None) -> tuple[int, int, tuple[str,
 
 def run_fingerprint(spec: InferenceSpec, source: WeightsSource | None) -> str:
     """What identifies a run's settings, as 16 hex digits: flavor, model, weights path and
-    size, ``ctx_size``, ``parallel`` and ``extra_args``. A peak measured under another
-    fingerprint is not counted for this one."""
+    size, ``ctx_size``, ``parallel``, ``extra_args``, ``keep_kv`` and ``cache_ram_mb``. A
+    peak measured under another fingerprint is not counted for this one."""
     ctx, parallel, extra = serving_settings(source)
     size = source.size_bytes if isinstance(source, ResolvedWeights) else 0
     shape = [
@@ -82,6 +82,8 @@ def run_fingerprint(spec: InferenceSpec, source: WeightsSource | None) -> str:
         ctx,
         parallel,
         list(extra),
+        bool(getattr(source, "keep_kv", True)),
+        getattr(source, "cache_ram_mb", None),
     ]
     return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
 
@@ -265,7 +267,12 @@ def _role_memory(
                 facts = read_model_facts(weights.path)
                 ctx, parallel, extra = serving_settings(weights)
                 estimate = adapter.estimate_memory(
-                    facts, ctx_size=ctx, parallel=parallel, extra_args=extra
+                    facts,
+                    ctx_size=ctx,
+                    parallel=parallel,
+                    extra_args=extra,
+                    keep_kv=weights.keep_kv,
+                    cache_ram_mb=weights.cache_ram_mb,
                 )
         except RosterdError as exc:
             note = f"no estimate: {exc}"

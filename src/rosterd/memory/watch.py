@@ -69,6 +69,7 @@ class PeakRecorder:
         self._failed = False
         self._task: asyncio.Task[None] | None = None
         self._after_stop: set[asyncio.Task[dict[str, int]]] = set()
+        self._warned: set[str] = set()  # roles whose growth past their count was said
 
     @property
     def fingerprints(self) -> dict[str, str]:
@@ -116,6 +117,7 @@ class PeakRecorder:
                     peak = max(peak, found[role])  # the same settings: the largest of this up
                 found[role] = peak
                 fingerprint_of[role] = fingerprint
+        self._follow(found)
         for role, peak in found.items():
             fingerprint = fingerprint_of[role]
             prior = self._recorded.get(role)
@@ -141,6 +143,25 @@ class PeakRecorder:
                 continue
             self._recorded[role] = (fingerprint, peak)
         return found
+
+    def _follow(self, peaks: Mapping[str, int]) -> None:
+        """Let the node count what its backends held in this run (their peak RSS) when it
+        passes the counted figure by more than 10 % (``NodeScheduler.follow_measured``),
+        at once rather than at the next ``up``; one warning per role."""
+        for role, peak in sorted(peaks.items()):
+            before = self.node.follow_measured(role, peak)
+            if before is None or role in self._warned:
+                continue
+            self._warned.add(role)
+            log.warning(
+                "node %s: role %s holds %.0f MiB, %.0f%% more than the %.0f MiB counted for "
+                "it; counting what it holds from now on",
+                self.node.name,
+                role,
+                peak / 2**20,
+                (peak / before - 1) * 100,
+                before / 2**20,
+            )
 
     def _on_event(self, event: SchedulerEvent) -> None:
         if event.kind == "stopped":

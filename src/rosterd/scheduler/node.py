@@ -22,8 +22,15 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
+from typing import Final
 
-from rosterd.backends.interface import BackendEventSource, MeasuredBackends, RoleBackends
+from rosterd.backends.interface import (
+    BackendEventSource,
+    KeptKvSource,
+    MeasuredBackends,
+    RoleBackends,
+)
 from rosterd.errors import RoleUnavailableError, RosterdError, ShuttingDownError, UnknownRoleError
 from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import CopyState
@@ -68,6 +75,11 @@ _COPY_STATES: dict[Phase, CopyState] = {
     Phase.LOST: CopyState.LOST,
     Phase.READY: CopyState.READY,
 }
+
+#: How far a running backend's measured RSS may pass the figure counted for it before the
+#: count follows the measurement (issue 20: llama-server's RAM prompt cache grew one role
+#: to 1.85x its counted figure over twelve conversations, and nothing was said).
+MEASURED_OVER_COUNTED: Final[float] = 1.10
 
 
 class NodeScheduler(NodeLoop):
@@ -280,6 +292,31 @@ class NodeScheduler(NodeLoop):
             return {}
         return {role: rss for role, rss in measured.items() if role in self.specs}
 
+    def follow_measured(self, role: str, measured_bytes: int) -> int | None:
+        """Count ``measured_bytes`` for ``role`` from now on when its backend holds more than
+        ``MEASURED_OVER_COUNTED`` times what is counted (its RAM prompt cache grew, say):
+        its spec's overhead grows by the difference and applies at once, without a restart
+        (``ReplaceSpec``; the machine evicts other roles if the node no longer fits, as
+        for a re-plan). Returns the figure counted before (``None``: nothing changed)."""
+        spec = self.specs.get(role)
+        if spec is None or role in self._retiring:
+            return None
+        counted = spec.memory.resident_bytes
+        if measured_bytes <= counted * MEASURED_OVER_COUNTED:
+            return None
+        grown = replace(
+            spec,
+            memory=replace(
+                spec.memory, overhead_bytes=spec.memory.overhead_bytes + measured_bytes - counted
+            ),
+        )
+        self.specs[role] = grown
+        view = self.memory.get(role)
+        if view is not None:
+            self.memory[role] = {**view, "counted_bytes": measured_bytes, "counted_from": "live"}
+        self._post(ReplaceSpec(self._clock(), grown, restart=False))
+        return counted
+
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
 
@@ -414,7 +451,8 @@ class NodeScheduler(NodeLoop):
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
         cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
         re-plan removed the role and it drains before it stops; ``memory``: the
-        role's figures given at construction, or ``None``); per node also
+        role's figures given at construction, or ``None``; ``kv``: what is kept of its
+        KV cache across stops (``KeptKvSource.kept_kv``), or ``None``); per node also
         ``in_flight`` and ``max_concurrency`` (the node-wide limit now, or ``None``).
         """
         now = self._clock()
@@ -431,6 +469,8 @@ class NodeScheduler(NodeLoop):
             view["retiring"] = role in self._retiring
             figures = self.memory.get(role)
             view["memory"] = dict(figures) if figures is not None else None
+            backends = self._backends
+            view["kv"] = backends.kept_kv(role) if isinstance(backends, KeptKvSource) else None
             roles[role] = view
         return {
             "capacity_bytes": self.capacity_bytes,

@@ -31,6 +31,8 @@ class UpOptions:
     for its first byte and between chunks (then 504 and a probe);
     ``request_read_timeout_s``: for a client's request headers and body (then
     the connection is closed, or 408). Liveness probes are in ``limits``.
+    ``kv_disk_bytes``: the disk this machine's kept KV caches may take
+    (``--kv-disk-gb``; the least recently used go first).
     ``history_interval_s``: seconds between two points of the page's charts.
     """
 
@@ -53,4 +55,5 @@ class UpOptions:
     first_byte_timeout_s: float = 300.0
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
+    kv_disk_bytes: int = 10 * 2**30
     history_interval_s: float = 10.0

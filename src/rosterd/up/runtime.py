@@ -197,6 +197,7 @@ class UpRun:
             grace_s=options.grace_s,
             on_event=self._backend_event,
             auto_ports=options.auto_backend_ports,
+            kv_disk_bytes=options.kv_disk_bytes,
         )
         try:
             # Held for the whole run: a second `up` on this folder would otherwise take
