@@ -127,6 +127,14 @@ class Adapter(Protocol):
         (ollama); ``None`` when each role is its own process."""
         ...
 
+    @property
+    def native_dialects(self) -> frozenset[str]:
+        """The dialects besides OpenAI's chat, completions and embeddings that the backend
+        serves itself: ``messages`` (Anthropic's ``/v1/messages``), ``responses``
+        (OpenAI's ``/v1/responses``), ``rerank`` (``/v1/rerank``). The router translates
+        Messages and Responses to chat completions for a backend without them."""
+        ...
+
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         """The argv, environment and readiness probe serving ``spec`` on ``host``:``port``."""
         ...
@@ -184,6 +192,11 @@ class OpenAICompatible:
     """
 
     __slots__ = ()
+
+    @property
+    def native_dialects(self) -> frozenset[str]:
+        """None by default: chat completions only (mlx_lm.server's API, for one)."""
+        return frozenset()
 
     def generation_probe(self, served_model: str) -> HttpProbe:
         """A one-token ``/v1/completions`` against ``served_model``."""

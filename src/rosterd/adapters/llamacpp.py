@@ -44,6 +44,11 @@ DEFAULT_PARALLEL: Final[int] = 1
 
 LlamaCppMode = Literal["llama-server", "llama-cpp-python"]
 
+#: The dialects llama-server serves itself (its routes ``/v1/messages``,
+#: ``/v1/messages/count_tokens``, ``/v1/responses``, ``/v1/rerank``, checked on the
+#: build ``scripts/build-llama-server`` makes).
+LLAMA_SERVER_DIALECTS: Final[frozenset[str]] = frozenset({"messages", "responses", "rerank"})
+
 
 def llama_server_cache_path(env: Mapping[str, str] | None = None) -> Path:
     """Where ``scripts/build-llama-server`` installs the binary.
@@ -112,6 +117,15 @@ class LlamaCppAdapter(OpenAICompatible):
     def shared_server(self) -> None:
         """``None``: one server process per role."""
         return None
+
+    @property
+    def native_dialects(self) -> frozenset[str]:
+        """llama-server's own routes: ``/v1/messages`` (and ``count_tokens``),
+        ``/v1/responses`` and ``/v1/rerank`` (this build's binary serves all three);
+        llama-cpp-python's server has chat completions only."""
+        if self.mode == "llama-server":
+            return LLAMA_SERVER_DIALECTS
+        return frozenset()
 
     def estimate_memory(
         self, facts: ModelFacts, *, ctx_size: int, parallel: int, extra_args: Sequence[str]

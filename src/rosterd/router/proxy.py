@@ -38,6 +38,8 @@ from starlette.types import Message, Receive, Scope, Send
 from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.body import parse_json_object, read_body, requested_model
+from rosterd.router.dialects.envelope import envelope_for
+from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.liveness import (
     MAX_RESTART_WAITS,
     Deadlines,
@@ -48,12 +50,16 @@ from rosterd.router.liveness import (
 from rosterd.router.openai_errors import (
     revoked_error,
     scheduler_errors,
-    send_error,
-    sse_error_event,
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.routing import PROXIED_PATHS, ModelNames, RoleRoute, RouterConfig
+from rosterd.router.routing import (
+    DIALECT_PATHS,
+    PROXIED_PATHS,
+    ModelNames,
+    RoleRoute,
+    RouterConfig,
+)
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.lease import Lease
@@ -158,6 +164,8 @@ class Proxy:
         self.ctx = ctx
         self.path = path
         self.label = PROXIED_PATHS[path]
+        self.dialect = DIALECT_PATHS.get(path)
+        self.envelope = envelope_for(path)
         # (role, status) -> its counter and histogram children: labels() takes a lock and
         # builds its key on every call. Bounded by the roles times the statuses sent.
         self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -173,6 +181,9 @@ class Proxy:
             )
             payload = parse_json_object(body)
             role = self.ctx.names.resolve(requested_model(payload))
+            if self.dialect is not None:
+                # Before any load: a request the role's backend cannot take fails at once.
+                check_dialect(self.path, self.ctx.routes[role], payload)
             await self._serve(role, payload, receive, answer)
         except ClientGoneError:
             answer.status = CLIENT_CLOSED_STATUS
@@ -184,22 +195,22 @@ class Proxy:
             with contextlib.suppress(Exception):
                 if answer.status == 0:
                     err = RouterError("shutting_down", "rosterd is shutting down")
-                    await send_error(scope, receive, answer.send, err)
+                    await self.envelope.response(err)(scope, receive, answer.send)
                 elif answer.sse_open:
                     err = RouterError(
                         "shutting_down",
                         f"the stream from role {role!r} was cut: rosterd is shutting down "
                         "and the drain time is over",
                     )
-                    await answer.send(sse_error_event(err))
+                    await answer.send(self.envelope.sse_event(err))
         except RouterError as err:
-            await send_error(scope, receive, answer.send, err)
+            await self.envelope.response(err)(scope, receive, answer.send)
         except Exception as exc:
             log.exception("unhandled error on %s", self.path)
             if answer.status:
                 raise  # the answer started: uvicorn closes the connection
             internal = RouterError("internal_error", f"internal error: {exc}")
-            await send_error(scope, receive, answer.send, internal)
+            await self.envelope.response(internal)(scope, receive, answer.send)
         finally:
             counted = self._counted.get((role, answer.status))
             if counted is None:
@@ -286,7 +297,11 @@ class Proxy:
             log.warning("ended a %s request to %s: %s", self.label, lease.role, stall)
             self.ctx.scheduler.suspect(lease, str(stall))
             await end_stalled(
-                stall, started=bool(answer.status), stream=answer.stream, send=answer.send
+                stall,
+                started=bool(answer.status),
+                stream=answer.stream,
+                send=answer.send,
+                event=self.envelope.sse_event,
             )
         finally:
             if revoked is not None:
@@ -301,7 +316,7 @@ class Proxy:
         if not answer.status:
             raise err
         if answer.stream:
-            await answer.send(sse_error_event(err))
+            await answer.send(self.envelope.sse_event(err))
         else:
             await answer.send(_END)
 
@@ -313,7 +328,18 @@ class Proxy:
         that ends without ``data: [DONE]`` ends it with an SSE error event.
         """
         role = lease.role
-        upstream_body = self.ctx.routes[role].rewrite(payload, lease.endpoint.served_model)
+        route = self.ctx.routes[role]
+        if self.dialect is not None and self.dialect not in route.native:
+            base_url = lease.endpoint.base_url
+
+            async def post(path: str, body: bytes, accept: str) -> UpstreamResponse:
+                return await self._send_upstream(base_url, body, accept, role, path=path)
+
+            await forward_in_dialect(
+                self.path, route, payload, lease.endpoint.served_model, post, send, self.label
+            )
+            return
+        upstream_body = route.rewrite(payload, lease.endpoint.served_model)
         body = json.dumps(
             upstream_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         ).encode()
@@ -345,7 +371,7 @@ class Proxy:
             except RouterError as err:
                 # Headers are out: end the answer with an SSE error event the client can see.
                 with contextlib.suppress(Exception):
-                    await send(sse_error_event(err))
+                    await send(self.envelope.sse_event(err))
                 return
             if stream and b"data: [DONE]" not in tail:
                 # The backend closed the stream without its final [DONE]: it was
@@ -355,7 +381,7 @@ class Proxy:
                     f"the stream from role {role!r} ended before it finished: "
                     "its backend stopped (evicted after the drain time, or it exited)",
                 )
-                await send(sse_error_event(cut))
+                await send(self.envelope.sse_event(cut))
                 return
             await send(_END)
         finally:
@@ -364,7 +390,7 @@ class Proxy:
             upstream.close()
 
     async def _send_upstream(
-        self, base_url: str, body: bytes, accept: str, role: str
+        self, base_url: str, body: bytes, accept: str, role: str, *, path: str | None = None
     ) -> UpstreamResponse:
         """Send the request; once more on a new connection when the backend closed the pooled
         one without answering.
@@ -377,11 +403,12 @@ class Proxy:
         the retry fails too, or for any other failure.
         """
         upstream = self.ctx.upstream
+        path = path or self.path
         try:
-            return await upstream.post(base_url, self.path, body, accept)
+            return await upstream.post(base_url, path, body, accept)
         except UpstreamClosedError as exc:
             log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
-        return await upstream.post(base_url, self.path, body, accept, fresh=True)
+        return await upstream.post(base_url, path, body, accept, fresh=True)
 
 
 async def _send_whole(send: Send, status: int, content_type: str, body: bytes) -> None:

@@ -79,10 +79,13 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
         s = by_role[role]
         names = [n for n in (s.spec.model, s.name) if n and n != role]
         names += aliases.get(role, [])
+        adapter = adapter_for(s.spec.flavor)
         routes[role] = RoleRoute(
             role=role,
             names=tuple(dict.fromkeys(names)),
-            rewrite=adapter_for(s.spec.flavor).rewrite_request,
+            rewrite=adapter.rewrite_request,
+            flavor=s.spec.flavor.value,
+            native=adapter.native_dialects,
             info={
                 "node": node,
                 "latency_class": s.spec.latency_class.value,
