@@ -38,7 +38,7 @@ from starlette.types import Message, Receive, Scope, Send
 from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.body import parse_json_object, read_body, requested_model
-from rosterd.router.dialects.envelope import envelope_for
+from rosterd.router.dialects.envelope import STREAM_ENDS, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.liveness import (
     MAX_RESTART_WAITS,
@@ -166,6 +166,7 @@ class Proxy:
         self.label = PROXIED_PATHS[path]
         self.dialect = DIALECT_PATHS.get(path)
         self.envelope = envelope_for(path)
+        self.stream_ends = STREAM_ENDS.get(path, (b"data: [DONE]",))
         # (role, status) -> its counter and histogram children: labels() takes a lock and
         # builds its key on every call. Bounded by the roles times the statuses sent.
         self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -367,14 +368,14 @@ class Proxy:
             )
             try:
                 with upstream_errors(role, mid_stream=True):
-                    tail = await _pass_body(upstream, send)
+                    finished = await _pass_body(upstream, send, self.stream_ends)
             except RouterError as err:
                 # Headers are out: end the answer with an SSE error event the client can see.
                 with contextlib.suppress(Exception):
                     await send(self.envelope.sse_event(err))
                 return
-            if stream and b"data: [DONE]" not in tail:
-                # The backend closed the stream without its final [DONE]: it was
+            if stream and not finished:
+                # The backend closed the stream without its final event: it was
                 # stopped (evicted after the drain time, or it died) mid-generation.
                 cut = RouterError(
                     "backend_error",
@@ -420,15 +421,20 @@ async def _send_whole(send: Send, status: int, content_type: str, body: bytes) -
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _pass_body(upstream: UpstreamResponse, send: Send) -> bytes:
+async def _pass_body(upstream: UpstreamResponse, send: Send, ends: tuple[bytes, ...]) -> bool:
     """Send ``upstream``'s body on chunk by chunk as it arrives (response left open);
-    returns its last 64 bytes, where a finished event stream has its ``data: [DONE]``."""
+    returns whether one of ``ends`` (the event that ends a finished stream of the path:
+    ``data: [DONE]``, ``message_stop``, ...) was seen, also across two chunks."""
     tail = b""
+    seen = False
     async for chunk in upstream.chunks():
         if chunk:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            tail = (tail + chunk)[-64:]
-    return tail
+            if not seen:
+                window = tail + chunk
+                seen = any(end in window for end in ends)
+            tail = chunk[-64:]
+    return seen
 
 
 async def _wait_disconnect(receive: Receive) -> None:

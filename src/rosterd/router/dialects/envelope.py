@@ -25,6 +25,20 @@ from rosterd.router.openai_errors import error_response, sse_error_event
 #: The paths whose clients read Anthropic's error shape.
 ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
+#: Path -> what a finished event stream of it holds near its end (default: OpenAI's
+#: ``data: [DONE]``): a stream passed through without one was cut (its backend stopped).
+#: Each is looked for in every chunk and across two (the last 64 bytes of the one before).
+STREAM_ENDS: Mapping[str, tuple[bytes, ...]] = MappingProxyType(
+    {
+        "/v1/messages": (b"event: message_stop",),
+        "/v1/responses": (
+            b"event: response.completed",
+            b"event: response.incomplete",
+            b"event: response.failed",
+        ),
+    }
+)
+
 #: HTTP status -> Anthropic's ``error.type`` (their API's error table).
 ANTHROPIC_ERROR_TYPES: Mapping[int, str] = MappingProxyType(
     {
