@@ -2,7 +2,10 @@
 
 It follows Ollama's documented HTTP API for the calls rosterd makes: `GET /api/version`,
 `POST /api/generate` (an empty prompt with `keep_alive` loads; `keep_alive: 0` unloads;
-a prompt generates), `GET /api/ps` (resident models with their sizes). Listens on
+a prompt generates), `GET /api/ps` (resident models with their sizes), and the calls
+rosterd passes through from clients: `POST /api/chat` (its reply, "fake ollama answers
+MODEL (keep_alive K)", says what it was sent; streamed as NDJSON lines unless
+`"stream": false`) and `POST /api/embed` (one 3-number vector per input). Listens on
 `OLLAMA_HOST` (host:port), as ollama does. The models it "has" come from
 `FAKE_OLLAMA_MODELS` (`name=size_bytes,...`). Stdlib only, so it starts fast.
 """
@@ -50,8 +53,27 @@ def main() -> int:
             else:
                 self._send(404, {"error": "not found"})
 
+        def _chat(self, model: str, body: dict[str, object]) -> None:
+            reply = f"fake ollama answers {model} (keep_alive {body.get('keep_alive')})"
+            last: dict[str, object] = {"model": model}
+            last["message"] = {"role": "assistant", "content": ""}
+            last |= {"done": True, "done_reason": "stop", "eval_count": 2}
+            if body.get("stream") is False:
+                last["message"] = {"role": "assistant", "content": reply}
+                self._send(200, last)
+                return
+            # Ollama's stream: NDJSON, one object per line, the body ends with the connection.
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.end_headers()
+            for word in reply.split(" "):
+                piece = {"model": model, "message": {"role": "assistant", "content": word + " "}}
+                self.wfile.write(json.dumps(piece | {"done": False}).encode() + b"\n")
+                self.wfile.flush()
+            self.wfile.write(json.dumps(last).encode() + b"\n")
+
         def do_POST(self) -> None:
-            if self.path != "/api/generate":
+            if self.path not in ("/api/generate", "/api/chat", "/api/embed"):
                 self._send(404, {"error": "not found"})
                 return
             length = int(self.headers.get("Content-Length") or 0)
@@ -59,6 +81,14 @@ def main() -> int:
             model = body.get("model", "")
             if model not in store:
                 self._send(404, {"error": f"model '{model}' not found"})
+                return
+            if self.path == "/api/chat":
+                self._chat(model, body)
+                return
+            if self.path == "/api/embed":
+                inputs = body.get("input")
+                count = len(inputs) if isinstance(inputs, list) else 1
+                self._send(200, {"model": model, "embeddings": [[0.5, 0.25, 0.125]] * count})
                 return
             keep_alive = body.get("keep_alive")
             with lock:

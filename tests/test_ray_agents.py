@@ -248,7 +248,9 @@ def test_ray_address_without_ray_says_how_to_install_it(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
     with pytest.raises(RayNotInstalledError) as caught:
         import_ray()
-    assert str(caught.value) == "Ray is not installed: pip install 'rosterd[ray]'"
+    assert str(caught.value) == (
+        "Ray is not installed: pip install '.[ray]' in rosterd's checkout (rosterd is not on PyPI)"
+    )
     with pytest.raises(RayNotInstalledError):
         join("10.0.0.1:6379")
 

@@ -18,6 +18,7 @@ from rosterd.errors import LoadBackoffError, LoadFailedError, QueueTimeoutError
 from rosterd.scheduler.events import (
     BackendChanged,
     Cancel,
+    NodeLost,
     ProbeBackend,
     ProbeDone,
     RecordEvent,
@@ -25,6 +26,7 @@ from rosterd.scheduler.events import (
     RevokeLeases,
     Suspect,
 )
+from rosterd.scheduler.liveness import SILENT_NODE_REPROBE_S
 from rosterd.scheduler.values import Phase, backoff_s
 from test_scheduler import LIMITS, Bench, assert_failed, spec
 
@@ -183,6 +185,64 @@ def test_a_request_waiting_for_a_restart_gives_up_at_its_queue_timeout() -> None
     assert_failed(bench, again, QueueTimeoutError, "waiting for the restart")
 
 
+# --------------------------------------------------------------------------- a silent node
+
+
+def _silent(bench: Bench) -> tuple[int, int]:
+    """A request that failed on ``a``'s backend and whose probe found the node silent:
+    (its ticket waiting for a newer backend, the failed lease's generation)."""
+    ticket = bench.acquire("a")
+    bench.settle()
+    lease = bench.lease(ticket)
+    assert lease is not None
+    bench.release(ticket)
+    again = bench.acquire("a", newer_than=lease.generation)
+    [probe] = probes(bench)
+    detail = "the agent of node n1 did not answer within 8 s"
+    bench.send(ProbeDone(1.0, "a", probe.generation, ok=False, detail=detail, unreachable=True))
+    return again, lease.generation
+
+
+def test_a_probe_that_never_reached_its_node_restarts_nothing_and_holds_the_requests() -> None:
+    bench = Bench([spec("a", 100)], 1000, PROBING)
+    again, _ = _silent(bench)
+    assert bench.phase("a") == Phase.READY.value  # no verdict on the backend: not unhealthy
+    assert bench.of(RestartBackend) == []
+    assert bench.of(RevokeLeases) == []
+    new = bench.acquire("a")
+    assert not bench.answered(again)
+    assert not bench.answered(new)
+    view = bench.machine.role_view("a", bench.now)
+    assert "its node does not answer" in str(view["waiting_reason"]), view
+    assert [r.cause for r in bench.records("node_silent")] == [
+        "the agent of node n1 did not answer within 8 s; waiting for the node's verdict"
+    ]
+    bench.at(1.0 + SILENT_NODE_REPROBE_S)
+    assert len(probes(bench)) == 2  # asked again
+
+
+def test_a_silent_node_that_answers_again_serves_the_held_requests_there() -> None:
+    bench = Bench([spec("a", 100)], 1000, PROBING)
+    again, _ = _silent(bench)
+    new = bench.acquire("a")
+    bench.at(1.0 + SILENT_NODE_REPROBE_S)
+    probe = probes(bench)[-1]
+    bench.send(ProbeDone(bench.now, "a", probe.generation, ok=True))
+    assert bench.lease(again) is not None
+    assert bench.lease(new) is not None
+    assert len(bench.records("node_answers")) == 1
+
+
+def test_a_silent_node_declared_lost_keeps_its_requests_waiting_for_the_move() -> None:
+    bench = Bench([spec("a", 100)], 1000, PROBING)
+    again, _ = _silent(bench)
+    bench.send(NodeLost(2.0, "node n1 is lost: Ray declared its node dead"))
+    assert bench.phase("a") == Phase.LOST.value
+    assert not bench.answered(again)  # it waits, within its queue timeout, for the move
+    bench.at(2.0 + 10 * SILENT_NODE_REPROBE_S)
+    assert len(probes(bench)) == 1  # nothing is asked of a lost node
+
+
 # --------------------------------------------------------------------------- failed loads
 
 
@@ -259,3 +319,17 @@ def test_a_load_nobody_waits_for_finishes_and_stays_when_the_room_is_not_needed(
     bench.settle()
     assert bench.lease(y) is not None
     assert set(bench.machine.resident()) == {"x", "y"}
+
+
+def test_a_lost_nodes_requests_in_flight_are_cut_and_may_be_sent_again() -> None:
+    bench = Bench([spec("a", 100)], 1000, PROBING)
+    ticket = bench.acquire("a")
+    bench.settle()
+    lease = bench.lease(ticket)
+    assert lease is not None
+    bench.send(NodeLost(1.0, "node n1 is lost: Ray declared its node dead"))
+    [revoke] = bench.of(RevokeLeases)
+    assert revoke.generation == lease.generation
+    assert revoke.revocation.code == "node_lost"
+    assert revoke.revocation.resend  # no byte answered: the router sends it where a moves
+    assert "node n1 is lost" in revoke.revocation.message

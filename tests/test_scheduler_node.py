@@ -22,13 +22,18 @@ from backend_helpers import NoLiveness
 from rosterd.adapters import WeightsSource
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.values import Endpoint
-from rosterd.errors import LoadFailedError, RoleUnavailableError, ShuttingDownError
+from rosterd.errors import (
+    LoadFailedError,
+    NodeUnreachableError,
+    RoleUnavailableError,
+    ShuttingDownError,
+)
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent, PortInUseError, Supervisor
+from rosterd.supervisor import BackendEvent, PortInUseError, ProbeResult, Supervisor
 
 MIB = 2**20
 LIMITS = SchedulerLimits(idle_ttl_s=float("inf"), min_residency_s=0.0, drain_s=0.3, tick_s=0.01)
@@ -312,3 +317,51 @@ async def test_metrics_count_loads_evictions_and_show_the_queue() -> None:
     assert loads("rosterd_loads_total", {"node": "n1", "role": "a", "cause": "load"}) == 1
     assert loads("rosterd_loads_total", {"node": "n1", "role": "b", "cause": "request"}) == 1
     assert loads("rosterd_resident_bytes", {"node": "n1"}) == 0
+
+
+class SilentNodeBackends(GatedBackends):
+    """A remote node's backends whose agent stops answering (a power cut, as the head sees
+    it through Ray): probes raise ``NodeUnreachableError`` until ``answers`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers = False
+        self.probed = asyncio.Event()
+        self.restarts: list[str] = []
+
+    async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
+        self.probed.set()
+        if not self.answers:
+            raise NodeUnreachableError("n1", "the agent of node n1 did not answer within 8 s")
+        return ProbeResult(True, 200)
+
+    async def restart(self, role: str) -> None:
+        self.restarts.append(role)
+
+
+async def test_a_node_that_does_not_answer_holds_requests_and_restarts_nothing() -> None:
+    backends = SilentNodeBackends()
+    node, _ = make_node([spec("a", 100)], backends=backends)
+    first = await node.acquire("a")
+    node.release(first)
+    # The request could not reach its backend: it waits for a newer one; the probe finds
+    # the node silent.
+    waiting = asyncio.create_task(node.acquire("a", newer_than=first.generation))
+    await backends.probed.wait()
+    for _ in range(50):
+        if any(e.kind == "node_silent" for e in node.events):
+            break
+        await asyncio.sleep(0.01)
+    assert [e.kind for e in node.events][-1] == "node_silent", node.events
+    later = asyncio.create_task(node.acquire("a"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert not later.done()
+    assert backends.restarts == []  # not taken for a crash
+    node.node_lost("node n1 is lost: Ray declared its node dead")
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # it waits, within its queue timeout, for the move
+    assert node.snapshot()["roles"]["a"]["phase"] == "lost"  # type: ignore[index]
+    waiting.cancel()
+    later.cancel()
+    await node.shutdown()

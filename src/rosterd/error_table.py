@@ -66,6 +66,9 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         # (e.g. /v1/messages/count_tokens on mlx_lm.server): RFC 9110 §15.6.2's status.
         "not_translatable": ErrorKind(501, INVALID_REQUEST),
         "internal_error": ErrorKind(500, SERVER),
+        # Something rosterd does not do by design (Ollama's /api/pull: models come from
+        # the roster); the message says what to do instead.
+        "not_implemented": ErrorKind(501, INVALID_REQUEST),
         "backend_error": ErrorKind(502, UPSTREAM),
         "backend_load_failed": ErrorKind(502, UPSTREAM, retry_after_s=5.0),
         # No byte within --first-byte-timeout / --chunk-timeout; the role is probed.
@@ -77,6 +80,8 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "queue_timeout": ErrorKind(503, SERVER),  # Retry-After: the scheduler's estimate
         "shutting_down": ErrorKind(503, SERVER, retry_after_s=5.0),
         "evicted": ErrorKind(503, SERVER, retry_after_s=1.0),
+        # Its node was lost while the answer streamed (unstarted ones are sent again).
+        "node_lost": ErrorKind(503, SERVER, retry_after_s=1.0),
         "role_refused": ErrorKind(503, SERVER),
         "model_unavailable": ErrorKind(503, SERVER),
         "unavailable": ErrorKind(503, SERVER),

@@ -37,6 +37,7 @@
     │   ├── RayNotInstalledError          --ray-address without the ``ray`` extra
     │   ├── ClusterConnectError           the cluster cannot be joined
     │   └── NodeAgentError                a node agent failed (not a backend's failure)
+    │       ├── NodeUnreachableError      a node agent did not answer: its node's verdict is Ray's
     │       └── NodeLostError             a node's Ray node or its agent died
     ├── CarriedError                      a node agent's error on its way to the head, kept whole
     ├── UpstreamError                     base only: a request to a backend failed (HTTP 502)
@@ -337,6 +338,11 @@ class NodeAgentError(ClusterError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.node, str(self)))
+
+
+class NodeUnreachableError(NodeAgentError):
+    """A node agent did not answer a call (unreachable, or past the call's bound): not a
+    backend's failure; whether the node is lost is Ray's to say (its node-death signal)."""
 
 
 class NodeLostError(NodeAgentError):

@@ -2,7 +2,8 @@
 
 ``rosterd up --ray-address HOST:PORT`` joins a Ray cluster the lab started
 (``ray start --head`` on one machine, ``ray start --address`` on the others)
-with :func:`join`, which never starts a cluster of its own.
+with :func:`join_async`, which never starts a cluster of its own, and gives up
+after a deadline (Ray's own join retries an address that is no head for minutes).
 :meth:`RayCluster.connections` matches each fleet node to the live Ray node
 whose IP (Ray's ``NodeManagerAddress``) is the node's ``address``
 (``rosterd.ray_match.match_fleet``, pure); a fleet node without exactly one live
@@ -27,11 +28,11 @@ function here is called; without it :func:`import_ray` raises
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import importlib
 import logging
-import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -52,9 +53,14 @@ from rosterd.ray_match import NodeConnection, RayNode, match_fleet
 from rosterd.supervisor import BackendEvent
 
 #: What a user is told when a Ray fleet is asked for without the extra.
-RAY_MISSING: Final[str] = "Ray is not installed: pip install 'rosterd[ray]'"
+RAY_MISSING: Final[str] = (
+    "Ray is not installed: pip install '.[ray]' in rosterd's checkout (rosterd is not on PyPI)"
+)
 #: How long the cluster's address is given to accept a TCP connection before joining (seconds).
 CONNECT_CHECK_S: Final[float] = 5.0
+#: How long joining the cluster may take by default (``--ray-join-timeout``), seconds: Ray
+#: joins a live head in a few seconds, and retries an address that is no head for minutes.
+JOIN_TIMEOUT_S: Final[float] = 30.0
 #: How often :meth:`RayCluster.watch` looks at the Ray nodes (seconds).
 WATCH_POLL_S: Final[float] = 1.0
 
@@ -95,7 +101,12 @@ def list_ray_nodes() -> tuple[RayNode, ...]:
 
 
 def _check_reachable(address: str) -> None:
-    """Refuse a bad or unreachable ``host:port`` at once (``ray.init`` would retry for minutes)."""
+    """Refuse a bad or unreachable ``host:port`` at once (``ray.init`` would retry for minutes).
+
+    A loopback address is checked like any other: a head started on this machine
+    listens there too (Ray's GCS binds every interface), and nothing listening there
+    means no cluster to join, said now rather than after Ray's retries.
+    """
     if "://" in address:
         raise ClusterConnectError(
             f"--ray-address {address}: give the Ray cluster's address as HOST:PORT "
@@ -109,8 +120,6 @@ def _check_reachable(address: str) -> None:
         raise ClusterConnectError(
             f"--ray-address {address}: expected HOST:PORT, e.g. 192.168.1.10:6379"
         )
-    if host in ("localhost", "127.0.0.1", "::1"):
-        return  # Ray itself replaces these by this machine's node IP before connecting
     try:
         with socket.create_connection((host, int(port_text)), timeout=CONNECT_CHECK_S):
             pass
@@ -131,23 +140,31 @@ def ray_address(option: str | None, environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def join(address: str) -> RayCluster:
-    """Join the Ray cluster at ``address``: ``HOST:PORT`` of the cluster's head
-    (``--ray-address`` or ``RAY_ADDRESS``), or ``auto`` (the cluster this machine
-    joined). A cluster is never started here. Joining twice in one process reuses the
-    first connection. Blocks while joining (seconds): call it from the main thread
-    before serving; the process's SIGTERM handler is left as it was.
+class _NotMainThreadNote(logging.Filter):
+    """Drops Ray's note that it set no SIGTERM handler off the main thread: rosterd joins
+    off it on purpose (its own handlers stop the run) and the note would only puzzle."""
 
-    Raises:
-        RayNotInstalledError: the ``ray`` extra is not installed.
-        ClusterConnectError: the address is malformed, unreachable, or Ray refused it.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def _start_join(address: str) -> concurrent.futures.Future[None]:
+    """Run ``ray.init(address)`` in a daemon thread of its own; its outcome as a future.
+
+    Off the caller's thread so that a deadline and signals can end the wait: Ray's
+    join retries for minutes on an address that accepts connections but is no Ray
+    head, inside calls that no signal interrupts. A daemon thread, so that a join
+    given up on never holds the process's exit.
     """
     ray = import_ray()
-    if not ray.is_initialized():
-        _check_reachable(address)
-        # ray.init sets its own SIGTERM handler (exit at once); rosterd drains first.
-        main = threading.current_thread() is threading.main_thread()
-        sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    outcome: concurrent.futures.Future[None] = concurrent.futures.Future()
+    worker_log = logging.getLogger("ray._private.worker")
+
+    def init() -> None:
+        if not outcome.set_running_or_notify_cancel():
+            return
+        note = _NotMainThreadNote()
+        worker_log.addFilter(note)
         try:
             ray.init(
                 address=address,
@@ -155,11 +172,71 @@ def join(address: str) -> RayCluster:
                 logging_level=logging.WARNING,
                 log_to_driver=False,  # the agents' own output stays in Ray's logs
             )
-        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-            raise ClusterConnectError(f"cannot join the Ray cluster at {address}: {exc}") from exc
+        except BaseException as exc:  # handed to the waiting caller, whatever it is
+            outcome.set_exception(exc)
+        else:
+            outcome.set_result(None)
         finally:
-            if main:
-                signal.signal(signal.SIGTERM, sigterm)
+            worker_log.removeFilter(note)
+
+    threading.Thread(target=init, name="rosterd-ray-join", daemon=True).start()
+    return outcome
+
+
+def _join_error(address: str, exc: BaseException) -> ClusterConnectError:
+    if isinstance(exc, TimeoutError):
+        return ClusterConnectError(
+            f"cannot join the Ray cluster at {address}: no answer within {exc.args[0]:g} s "
+            "(--ray-join-timeout); is it the port `ray start --head` printed, and is that "
+            "head running?"
+        )
+    return ClusterConnectError(f"cannot join the Ray cluster at {address}: {exc}")
+
+
+_JOIN_ERRORS = (ConnectionError, RuntimeError, ValueError, TimeoutError)
+
+
+def join(address: str, *, timeout_s: float = JOIN_TIMEOUT_S) -> RayCluster:
+    """Join the Ray cluster at ``address``: ``HOST:PORT`` of the cluster's head
+    (``--ray-address`` or ``RAY_ADDRESS``), or ``auto`` (the cluster this machine
+    joined), within ``timeout_s`` seconds. A cluster is never started here. Joining
+    twice in one process reuses the first connection. Blocks while joining (seconds);
+    :func:`join_async` is the same for a running event loop, which keeps taking signals.
+
+    Raises:
+        RayNotInstalledError: the ``ray`` extra is not installed.
+        ClusterConnectError: the address is malformed or unreachable, Ray refused it, or
+            no join completed within ``timeout_s``.
+    """
+    ray = import_ray()
+    if not ray.is_initialized():
+        _check_reachable(address)
+        try:
+            _start_join(address).result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise _join_error(address, TimeoutError(timeout_s)) from None
+        except _JOIN_ERRORS as exc:
+            raise _join_error(address, exc) from exc
+    return RayCluster(address)
+
+
+async def join_async(address: str, *, timeout_s: float = JOIN_TIMEOUT_S) -> RayCluster:
+    """:func:`join` on the running event loop: the loop goes on (its signal handlers run,
+    a cancellation ends the wait at once; the join then goes on in its thread, unused).
+
+    Raises:
+        RayNotInstalledError, ClusterConnectError: as :func:`join`.
+    """
+    ray = import_ray()
+    if not ray.is_initialized():
+        await asyncio.to_thread(_check_reachable, address)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wrap_future(_start_join(address))
+        except TimeoutError:
+            raise _join_error(address, TimeoutError(timeout_s)) from None
+        except _JOIN_ERRORS as exc:
+            raise _join_error(address, exc) from exc
     return RayCluster(address)
 
 

@@ -135,6 +135,13 @@ class Adapter(Protocol):
         Messages and Responses to chat completions for a backend without them."""
         ...
 
+    @property
+    def serves_ollama_api(self) -> bool:
+        """Whether the backend answers Ollama's own ``/api/chat``, ``/api/generate`` and
+        ``/api/embed`` (ollama does): the router passes those requests through rather than
+        translating them to the OpenAI routes."""
+        ...
+
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         """The argv, environment and readiness probe serving ``spec`` on ``host``:``port``."""
         ...
@@ -197,6 +204,11 @@ class OpenAICompatible:
     def native_dialects(self) -> frozenset[str]:
         """None by default: chat completions only (mlx_lm.server's API, for one)."""
         return frozenset()
+
+    @property
+    def serves_ollama_api(self) -> bool:
+        """``False``: an OpenAI-compatible server gets Ollama's requests translated."""
+        return False
 
     def generation_probe(self, served_model: str) -> HttpProbe:
         """A one-token ``/v1/completions`` against ``served_model``."""

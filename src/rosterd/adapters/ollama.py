@@ -48,6 +48,11 @@ class OllamaAdapter:
         return self
 
     @property
+    def serves_ollama_api(self) -> bool:
+        """``True``: ``ollama serve`` answers Ollama's API itself, so it is passed through."""
+        return True
+
+    @property
     def default_port(self) -> int:
         """``DEFAULT_OLLAMA_PORT``, where ``ollama serve`` listens unless told otherwise."""
         return DEFAULT_OLLAMA_PORT

@@ -211,9 +211,16 @@ def up_cmd(
         typer.Option(
             "--ray-address",
             help="Run the fleet's nodes on the Ray cluster at HOST:PORT (default: $RAY_ADDRESS; "
-            "neither: this machine only). Needs pip install 'rosterd[ray]'.",
+            "neither: this machine only). Needs the ray extra: pip install '.[ray]' in "
+            "rosterd's checkout.",
         ),
     ] = None,
+    ray_join_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Seconds joining the Ray cluster may take (then exit 2 saying so)."
+        ),
+    ] = 30.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
@@ -257,6 +264,7 @@ def up_cmd(
         cors_origins=origins,
         watch=watch,
         ray_address=ray_address_of(ray_address, os.environ),
+        ray_join_timeout_s=ray_join_timeout,
     )
     from rosterd.cli.up_report import ConsoleReporter
 

@@ -23,12 +23,17 @@ from typing import Any, TypeVar
 
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.node_host import ServingFacts
-from rosterd.errors import CarriedError, NodeAgentError, NodeLostError
+from rosterd.errors import CarriedError, NodeAgentError, NodeLostError, NodeUnreachableError
 from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, ProbeResult
 
 _T = TypeVar("_T")
+
+#: How long a probe's call may outlive the probe's own timeout (it runs on the node and
+#: bounds itself) before the agent counts as not answering, seconds: a node whose power
+#: was cut answers nothing, and Ray says so only once it declares the node dead.
+PROBE_CALL_MARGIN_S = 3.0
 
 
 @contextlib.contextmanager
@@ -37,8 +42,10 @@ def map_ray_errors(node: str) -> Iterator[None]:
 
     - a rosterd error raised by the agent -> that error, same class and attributes;
     - the actor died (its process, or its whole Ray node) -> ``NodeLostError``;
-    - any other Ray error (a fault inside the agent, the actor unreachable for
-      a moment, the Ray system) -> ``NodeAgentError``; the cause is chained.
+    - the actor unreachable (Ray's ``ActorUnavailableError``: its node may be gone,
+      or cut off for a moment) -> ``NodeUnreachableError``;
+    - any other Ray error (a fault inside the agent, the Ray system) -> ``NodeAgentError``;
+      the cause is chained.
     """
     from ray import exceptions as ray_errors  # the ray extra; only reached with a Ray fleet
 
@@ -52,7 +59,10 @@ def map_ray_errors(node: str) -> Iterator[None]:
             node, f"the agent of node {node} failed: {type(cause).__name__}: {cause}"
         ) from exc
     except ray_errors.ActorUnavailableError as exc:
-        raise NodeAgentError(node, f"the agent of node {node} cannot be reached: {exc}") from exc
+        why = _first_line(exc)
+        raise NodeUnreachableError(
+            node, f"the agent of node {node} cannot be reached ({why})"
+        ) from exc
     except ray_errors.RayActorError as exc:
         why = _first_line(exc)
         raise NodeLostError(node, f"node {node} is lost: its agent died ({why})") from exc
@@ -185,11 +195,22 @@ class AgentBackends:
         when the node is lost).
 
         Raises:
+            NodeUnreachableError: the agent did not answer within ``timeout_s`` plus
+                ``PROBE_CALL_MARGIN_S`` (or Ray could not reach it): the node's verdict
+                (back or lost) is Ray's, not a failed probe.
+            NodeLostError: Ray says the agent (or its node) died.
             NodeAgentError: the agent failed otherwise.
         """
         if self._lost_reason is not None:
             return ProbeResult(False, None, f"node {self.node} is lost: {self._lost_reason}")
-        result: ProbeResult = await self.call(self._actor.probe.remote(role, timeout_s))
+        bound_s = timeout_s + PROBE_CALL_MARGIN_S
+        try:
+            async with asyncio.timeout(bound_s):
+                result: ProbeResult = await self.call(self._actor.probe.remote(role, timeout_s))
+        except TimeoutError:
+            raise NodeUnreachableError(
+                self.node, f"the agent of node {self.node} did not answer within {bound_s:g} s"
+            ) from None
         return result
 
     async def restart(self, role: str) -> None:

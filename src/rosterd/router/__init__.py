@@ -15,6 +15,7 @@ past Starlette's router. Modules:
   event, ``Retry-After``, and the mapping of scheduler and upstream errors;
 - ``liveness``: the per-request deadlines and the wait for a restarted backend;
 - ``auth``: the API-key gate; ``body``: the request body (size limit, strict JSON);
+- ``ollama``: Ollama's API (``/api/*``), a package of its own;
 - ``ui``: the live web page and its event stream; ``logs``: a role's backend
   log, tailed or followed; ``streams``: the signal that ends endless responses
   when serving stops.
@@ -25,6 +26,9 @@ Endpoints:
   the body's ``model`` (a role id, the roster's model name, or an alias), which
   is rewritten to what the backend answers to; ``"stream": true`` answers are
   passed through chunk by chunk (``X-Accel-Buffering: no``).
+- ``/api/*``: Ollama's API (``ollama``: the catalog from the roster, chat, generate
+  and embed translated to the OpenAI routes or passed through to an ``ollama`` role's
+  server, a 501 for the model store), with errors in Ollama's envelope.
 - ``GET /v1/models``: every role served here (``id`` = role, ``aliases`` = other
   names that route to it); ``GET /v1/models/{model}``: one of them, by any
   name (OpenAI's retrieve).

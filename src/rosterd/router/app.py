@@ -29,6 +29,8 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.residency import excludes_each_other
 from rosterd.router.auth import ApiKeyGate
 from rosterd.router.logs import LogPath, log_response
+from rosterd.router.ollama.generation import send_ollama_error
+from rosterd.router.ollama.routes import OLLAMA_PREFIX, ollama_routes
 from rosterd.router.openai_errors import error_response, scheduler_errors
 from rosterd.router.openapi import openapi_endpoint
 from rosterd.router.proxy import Proxy, ProxyContext
@@ -283,6 +285,7 @@ def create_app(
         route_list.append(Route("/rosterd/reload", reload_config, methods=["POST"]))
     proxies = {path: Proxy(ctx, path) for path in PROXIED_PATHS}
     route_list += [Route(path, proxy, methods=["POST"]) for path, proxy in proxies.items()]
+    route_list += ollama_routes(ctx, routes, names, started_at)  # Ollama's /api/*
     app = Starlette(
         routes=route_list,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
@@ -293,6 +296,7 @@ def create_app(
         config.api_keys,
         open_paths=PAGE_PATHS,
         open_prefixes=[STATIC_PREFIX],
+        dialect_errors={OLLAMA_PREFIX: send_ollama_error},
     )
     if not config.cors_origins:
         return gated

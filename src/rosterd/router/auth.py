@@ -9,7 +9,7 @@ a refusal comes in the error shape of the path's clients.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -52,6 +52,8 @@ class ApiKeyGate:
     ``invalid_api_key`` with ``WWW-Authenticate: Bearer``. ``open_paths`` and
     ``open_prefixes`` name more paths that need no key: files that hold no data
     (the web page's HTML, CSS and script, which then ask for the key).
+    ``dialect_errors``: path prefix -> how a 401 is sent there (another API's envelope,
+    such as Ollama's under ``/api/``); elsewhere it is OpenAI's.
     """
 
     def __init__(
@@ -61,8 +63,10 @@ class ApiKeyGate:
         *,
         open_paths: Iterable[str] = (),
         open_prefixes: Iterable[str] = (),
+        dialect_errors: Mapping[str, Callable[[Send, RouterError], Awaitable[None]]] | None = None,
     ) -> None:
         self.app = app
+        self.dialect_errors = dict(dialect_errors or {})
         self.keys = [k.encode() for k in keys]
         self.open_paths = frozenset((OPEN_PATH, *open_paths))
         self.open_prefixes = tuple(open_prefixes)
@@ -84,6 +88,11 @@ class ApiKeyGate:
                 else "invalid API key"
             )
             err = RouterError("invalid_api_key", message)
-            await envelope_for(scope.get("path", "")).response(err)(scope, receive, send)
+            path = scope.get("path", "")
+            for prefix, send_dialect_error in self.dialect_errors.items():
+                if path.startswith(prefix):
+                    await send_dialect_error(send, err)
+                    return
+            await envelope_for(path).response(err)(scope, receive, send)
             return
         await self.app(scope, receive, send)

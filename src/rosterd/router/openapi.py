@@ -19,6 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 from rosterd.error_table import ERROR_KINDS
 from rosterd.router.logs import DEFAULT_LINES, MAX_LINES
+from rosterd.router.ollama.catalog import BLOBS_PATH, STORE_PATHS
+from rosterd.router.ollama.generation import OLLAMA_PATHS
 from rosterd.router.routing import PROXIED_PATHS
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX
 
@@ -127,8 +129,100 @@ _PROXY_CODES = (
     "backend_error",
     *_ADMIN_CODES[2:],
     "evicted",
+    "node_lost",
     "unavailable",
 )
+
+
+_OLLAMA_ERROR_REF: dict[str, Any] = {"$ref": "#/components/schemas/OllamaError"}
+
+
+def _ollama_errors(*codes: str) -> dict[str, Any]:
+    """The error responses of an Ollama path: Ollama's envelope, ``{"error": "..."}``."""
+    statuses = _statuses({*codes, "invalid_api_key", "method_not_allowed"})
+    return {
+        str(status): {
+            "description": "an Ollama-shaped error",
+            "content": {_JSON: {"schema": _OLLAMA_ERROR_REF}},
+        }
+        for status in statuses
+    }
+
+
+def _ollama_paths() -> dict[str, Any]:
+    """Ollama's API as rosterd serves it (``rosterd.router.ollama``)."""
+    model_body = {
+        "required": True,
+        "content": {
+            _JSON: {
+                "schema": {
+                    "type": "object",
+                    "required": ["model"],
+                    "properties": {"model": {"type": "string", "minLength": 1}},
+                }
+            }
+        },
+    }
+    paths: dict[str, Any] = {
+        "/api/version": {
+            "get": {
+                "summary": "the Ollama API version followed",
+                "responses": {**_ok(_OBJECT), **_ollama_errors()},
+            }
+        },
+        "/api/tags": {
+            "get": {
+                "summary": "the roles served, as Ollama's models (ROLE:latest)",
+                "responses": {**_ok(_OBJECT), **_ollama_errors()},
+            }
+        },
+        "/api/ps": {
+            "get": {
+                "summary": "the roles resident now",
+                "responses": {**_ok(_OBJECT), **_ollama_errors()},
+            }
+        },
+        "/api/show": {
+            "post": {
+                "summary": "one role by any of its names, with or without :latest",
+                "requestBody": model_body,
+                "responses": {
+                    **_ok(_OBJECT),
+                    **_ollama_errors(
+                        "bad_request",
+                        "invalid_json",
+                        "model_missing",
+                        "model_not_found",
+                        "body_too_large",
+                    ),
+                },
+            }
+        },
+    }
+    for path, kind in OLLAMA_PATHS.items():
+        paths[path] = {
+            "post": {
+                "summary": f"Ollama {kind}, queued and loaded on demand like the OpenAI paths",
+                "requestBody": model_body,
+                "responses": {
+                    "200": {
+                        "description": "Ollama's answer (NDJSON lines when streamed)",
+                        "content": {_JSON: {"schema": _OBJECT}, "application/x-ndjson": {}},
+                    },
+                    **_ollama_errors(*_PROXY_CODES, "backend_timeout", "load_backoff"),
+                },
+            }
+        }
+    store = {
+        "summary": "not done: models come from the roster (501)",
+        "responses": _ollama_errors("not_implemented"),
+    }
+    for path, method in STORE_PATHS.items():
+        paths[path] = {method.lower(): store}
+    paths[BLOBS_PATH.replace(":path", "")] = {
+        "post": {**store, "parameters": [{**_STATIC_PARAM, "name": "digest"}]}
+    }
+    return paths
 
 
 def openapi_document() -> dict[str, Any]:
@@ -243,12 +337,18 @@ def openapi_document() -> dict[str, Any]:
                 },
             }
         }
+    paths.update(_ollama_paths())
+    ollama_error_schema = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {"type": "string"}},
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "rosterd", "version": "1", "description": "rosterd's HTTP API"},
         "paths": paths,
         "components": {
-            "schemas": {"Error": error_schema},
+            "schemas": {"Error": error_schema, "OllamaError": ollama_error_schema},
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
         },
     }

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -66,6 +67,9 @@ from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.values import Revocation
 
 log = logging.getLogger("rosterd.router")
+
+#: How many times one request is sent again after its node was lost under it.
+MAX_RESENDS = 2
 
 #: nginx's "client closed request": the status counted in metrics for a client that left.
 CLIENT_CLOSED_STATUS = 499
@@ -154,16 +158,21 @@ class _Cut:
 
 
 class Proxy:
-    """The raw ASGI app behind one proxied OpenAI path (a key of ``PROXIED_PATHS``).
+    """The raw ASGI app behind one proxied path: the body goes to the backend's ``path``.
 
     Counts every request in ``rosterd_requests_total`` (by role, endpoint and
-    status; 499 for a client that left) and its duration.
+    status; 499 for a client that left) and its duration. ``label`` is the
+    metrics' ``endpoint`` (default: the path's in ``PROXIED_PATHS``; another
+    dialect's routes, such as Ollama's, give their own and may name a backend
+    path of their own).
     """
 
-    def __init__(self, ctx: ProxyContext, path: str) -> None:
+    def __init__(self, ctx: ProxyContext, path: str, *, label: str | None = None) -> None:
         self.ctx = ctx
         self.path = path
-        self.label = PROXIED_PATHS[path]
+        self.label = label if label is not None else PROXIED_PATHS[path]
+        # What a backend's 501 is about, for its hint (an Ollama embed is embeddings).
+        self.served_label = PROXIED_PATHS.get(path, self.label)
         self.dialect = DIALECT_PATHS.get(path)
         self.envelope = envelope_for(path)
         self.stream_ends = STREAM_ENDS.get(path, (b"data: [DONE]",))
@@ -235,12 +244,23 @@ class Proxy:
         watcher = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
         watcher.add_done_callback(cut.client_left)
         try:
-            await self._serve_leased(role, payload, answer, cut)
-        except asyncio.CancelledError:
-            if cut.why is None:
-                raise  # not ours: uvicorn's, at the end of the drain time
-            task.uncancel()
-            await self._after_cut(role, cut.why, answer)
+            for resends in itertools.count():
+                try:
+                    await self._serve_leased(role, payload, answer, cut)
+                    return
+                except asyncio.CancelledError:
+                    if cut.why is None:
+                        raise  # not ours: uvicorn's, at the end of the drain time
+                    task.uncancel()
+                    why = cut.why
+                    if _may_resend(why, answer) and resends < MAX_RESENDS:
+                        # Its backend vanished with its node before answering a byte: the
+                        # request ran nowhere to its end; send it where the role is now.
+                        log.info("resending a %s request to %s: %s", self.label, role, why)
+                        cut.why = None
+                        continue
+                    await self._after_cut(role, why, answer)
+                    return
         finally:
             cut.armed = False
             watcher.remove_done_callback(cut.client_left)
@@ -352,7 +372,7 @@ class Proxy:
             if upstream.status >= 500:
                 with upstream_errors(role):
                     text = (await upstream.read()).decode(errors="replace")
-                raise upstream_status_error(role, upstream.status, text, endpoint=self.label)
+                raise upstream_status_error(role, upstream.status, text, endpoint=self.served_label)
             stream = content_type.startswith("text/event-stream")
             length = upstream.content_length
             if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
@@ -410,6 +430,12 @@ class Proxy:
         except UpstreamClosedError as exc:
             log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
         return await upstream.post(base_url, path, body, accept, fresh=True)
+
+
+def _may_resend(why: str | Revocation, answer: _Answer) -> bool:
+    """Whether a request cut for ``why`` may be sent again: its revocation allows it and no
+    byte of its answer was sent."""
+    return isinstance(why, Revocation) and why.resend and not answer.status
 
 
 async def _send_whole(send: Send, status: int, content_type: str, body: bytes) -> None:

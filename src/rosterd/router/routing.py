@@ -47,6 +47,8 @@ class RoleRoute:
     ``flavor``: the adapter's flavor (named in errors); ``native``: the dialects of
     :data:`DIALECT_PATHS` its backend serves itself (the adapter's ``native_dialects``;
     the router translates the others to chat completions where it can).
+    ``ollama_api``: its backend answers Ollama's own API (``Adapter.serves_ollama_api``),
+    so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated.
     """
 
     role: str
@@ -55,6 +57,7 @@ class RoleRoute:
     info: Mapping[str, object] = field(default_factory=dict)
     flavor: str = ""
     native: frozenset[str] = frozenset()
+    ollama_api: bool = False
 
 
 @dataclass(frozen=True, slots=True)

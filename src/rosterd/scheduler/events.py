@@ -140,13 +140,16 @@ class Suspect:
 @dataclass(frozen=True, slots=True)
 class ProbeDone:
     """The ``ProbeBackend`` of ``role``'s ``generation`` returned: ``ok``, or why not
-    (``detail``, e.g. "no answer within 5 s")."""
+    (``detail``, e.g. "no answer within 5 s"). ``unreachable``: the probe never reached
+    the backend because its node did not answer (a remote node's agent, silent or found
+    dead): no verdict on the backend, the node's is awaited."""
 
     now: float
     role: str
     generation: int
     ok: bool
     detail: str = ""
+    unreachable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

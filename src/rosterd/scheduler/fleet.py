@@ -234,11 +234,15 @@ class Scheduler:
         again on the role's new node, within what is left of its ``timeout_s``.
         Raises the ``SchedulerError`` subclasses listed there.
         """
-        return await self._follow_moves(
-            role,
-            timeout_s,
-            lambda node, left_s: node.acquire(role, timeout_s=left_s, newer_than=newer_than),
-        )
+        first = self.node_of(role)
+
+        def ask(node: NodeScheduler, left_s: float | None) -> Awaitable[Lease]:
+            # A generation counts a backend of one node: on the node the role moved to,
+            # any backend is newer than the one that failed the request.
+            newer = newer_than if node is first else None
+            return node.acquire(role, timeout_s=left_s, newer_than=newer)
+
+        return await self._follow_moves(role, timeout_s, ask)
 
     async def _follow_moves(
         self,

@@ -77,10 +77,11 @@ class GrantRules(MachineState):
                 "it is being unloaded or restarted with a new configuration; it loads again after"
             )
             return 0  # an unload was asked: new requests wait and load the role again after it
-        st.waiting_reason = None
         if st.suspected:
-            st.waiting_reason = "a request got no byte in time: its backend is being probed"
+            if st.silent_retry_at is None:  # else it waits for its node's verdict, as it says
+                st.waiting_reason = "a request got no byte in time: its backend is being probed"
             return 0
+        st.waiting_reason = None
         granted = 0
         kept: deque[Waiter] = deque()
         blocked = False  # a waiter that needs a slot or the room waits: so do those after it

@@ -18,6 +18,11 @@
   to ``max_load_backoff_s``.
 - **Cancelled loads.** A load nobody waits for is aborted once a waiting
   request of another role needs its room.
+- **A silent node.** A probe that never reached the backend because its node did not
+  answer (``ProbeDone.unreachable``: a remote node's agent, silent after a power cut
+  until Ray declares the node dead) is no verdict on the backend: the role is not
+  restarted, its requests (new ones too) wait, and the probe is asked again every
+  :data:`SILENT_NODE_REPROBE_S`, until it answers (the node is back) or the node is lost.
 - **A lost node** (``NodeLost``): every role is ``lost``, holding nothing.
 
 It builds on :class:`~rosterd.scheduler.grants.GrantRules` (a restarted backend
@@ -50,6 +55,11 @@ from rosterd.scheduler.values import Phase, Revocation, backoff_s
 
 #: Where a client whose request failed on a backend is pointed for the details.
 SEE_LOG = "see `rosterd ps` / the backend log"
+
+#: How often a role whose node did not answer its probe is probed again, seconds: the
+#: node's verdict comes from Ray (it declares a dead node within about 30 s by default),
+#: or from the agent answering again.
+SILENT_NODE_REPROBE_S = 2.0
 
 
 class LivenessRules(GrantRules):
@@ -123,12 +133,20 @@ class LivenessRules(GrantRules):
         # (its LoadDone/StopDone are then ignored), and no new one is asked for.
         self._transition = None
         for role, st in self._roles.items():
+            if st.in_flight:
+                # A power cut leaves their connections open, unanswered: cut them, and
+                # let the router send those not answered yet where the role goes next.
+                message = f"the node serving role {role} is lost ({ev.reason})"
+                revocation = Revocation("node_lost", message, resend=True)
+                self._out.append(RevokeLeases(role, st.generation, revocation))
             st.phase = Phase.LOST
             st.endpoint = None
             st.generation += 1  # leases of its processes are void
             st.in_flight = 0
             st.loaded_at = None
             st.hold_since = None
+            st.probing = st.suspected = False
+            st.silent_retry_at = None
             st.waiting_reason = f"{ev.reason}; waiting for it to be served elsewhere"
             self._record("lost", role, ev.reason)
             self._gauges(role)
@@ -143,15 +161,37 @@ class LivenessRules(GrantRules):
         st = self._roles.get(ev.role)
         if st is None or ev.generation != st.generation:
             return  # a probe of a process that is gone already
-        st.probing = st.suspected = False
+        st.probing = False
         if st.phase is not Phase.READY:
+            st.suspected = False
             return
+        if ev.unreachable:
+            self._node_silent(ev.role, ev.detail, now)
+            return
+        st.suspected = False
+        if st.silent_retry_at is not None:
+            st.silent_retry_at = None
+            self._record("node_answers", ev.role, "its node answers again; serving it there")
         if ev.ok:
             st.last_probe = now
             for w in st.waiters:
                 w.newer_than = None  # alive after all: send those requests to it again
             return
         self._mark_unhealthy(ev.role, ev.detail or "the generation probe failed", now)
+
+    def _node_silent(self, role: str, detail: str, now: float) -> None:
+        """``role``'s node did not answer its probe: hold its requests for the node's verdict
+        (back: served there; lost: the role moves), probe again later, restart nothing."""
+        st = self._roles[role]
+        st.suspected = True  # no new request goes to a backend nobody can reach
+        if st.silent_retry_at is None:
+            self._note_error(role, f"its node does not answer: {detail}", now)
+            self._record("node_silent", role, f"{detail}; waiting for the node's verdict")
+        st.silent_retry_at = now + SILENT_NODE_REPROBE_S
+        st.waiting_reason = (
+            f"its node does not answer ({detail}); waiting for the node's verdict: "
+            "back (served there) or lost (served elsewhere)"
+        )
 
     def _probe(self, role: str, reason: str) -> None:
         """Run ``role``'s generation probe unless one is under way (ready roles only)."""
@@ -185,6 +225,10 @@ class LivenessRules(GrantRules):
 
     def _schedule_probes(self, now: float) -> None:
         """Probe each ready role idle for ``probe_interval_s`` (since its last request or probe)."""
+        for role, st in self._roles.items():
+            retry_at = st.silent_retry_at
+            if retry_at is not None and now >= retry_at and st.phase is Phase.READY:
+                self._probe(role, "its node did not answer; asking again")
         interval = self.limits.probe_interval_s
         if math.isinf(interval):
             return

@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from rosterd.backends.interface import BackendEventSource, RoleBackends
+from rosterd.errors import NodeLostError, NodeUnreachableError
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (
     Effect,
@@ -230,6 +231,7 @@ class NodeLoop:
 
     async def _probe_backend(self, effect: ProbeBackend) -> None:
         role, timeout = effect.role, effect.timeout_s
+        unreachable = False
         try:
             # The probe bounds itself; this bounds a backends boundary that does not.
             async with asyncio.timeout(timeout + 5.0):
@@ -237,15 +239,27 @@ class NodeLoop:
             ok, detail = result.ok, result.detail
         except TimeoutError:
             ok, detail = False, f"no answer within {timeout:g} s"
+        except (NodeUnreachableError, NodeLostError) as exc:
+            # The node itself did not answer (a power cut looks so until Ray declares it
+            # dead): no verdict on the backend, and no restart through a gone agent.
+            ok, detail, unreachable = False, str(exc), True
         except Exception as exc:
             ok, detail = False, str(exc) or type(exc).__name__
-        if not ok:
+        if unreachable:
+            log.warning(
+                "node %s: cannot probe %s, the node does not answer: %s", self.name, role, detail
+            )
+        elif not ok:
             log.warning("node %s: generation probe of %s failed: %s", self.name, role, detail)
-        self._post(ProbeDone(self._clock(), role, effect.generation, ok, detail))
+        self._post(ProbeDone(self._clock(), role, effect.generation, ok, detail, unreachable))
 
     async def _restart_backend(self, role: str) -> None:
         try:
             await self._backends.restart(role)
+        except NodeLostError:
+            # The node is gone with the backend: the fleet's NodeLost marks the role lost
+            # and its requests follow it to another node; no "could not be restarted".
+            log.info("node %s: not restarting %s: the node is lost", self.name, role)
         except Exception as exc:
             log.exception("node %s: restarting %s failed", self.name, role)
             with contextlib.suppress(Exception):

@@ -79,6 +79,9 @@ class RoleState:
     probing: bool = False  # a generation probe is under way
     suspected: bool = False  # ... because a request stalled: new leases wait for its answer
     last_probe: float = 0.0  # when the backend last proved alive (probe passed, or loaded)
+    # Its node did not answer a probe (a remote node, silent): its requests wait for the
+    # node's verdict, and the probe is asked again at this time (None: the node answers).
+    silent_retry_at: float | None = None
 
 
 @dataclass(eq=False)

@@ -121,12 +121,16 @@ class Revocation:
     requests are still in flight (after ``drain_s``), so the router ends them itself.
 
     ``code``: the OpenAI error code for the client (``evicted``, ``shutting_down``,
-    ``backend_unhealthy``);
-    ``message``: what the client is told (no paths, no pids).
+    ``backend_unhealthy``, ``node_lost``);
+    ``message``: what the client is told (no paths, no pids);
+    ``resend``: a request of which no byte was answered yet may be sent again, on
+    wherever its role is served next (its backend vanished with its node, so it never
+    ran to an end anywhere: a power cut leaves connections that no RST closes).
     """
 
     code: str
     message: str
+    resend: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,8 @@ class SchedulerEvent:
     ``stopped``, ``refused``, ``crashed``, ``restarted``, ``restart_failed``,
     ``unhealthy`` (its generation probe failed), ``load_cancelled`` (nobody
     waited for it and another role needed the room);
+    ``node_silent`` (its node did not answer a probe: its requests wait for the
+    node's verdict) and ``node_answers`` (it answers again);
     ``lost`` (the role's node is lost); ``moved`` / ``unplaced`` (a re-plan after a
     loss moved the role to another node / found it no node: recorded on the lost node);
     ``cause``: why (the policy's reason, ``idle``, ``unload``, ``shutdown``, …);

@@ -86,6 +86,7 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
             rewrite=adapter.rewrite_request,
             flavor=s.spec.flavor.value,
             native=adapter.native_dialects,
+            ollama_api=adapter.serves_ollama_api,
             info={
                 "node": node,
                 "latency_class": s.spec.latency_class.value,

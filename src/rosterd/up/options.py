@@ -24,7 +24,8 @@ class UpOptions:
     the API; ``ray_address``: the Ray cluster to run the fleet's nodes on
     (``HOST:PORT``, what ``rosterd.ray_cluster.ray_address`` gives from
     ``--ray-address`` or ``RAY_ADDRESS``; ``None``: no Ray, this machine's nodes
-    only). With an explicit ``state_dir``, every node agent keeps its state under
+    only); ``ray_join_timeout_s``: how long joining it may take, seconds. With an
+    explicit ``state_dir``, every node agent keeps its state under
     ``<state_dir>/nodes/<node>`` on its node; without one, under that machine's
     default. ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's deadlines
     for its first byte and between chunks (then 504 and a probe);
@@ -47,6 +48,7 @@ class UpOptions:
     cors_origins: tuple[str, ...] = ()
     watch: bool = False
     ray_address: str | None = None
+    ray_join_timeout_s: float = 30.0
     first_byte_timeout_s: float = 300.0
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0

@@ -51,7 +51,7 @@ from rosterd.fleet_scheduler.machine import FleetMachine
 from rosterd.fleet_scheduler.values import Connection, ServedConfig
 from rosterd.fleet_scheduler.views import fleet_status, node_views
 from rosterd.metrics import RosterdMetrics
-from rosterd.ray_cluster import RayCluster, disconnect, join
+from rosterd.ray_cluster import RayCluster, disconnect, join_async
 from rosterd.router import RouterConfig, create_app
 from rosterd.router.streams import LiveStreams
 from rosterd.supervisor import BackendEvent, default_state_dir
@@ -210,8 +210,7 @@ class UpRun:
             for warning in missing_template_warnings(config):
                 self.reporter.say(Level.WARNING, warning)
             if options.ray_address is not None:
-                # Joining blocks for a moment; it comes before any signal handler is set.
-                self._cluster = join(options.ray_address)
+                self._cluster = await self._join(options.ray_address)
             connections = up_config.connections(fleet, self._cluster)
             if not options.api_keys and not is_loopback_host(options.host):
                 self.reporter.say(Level.WARNING, open_listener_text(options.host))
@@ -401,6 +400,43 @@ class UpRun:
         if self._fleet is not None:
             self._fleet.node_lost(node, why)
 
+    async def _join(self, address: str) -> RayCluster:
+        """Join the Ray cluster at ``address`` within ``--ray-join-timeout``; SIGINT and
+        SIGTERM end the join at once (exit 130, nothing started).
+
+        Raises:
+            ClusterConnectError: it cannot be joined (see ``join_async``).
+            KeyboardInterrupt: a signal came first (or a Ctrl-C already had).
+        """
+        joining = asyncio.ensure_future(
+            join_async(address, timeout_s=self.options.ray_join_timeout_s)
+        )
+        loop = asyncio.get_running_loop()
+        cut: asyncio.Future[None] = loop.create_future()
+        main = self.stop_on_signals  # the process's own run, in its main thread
+        if main:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, _settle, cut)
+        try:
+            if self._interrupted:
+                cut.set_result(None)
+            await asyncio.wait((joining, cut), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if main:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+                signal.signal(signal.SIGINT, self.interrupted)  # as before the join
+        if joining.done():
+            return joining.result()
+        joining.cancel()  # Ray's join goes on in its daemon thread, unused, until the exit
+        with contextlib.suppress(asyncio.CancelledError, RosterdError):
+            await joining
+        self.reporter.say(
+            Level.ERROR,
+            f"interrupted while joining the Ray cluster at {address}; nothing was started",
+        )
+        raise KeyboardInterrupt
+
     def _signals_again(self) -> None:
         """After a plan: the run's signal handlers again, once it took them (no library's
         handler set while planning outlives the plan)."""
@@ -445,6 +481,12 @@ class UpRun:
         task = asyncio.get_running_loop().create_task(self.try_reload())
         self._reloads.add(task)
         task.add_done_callback(self._reloads.discard)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    """Resolve ``future`` unless it is already (a signal handler's, called again)."""
+    if not future.done():
+        future.set_result(None)
 
 
 def _os_message(exc: OSError) -> str:
