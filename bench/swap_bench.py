@@ -1,6 +1,7 @@
 """What a swap and a wedge cost: rosterd against llama.cpp's own router mode, in one run.
 
-    .venv/bin/python bench/swap_bench.py [--rounds N] [--llama-wedge-wait S]
+    .venv/bin/python bench/swap_bench.py [--rounds N] [--models 2|3] [--no-wedge]
+        [--llama-wedge-wait S]
 
 In one run it writes three tiny random GGUFs into one folder and starts, side by
 side on the same files:
@@ -12,12 +13,13 @@ side on the same files:
   child llama-server per model, at most one loaded; a request's ``model``, the
   file's name, picks it).
 
-**Swap**: requests rotate over the three models (x, y, z, x, ...), one token
-each, alternating between the two servers, for ``--rounds`` rotations. A
-rotation of three, not two, is what a swap of idle roles is: with two the
-roles would evict each other back and forth, the ping-pong rosterd's
-``--min-residency`` exists to stop. Each request's time is the swap as a
-client sees it (stop, load, first answer); medians and ranges are printed.
+**Swap**: requests alternate over the first ``--models`` models (default 2: x, y,
+x, y, ..., one person switching between a chat model and a coder), one token
+each, alternating between the two servers, for ``--rounds`` rotations. Two roles
+evicting each other back and forth is what ``--min-busy-residency`` holds
+only while the role has work: an idle role yields at once. Each request's time
+is the swap as a client sees it (stop, load, first answer); medians and ranges
+are printed.
 
 **Wedge**: a second ``rosterd up`` with short liveness flags
 (``--probe-interval 1 --probe-timeout 1 --first-byte-timeout 2``) serves one
@@ -193,7 +195,8 @@ def summary(label: str, seconds: list[float]) -> str:
 
 
 def swap_round_trip(args: argparse.Namespace, work: Path) -> dict[str, list[float]]:
-    rosterd, rosterd_url = start_rosterd(work, "swap", MODELS, 0.6, [])  # default flags
+    models = MODELS[: args.models]
+    rosterd, rosterd_url = start_rosterd(work, "swap", models, 0.6, [])  # default flags
     router, router_url = start_llama_router(work)
     times: dict[str, list[float]] = {"rosterd": [], "llama.cpp router": []}
     try:
@@ -202,7 +205,7 @@ def swap_round_trip(args: argparse.Namespace, work: Path) -> dict[str, list[floa
             complete(client, rosterd_url, MODELS[0])  # both start with x resident
             complete(client, router_url, ids[MODELS[0]])
             for _ in range(args.rounds):
-                for model in (*MODELS[1:], MODELS[0]):
+                for model in (*models[1:], models[0]):
                     times["rosterd"].append(complete(client, rosterd_url, model))
                     times["llama.cpp router"].append(complete(client, router_url, ids[model]))
                     if args.verbose:
@@ -273,7 +276,11 @@ def llama_router_wedge(work: Path, give_up_s: float) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="rotations over the 3 models")
+    parser.add_argument("--rounds", type=int, default=5, help="rotations over the models")
+    parser.add_argument(
+        "--models", type=int, choices=(2, 3), default=2, help="how many models to alternate"
+    )
+    parser.add_argument("--no-wedge", action="store_true", help="measure only the swap")
     parser.add_argument(
         "--llama-wedge-wait", type=float, default=20.0, help="seconds to wait on llama.cpp"
     )
@@ -290,6 +297,8 @@ def main() -> int:
             print("  " + summary(label, seconds))
         ratio = statistics.median(times["rosterd"]) / statistics.median(times["llama.cpp router"])
         print(f"  rosterd / llama.cpp router (medians): {ratio:.2f}x")
+        if args.no_wedge:
+            return 0
         wedge = rosterd_wedge(work)
         llama = llama_router_wedge(work, args.llama_wedge_wait)
         print("time from SIGSTOP of the backend to the first request served again:")

@@ -101,6 +101,10 @@ async def test_a_cors_origin_gets_preflight_answers_even_with_an_api_key(tmp_pat
         )
         assert r.status_code == 200
         assert r.headers["access-control-allow-origin"] == "http://notebook.lab:8888"
+        # What a request waited for (rosterd.router.wait_report) is readable by that page.
+        exposed = r.headers["access-control-expose-headers"].lower()
+        for name in ("retry-after", "x-rosterd-queue-wait-s", "x-rosterd-load-s"):
+            assert name in exposed
         # An error answer carries the header too, so the page can read why.
         r = await client.get("/v1/models", headers={"Origin": "http://notebook.lab:8888"})
         assert r.status_code == 401

@@ -146,3 +146,10 @@ def test_help_piped_keeps_every_option_name_whole(tmp_path: Path) -> None:
             assert [line for line in commands if line.endswith("...")] == [], out
     code, out = _run(["up", "--help"], tmp_path)
     assert "--max-concurrency" in re.findall(r"--?[\w-]+", out)
+
+
+def test_the_old_min_residency_name_still_works_with_a_warning(tmp_path: Path) -> None:
+    # renamed --min-busy-residency: it holds only a role with work (issue 22)
+    code, out = _run(["up", str(tmp_path / "missing.yaml"), "--min-residency", "3"], tmp_path)
+    assert code == 2, out  # the missing roster, read after the options
+    assert "warning: --min-residency is deprecated; use --min-busy-residency" in out, out

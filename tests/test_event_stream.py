@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -78,3 +79,33 @@ async def test_the_stream_needs_the_key(tmp_path: Path) -> None:
         ) as stream:
             assert stream.status_code == 200
             up.streams.close()
+
+
+async def test_the_charts_points_come_as_sample_events(tmp_path: Path) -> None:
+    config = RouterConfig(history_interval_s=0.2)
+    async with (
+        serve(tmp_path, config=config) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=20) as client,
+        client.stream("GET", "/rosterd/events/stream") as stream,
+    ):
+        lines = stream.aiter_lines()
+        (await client.post("/rosterd/load/chat")).raise_for_status()
+        samples: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 20
+        while len(samples) < 3 or not any(s["marks"] for s in samples):
+            assert time.monotonic() < deadline, samples
+            [(name, data)] = await _events(lines, 1)
+            if name == "sample":
+                assert isinstance(data, dict)
+                samples.append(data)
+        times = [s["t"] for s in samples]
+        assert times == sorted(set(times))  # each point once, in order
+        last = samples[-1]
+        nodes = last["nodes"]
+        assert isinstance(nodes, dict)
+        assert nodes["n1"]["roles"] == {"chat": 2**20}  # resident: its 1 MiB counted
+        assert {m["kind"] for s in samples for m in s["marks"]} == {"loaded"}
+        history = (await client.get("/rosterd/history")).json()
+        assert history["interval_s"] == 0.2
+        assert history["t"][-len(times) :] == times or history["t"][-1] > times[-1]
+        assert set(history["roles"]) >= {"chat"}

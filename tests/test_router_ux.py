@@ -290,7 +290,7 @@ async def test_rosterd_load_says_what_it_evicted_for_an_exclusion(tmp_path: Path
     the same, and both ``POST /rosterd/load/{role}`` and ``rosterd load`` name it with
     why, whichever way the exclusion is settled (the idle winner chat yields to a
     waiting quiet; chat, which takes precedence, evicts quiet)."""
-    limits = SchedulerLimits(min_residency_s=0.0)
+    limits = SchedulerLimits(min_busy_residency_s=0.0)
     async with (
         serve(tmp_path, excludes={"chat": ("quiet",)}, limits=limits) as up,
         httpx.AsyncClient(base_url=up.url, timeout=30) as client,

@@ -66,7 +66,8 @@ LIMITS = SchedulerLimits(
     queue_timeout_s=10.0,
     drain_s=5.0,
     idle_ttl_s=float("inf"),
-    min_residency_s=0.0,
+    min_busy_residency_s=0.0,
+    max_wait_s=0.0,  # no turns: the rules here are those under them (turns: test_scheduler_turns)
 )
 
 
@@ -387,22 +388,46 @@ def test_unload_of_a_busy_role_revokes_its_leases_after_the_drain_time() -> None
 # --------------------------------------------------------------------------- residency
 
 
-def test_a_just_loaded_role_is_protected_from_batch_ping_pong() -> None:
-    limits = dataclasses.replace(LIMITS, min_residency_s=0.5)
+def test_an_idle_displaced_role_yields_at_once_whatever_it_displaced() -> None:
+    # a, b, a, b one request at a time (one person, a chat model and a coder): min
+    # residency used to make each swap back wait 10 s for nobody's benefit (issue 22).
+    limits = dataclasses.replace(LIMITS, min_busy_residency_s=10.0)
     bench = Bench([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000, limits)
     bench.use("x")
-    bench.use("y")  # x was evicted for y: y now holds against x for 0.5 s
+    bench.use("y")  # x was evicted for y, but y has no request in flight and none queued
     x = bench.acquire("x")
-    bench.at(0.49)
+    assert bench.stops() == ["x", "y"]  # at the same instant: no wait for min residency
+    bench.settle()
+    assert bench.lease(x) is not None
+    bench.release(x)
+    y = bench.acquire("y")
+    assert bench.stops() == ["x", "y", "x"]
+    bench.settle()
+    assert bench.lease(y) is not None
+
+
+def test_a_just_loaded_role_with_work_is_protected_from_batch_ping_pong() -> None:
+    limits = dataclasses.replace(LIMITS, min_busy_residency_s=0.5, max_concurrency=1)
+    bench = Bench([spec("x", 600, sticky=False), spec("y", 600, sticky=False)], 1000, limits)
+    bench.use("x")
+    first = bench.acquire("y")  # x was evicted for y: y holds against x while it has work
+    bench.settle()
+    x = bench.acquire("x")
+    bench.now = 0.1
+    second = bench.acquire("y")  # queued behind first (one slot), newer than x's request
+    bench.now = 0.2
+    bench.release(first)
+    assert bench.lease(second) is not None  # still y's minimum residency: y serves on
     assert bench.stops() == ["x"]
-    bench.at(0.5)  # y's minimum residency is over
+    bench.now = 0.3
+    bench.release(second)  # y has no work left: it yields before its 0.5 s are over
     assert bench.stops() == ["x", "y"]
     bench.settle()
     assert bench.lease(x) is not None
 
 
 def test_the_first_swap_of_an_idle_role_does_not_wait_for_min_residency() -> None:
-    limits = dataclasses.replace(LIMITS, min_residency_s=10.0)
+    limits = dataclasses.replace(LIMITS, min_busy_residency_s=10.0)
     specs = [spec("x", 600, sticky=False), spec("y", 600, sticky=False), spec("z", 600)]
     bench = Bench(specs, 1000, limits)
     bench.use("x")
@@ -418,7 +443,7 @@ def test_the_first_swap_of_an_idle_role_does_not_wait_for_min_residency() -> Non
 
 
 def test_an_interactive_role_may_evict_a_just_loaded_batch_role() -> None:
-    limits = dataclasses.replace(LIMITS, min_residency_s=30.0)
+    limits = dataclasses.replace(LIMITS, min_busy_residency_s=30.0)
     bench = Bench([spec("x", 600), spec("voice", 600, interactive=True)], 1000, limits)
     bench.use("x")
     voice = bench.acquire("voice")
@@ -599,16 +624,21 @@ def test_the_concurrency_limit_hands_slots_over_in_order() -> None:
 def test_a_wait_reason_is_logged_once_while_it_lasts() -> None:
     # x was loaded recently and serves a steady trickle: y's wait reason flips between
     # "x has requests in flight" and "x loaded too recently" with every request.
-    limits = dataclasses.replace(LIMITS, min_residency_s=1.0, drain_s=30.0, max_concurrency=1)
+    limits = dataclasses.replace(LIMITS, min_busy_residency_s=1.0, drain_s=30.0, max_concurrency=1)
     bench = Bench([spec("x", 600, sticky=False), spec("y", 600)], 1000, limits)
     bench.use("y")
-    bench.use("x")  # y was evicted for x: x holds against y for 1 s
+    held = bench.acquire("x")  # y was evicted for x: x holds against y for 1 s, while busy
+    bench.settle()
     y = bench.acquire("y")
     for step in range(1, 10):
         bench.now = step * 0.1
-        bench.use("x")
+        following = bench.acquire("x")  # queued behind the one slot: x keeps its work
+        bench.release(held)
+        held = following
+        assert bench.lease(held) is not None
         bench.at(step * 0.1 + 0.05)
     bench.at(1.0)
+    bench.release(held)
     bench.settle()
     assert bench.lease(y) is not None
     waits = [n.message for n in bench.of(LogNote) if n.message.startswith("y waits: ")]

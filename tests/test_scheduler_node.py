@@ -28,15 +28,17 @@ from rosterd.errors import (
     RoleUnavailableError,
     ShuttingDownError,
 )
-from rosterd.metrics import RosterdMetrics
+from rosterd.metrics import ROLE_PHASES, RosterdMetrics
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
-from rosterd.scheduler.values import SchedulerLimits
+from rosterd.scheduler.values import Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, PortInUseError, ProbeResult, Supervisor
 
 MIB = 2**20
-LIMITS = SchedulerLimits(idle_ttl_s=float("inf"), min_residency_s=0.0, drain_s=0.3, tick_s=0.01)
+LIMITS = SchedulerLimits(
+    idle_ttl_s=float("inf"), min_busy_residency_s=0.0, drain_s=0.3, tick_s=0.01
+)
 
 
 def spec(role: str, mib: int, **options: object) -> InferenceSpec:
@@ -365,3 +367,13 @@ async def test_a_node_that_does_not_answer_holds_requests_and_restarts_nothing()
     waiting.cancel()
     later.cancel()
     await node.shutdown()
+
+
+def test_every_scheduler_phase_has_its_rosterd_role_phase_label() -> None:
+    # An alert on a wedged backend needs phase="unhealthy" (README lists the state).
+    assert {p.value for p in Phase} <= set(ROLE_PHASES)
+    metrics = RosterdMetrics()
+    metrics.observe_nodes({"box": {"roles": {"chat": {"phase": "unhealthy"}}}})
+    text = metrics.render().decode()
+    assert 'rosterd_role_phase{node="box",phase="unhealthy",role="chat"} 1.0' in text
+    assert 'rosterd_role_phase{node="box",phase="ready",role="chat"} 0.0' in text

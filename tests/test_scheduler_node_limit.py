@@ -166,3 +166,18 @@ def test_a_reload_that_lowers_the_node_limit_lets_running_leases_finish() -> Non
     assert not bench.answered(third)  # still one over the new limit of one
     bench.release(second)
     assert bench.granted()[-1] == third
+
+
+def test_a_role_holds_no_more_leases_than_its_backends_slots() -> None:
+    # A one-slot llama.cpp role under --max-concurrency 4: one request goes to the
+    # backend, the rest wait in rosterd's queue (issue 22).
+    concurrency = NodeConcurrency(None, {"a": 1}, {"a": 1})
+    bench = LimitedBench([spec("a", 100)], 1000, concurrency)
+    tickets = [bench.acquire("a") for _ in range(3)]
+    bench.settle()
+    assert bench.granted() == tickets[:1]
+    view = bench.machine.role_view("a", bench.now)
+    assert (view["in_flight"], view["queued"]) == (1, 2)
+    assert "the backend's 1 parallel slot(s)" in str(view["waiting_reason"])
+    bench.release(tickets[0])
+    assert bench.granted() == tickets[:2]

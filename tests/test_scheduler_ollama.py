@@ -65,7 +65,7 @@ async def test_ollama_roles_share_one_server_and_swap_within_the_budget(
         adapters=adapters,
         node="box",
     )
-    limits = SchedulerLimits(min_residency_s=0.0, tick_s=0.02)
+    limits = SchedulerLimits(min_busy_residency_s=0.0, tick_s=0.02)
     node = NodeScheduler("box", 6 * GIB, specs, backends, limits=limits)  # fits one at a time
     node.start()
     try:

@@ -144,7 +144,7 @@ def test_budget_for_one_of_two_roles(
     )
     fleet = write_fleet(tmp_path / "fleet.yaml", memory_gb=0.65, reserved_gb=0.5)
     up = start_up(
-        [str(roster), "--fleet", str(fleet), "--min-residency", "0", "--max-concurrency", "2"],
+        [str(roster), "--fleet", str(fleet), "--min-busy-residency", "0", "--max-concurrency", "2"],
         tmp_path,
         free_port,
     )
@@ -181,7 +181,15 @@ def test_excluded_roles_are_never_resident_together(
     overlay.write_text("excludes:\n  a: [b]\nsticky:\n  a: false\n  b: false\n")
     fleet = write_fleet(tmp_path / "fleet.yaml", memory_gb=4, reserved_gb=1)
     up = start_up(
-        [str(roster), "--overlay", str(overlay), "--fleet", str(fleet), "--min-residency", "0"],
+        [
+            str(roster),
+            "--overlay",
+            str(overlay),
+            "--fleet",
+            str(fleet),
+            "--min-busy-residency",
+            "0",
+        ],
         tmp_path,
         free_port,
     )

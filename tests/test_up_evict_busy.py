@@ -57,7 +57,7 @@ def test_a_busy_role_evicted_after_drain_ends_its_stream_and_stops_promptly(
         flavors=["llamacpp"],
     )
     args = [str(roster), "--fleet", str(fleet), "--drain", "1", "--grace", "10"]
-    up = start_up([*args, "--min-residency", "0"], tmp_path, free_port)
+    up = start_up([*args, "--min-busy-residency", "0"], tmp_path, free_port)
     lines: list[str] = []
     first_chunk = threading.Event()
 

@@ -28,8 +28,8 @@ from test_up_support import (
 
 pytestmark = pytest.mark.slow
 
-# --min-residency 1: the scratch swap below need not wait the default 10 s
-EXAMPLE_ARGS = [*EXAMPLE_LAB, "--min-residency", "1"]
+# --min-busy-residency 1: the scratch swap below need not wait the default 10 s
+EXAMPLE_ARGS = [*EXAMPLE_LAB, "--min-busy-residency", "1"]
 
 
 def rosterd(*args: str) -> str:

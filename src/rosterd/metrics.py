@@ -71,6 +71,7 @@ ROLE_PHASES = (
     "loading",
     "ready",
     "restarting",
+    "unhealthy",
     "stopping",
     "lost",
     "unavailable",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.shared import SharedServers
-from rosterd.errors import BackendAlreadySupervisedError
+from rosterd.errors import BackendAlreadySupervisedError, PortInUseError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import (
     BackendEvent,
@@ -31,6 +31,8 @@ from rosterd.supervisor import (
 #: How long a start waits for the role's process on the node it moved from to exit, seconds
 #: (that node drains first: up to ``--drain``, then ``--grace``).
 _PREVIOUS_WAIT_S = 600.0
+#: Starts tried on ports rosterd picked, when another process takes one before the bind.
+_BIND_RACE_TRIES = 3
 
 #: Re-exported: a TCP port nothing listens on (``rosterd.supervisor.free_port``).
 __all__ = ["SupervisorBackends", "free_port"]
@@ -134,18 +136,26 @@ class SupervisorBackends:
         # the recorder keeps the largest of this `up` for unchanged settings).
         self._peaks.pop(role, None)
         source = self.resolve_weights(spec)
-        port = spec.serve.port
-        if self.auto_ports or port is None:
-            port = free_port(self.host)
-        launch = adapter.launch(spec, source, host=self.host, port=port)
         grace = getattr(source, "grace_s", None)  # the fleet's models: entry, if it sets one
-        backend = await self.supervisor.start(
-            role,
-            launch,
-            ready_timeout_s=self.ready_timeout_s,
-            grace_s=grace if isinstance(grace, int | float) else None,
-        )
-        return Endpoint(backend.base_url, launch.served_model, backend.pid)
+        picked = self.auto_ports or spec.serve.port is None
+        for attempt in range(1, _BIND_RACE_TRIES + 1):
+            port = free_port(self.host) if picked else spec.serve.port
+            assert port is not None
+            launch = adapter.launch(spec, source, host=self.host, port=port)
+            try:
+                backend = await self.supervisor.start(
+                    role,
+                    launch,
+                    ready_timeout_s=self.ready_timeout_s,
+                    grace_s=grace if isinstance(grace, int | float) else None,
+                )
+            except PortInUseError:
+                # A port we picked was taken between the pick and the bind: pick again.
+                if not picked or attempt == _BIND_RACE_TRIES:
+                    raise
+                continue
+            return Endpoint(backend.base_url, launch.served_model, backend.pid)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _after_previous(self, role: str) -> None:
         """Wait until no backend of ``role`` runs under the supervisor that other backends

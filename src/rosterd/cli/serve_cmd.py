@@ -134,12 +134,26 @@ def up_cmd(
             min=0, help="Unload idle non-sticky batch roles after this many seconds (0: never)."
         ),
     ] = 600.0,
-    min_residency: Annotated[
+    min_busy_residency: Annotated[
         float,
         typer.Option(
-            min=0, help="Seconds a loaded role is safe from the batch role it just evicted."
+            min=0,
+            help="Seconds a just-loaded role that has work is safe from the batch role it "
+            "evicted (an idle one yields at once).",
         ),
     ] = 10.0,
+    min_residency: Annotated[
+        float | None,
+        typer.Option(min=0, help="Deprecated name of --min-busy-residency."),
+    ] = None,
+    max_wait: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="Seconds a request may wait for its turn while a role it cannot be "
+            "resident with serves its queue.",
+        ),
+    ] = 30.0,
     drain: Annotated[
         float, typer.Option(min=0, help="Seconds to let in-flight requests finish before evicting.")
     ] = 30.0,
@@ -200,6 +214,13 @@ def up_cmd(
             help="Let pages from ORIGIN call the API (CORS; repeatable; * for any). Default: none.",
         ),
     ] = None,
+    history_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.01,
+            help="Seconds between two points of the page's charts (360 are kept: 1 h at 10 s).",
+        ),
+    ] = 10.0,
     watch: Annotated[
         bool,
         typer.Option(
@@ -230,6 +251,12 @@ def up_cmd(
     if not 1 <= port <= 65535:
         raise OptionError(f"--port {port} is not a usable port (1..65535)")
     keys = check_api_keys(api_key or [], os.environ)
+    if min_residency is not None:
+        # The old name said "residency" though it holds only a role with work (issue 22).
+        make_console(stderr=True).print(
+            "warning: --min-residency is deprecated; use --min-busy-residency", style="yellow"
+        )
+        min_busy_residency = min_residency
     origins = check_cors_origins(cors_origin or [])
     # The runtime (uvicorn, the scheduler, OR-Tools) only now: other commands never load it.
     from rosterd.ray_cluster import ray_address as ray_address_of  # imports no Ray
@@ -250,7 +277,8 @@ def up_cmd(
             queue_timeout_s=queue_timeout,
             drain_s=drain,
             idle_ttl_s=idle_ttl if idle_ttl > 0 else float("inf"),
-            min_residency_s=min_residency,
+            min_busy_residency_s=min_busy_residency,
+            max_wait_s=max_wait,
             probe_interval_s=probe_interval if probe_interval > 0 else float("inf"),
             probe_timeout_s=probe_timeout,
         ),
@@ -262,6 +290,7 @@ def up_cmd(
         auto_backend_ports=auto_backend_ports,
         warm_up=warm_up,
         cors_origins=origins,
+        history_interval_s=history_interval,
         watch=watch,
         ray_address=ray_address_of(ray_address, os.environ),
         ray_join_timeout_s=ray_join_timeout,

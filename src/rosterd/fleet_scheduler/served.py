@@ -19,7 +19,7 @@ from rosterd.fleet.model import Node
 from rosterd.fleet_scheduler.values import NodeRun, NodeServing, ServedConfig
 from rosterd.placement.problem import Plan
 from rosterd.scheduler.values import NodeConcurrency
-from rosterd.spec import InferenceSpec
+from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.tokens import GB
 
 
@@ -38,6 +38,7 @@ def node_serving(
         if run is NodeRun.LOCAL
         else {}
     )
+    slots = config.memory.slots()
     figures: dict[str, Mapping[str, object]] = {}
     for role in specs:
         shown = config.memory.role_json(role, node.name)
@@ -49,9 +50,21 @@ def node_serving(
         specs,
         unavailable,
         figures,
-        NodeConcurrency(node.max_concurrency, config.memory.slots()),
+        NodeConcurrency(node.max_concurrency, slots, slot_caps(specs, slots)),
         run,
     )
+
+
+def slot_caps(specs: Mapping[str, InferenceSpec], slots: Mapping[str, int]) -> dict[str, int]:
+    """Role -> the requests in flight its backend serves at once: the ``parallel``
+    slots of a llama.cpp role (llama-server queues the rest inside, where rosterd
+    cannot count or cut them). Other flavors have no fixed slots rosterd launches
+    them with (ollama has its own ``OLLAMA_NUM_PARALLEL``), so they are not named."""
+    return {
+        role: slots[role]
+        for role, spec in specs.items()
+        if spec.flavor is InferFlavor.LLAMACPP and role in slots
+    }
 
 
 def unserved_reasons(

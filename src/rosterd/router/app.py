@@ -10,6 +10,7 @@ preflight requests). uvicorn serves it (``rosterd up``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -26,8 +27,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from rosterd.errors import RosterdError, RouterError
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
-from rosterd.residency import excludes_each_other
 from rosterd.router.auth import ApiKeyGate
+from rosterd.router.history import History, sample_forever
 from rosterd.router.logs import LogPath, log_response
 from rosterd.router.ollama.generation import send_ollama_error
 from rosterd.router.ollama.routes import OLLAMA_PREFIX, ollama_routes
@@ -44,9 +45,8 @@ from rosterd.router.routing import (
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
+from rosterd.router.wait_report import WAIT_HEADERS, evicted_for
 from rosterd.scheduler.fleet import Scheduler
-from rosterd.scheduler.values import SchedulerEvent
-from rosterd.spec import InferenceSpec
 from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.router")
@@ -68,6 +68,7 @@ def create_app(
     streams: LiveStreams | None = None,
     reload: Callable[[bool], Awaitable[Mapping[str, object]]] | None = None,
     node_views: Callable[[], Mapping[str, Mapping[str, object]]] | None = None,
+    history: History | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -91,6 +92,9 @@ def create_app(
     ``/status`` and ``/rosterd/ps`` (``connected``, ``address``, ...; a node the
     scheduler does not run gets an entry of these keys alone). Measured RSS comes
     through the backends boundary (``Scheduler.measured_bytes``).
+    ``history``: the charts' bounded history, served as ``GET /rosterd/history`` and
+    sampled every ``history.interval_s`` seconds while the app runs (default: a new one
+    at ``config.history_interval_s``).
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
@@ -107,6 +111,7 @@ def create_app(
     names = routes.names
     extra = status_extra or dict
     live = streams or LiveStreams()
+    history = history or History(config.history_interval_s)
     started_at = time.time()
     ctx = ProxyContext(
         scheduler=scheduler,
@@ -115,6 +120,7 @@ def create_app(
         config=config,
         metrics=metrics,
         upstream=upstream,
+        history=history,
     )
 
     async def health(_: Request) -> Response:
@@ -170,6 +176,9 @@ def create_app(
 
     async def ps(_: Request) -> Response:
         return JSONResponse(await ps_data())
+
+    async def history_endpoint(_: Request) -> Response:
+        return JSONResponse(history.as_json())
 
     async def events(_: Request) -> Response:
         return JSONResponse({"events": [e.as_json() for e in scheduler.events()]})
@@ -259,9 +268,13 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> Any:
         scheduler.start()
+        sampler = asyncio.create_task(sample_forever(history, scheduler, time.time))
         try:
             yield
         finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
             live.close()
             await upstream.close()
             for hook in on_shutdown:
@@ -276,11 +289,12 @@ def create_app(
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/rosterd/ps", ps, methods=["GET"]),
         Route("/rosterd/events", events, methods=["GET"]),
+        Route("/rosterd/history", history_endpoint, methods=["GET"]),
         Route("/rosterd/load/{role}", load, methods=["POST"]),
         Route("/rosterd/unload/{role}", unload, methods=["POST"]),
         Route("/rosterd/logs/{role}", logs, methods=["GET"]),
     ]
-    route_list += page_routes(scheduler, status_data, live)
+    route_list += page_routes(scheduler, status_data, live, history)
     if reload is not None:
         route_list.append(Route("/rosterd/reload", reload_config, methods=["POST"]))
     proxies = {path: Proxy(ctx, path) for path in PROXIED_PATHS}
@@ -307,44 +321,9 @@ def create_app(
         allow_origins=list(config.cors_origins),
         allow_methods=["GET", "POST"],
         allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
-        expose_headers=["Retry-After"],
+        expose_headers=["Retry-After", *WAIT_HEADERS],
         max_age=600,
     )
-
-
-def evicted_for(
-    role: str,
-    node: str,
-    specs: Mapping[str, InferenceSpec],
-    before: Sequence[SchedulerEvent],
-    after: Sequence[SchedulerEvent],
-) -> list[tuple[str, str]]:
-    """The roles stopped on ``node`` to serve the load of ``role``, with why: among the
-    events of ``after`` not in ``before`` (two reads of ``Scheduler.events()``, around a
-    load), in the order they stopped, ``(stopped role, cause)``; ``cause`` is
-    ``exclusion`` when the two exclude each other (``specs``: the node's roles), else
-    ``make_room`` (its memory). Both kinds of stop are found: one evicted for ``role``
-    (``evicted for ROLE: …``) and an idle exclusion winner that yielded to it
-    (``…, yields to waiting ROLE (they exclude each other)``)."""
-    seen = {id(event) for event in before}  # ``before`` keeps them alive: ids stay unique
-    prefix = f"evicted for {role}:"
-    yielded = f"yields to waiting {role} (they exclude each other)"
-    wanted = specs.get(role)
-    found: list[tuple[str, str]] = []
-    for event in after:
-        if (
-            id(event) in seen
-            or event.node != node
-            or event.kind != "stopped"
-            or not (event.cause.startswith(prefix) or yielded in event.cause)
-        ):
-            continue
-        other = specs.get(event.role)
-        exclusion = yielded in event.cause or (
-            wanted is not None and other is not None and excludes_each_other(wanted, other)
-        )
-        found.append((event.role, "exclusion" if exclusion else "make_room"))
-    return found
 
 
 class ProxyFirst:

@@ -268,6 +268,10 @@ def openapi_document() -> dict[str, Any]:
         ),
         "/rosterd/ps": _get("what is resident, per node", _OBJECT),
         "/rosterd/events": _get("the scheduler's recent events", _OBJECT),
+        "/rosterd/history": _get(
+            "the page's charts: the last 360 points of memory and traffic per node and role",
+            _OBJECT,
+        ),
         "/rosterd/events/stream": {
             "get": {
                 "summary": "the scheduler's events live, with /status snapshots (never ends)",

@@ -41,6 +41,7 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.router.body import parse_json_object, read_body, requested_model
 from rosterd.router.dialects.envelope import STREAM_ENDS, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
+from rosterd.router.history import History, generated_tokens
 from rosterd.router.liveness import (
     MAX_RESTART_WAITS,
     Deadlines,
@@ -54,6 +55,7 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
+from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body
 from rosterd.router.routing import (
     DIALECT_PATHS,
     PROXIED_PATHS,
@@ -62,6 +64,7 @@ from rosterd.router.routing import (
     RouterConfig,
 )
 from rosterd.router.upstream import Upstream, UpstreamResponse
+from rosterd.router.wait_report import wait_headers
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.values import Revocation
@@ -85,7 +88,7 @@ _END = {"type": "http.response.body", "body": b"", "more_body": False}
 @dataclass(frozen=True)
 class ProxyContext:
     """What every proxied path shares: the scheduler that grants leases, the routes and
-    names, the limits, the metrics and the upstream client."""
+    names, the limits, the metrics, the upstream client and the charts' history."""
 
     scheduler: Scheduler
     routes: Mapping[str, RoleRoute]
@@ -93,6 +96,7 @@ class ProxyContext:
     config: RouterConfig
     metrics: RosterdMetrics
     upstream: Upstream
+    history: History
 
 
 class _Answer:
@@ -100,10 +104,11 @@ class _Answer:
 
     ``status``: the status sent (0: none yet); ``stream``: the answer is an
     event stream; ``sse_open``: an event stream started and has not ended;
-    ``done``: the last body message was sent.
+    ``done``: the last body message was sent; ``tokens``: what the backend said it
+    generated (0: it did not say).
     """
 
-    __slots__ = ("_send", "done", "sse_open", "status", "stream")
+    __slots__ = ("_send", "done", "sse_open", "status", "stream", "tokens")
 
     def __init__(self, send: Send) -> None:
         self._send = send
@@ -111,6 +116,7 @@ class _Answer:
         self.stream = False
         self.sse_open = False
         self.done = False
+        self.tokens = 0
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -232,6 +238,8 @@ class Proxy:
                 self._counted[(role, answer.status)] = counted
             counted[0].inc()
             counted[1].observe(time.perf_counter() - started)
+            if role != "-":
+                self.ctx.history.request_done(role, answer.tokens)
 
     async def _serve(
         self, role: str, payload: dict[str, Any], receive: Receive, answer: _Answer
@@ -273,12 +281,14 @@ class Proxy:
         and nothing was sent yet, wait for its restart (a lease of a newer generation) and
         forward again, at most ``MAX_RESTART_WAITS`` times."""
         scheduler = self.ctx.scheduler
+        asked_at = time.time()
         with scheduler_errors():
             lease = await scheduler.acquire(role)
+        self.ctx.history.request_granted(role, lease.waited_s)
         waits = 0
         while True:
             try:
-                await self._forward_unless_revoked(lease, payload, answer, cut)
+                await self._forward_unless_revoked(lease, payload, answer, cut, asked_at)
                 return
             except RouterError as err:
                 if waits >= MAX_RESTART_WAITS or not backend_unreachable(err):
@@ -293,7 +303,7 @@ class Proxy:
                 lease = await scheduler.acquire(role, newer_than=lease.generation)
 
     async def _forward_unless_revoked(
-        self, lease: Lease, payload: dict[str, Any], answer: _Answer, cut: _Cut
+        self, lease: Lease, payload: dict[str, Any], answer: _Answer, cut: _Cut, asked_at: float
     ) -> None:
         """Forward under the liveness deadlines, cut at once if the scheduler revokes the lease.
 
@@ -310,9 +320,19 @@ class Proxy:
             revoked.add_done_callback(cut.revoked)
         config = self.ctx.config
         deadlines = Deadlines(config.first_byte_timeout_s, config.chunk_timeout_s)
+        node = self.ctx.scheduler.nodes.get(lease.node)
+        told = wait_headers(
+            lease,
+            asked_at,
+            node.events if node is not None else (),
+            node.specs if node is not None else {},
+        )
         try:
             await forward_within_deadlines(
-                lambda out: self._forward(lease, payload, out), answer.send, deadlines, lease.role
+                lambda out: self._forward(lease, payload, out, answer, told),
+                answer.send,
+                deadlines,
+                lease.role,
             )
         except StalledError as stall:
             log.warning("ended a %s request to %s: %s", self.label, lease.role, stall)
@@ -341,8 +361,17 @@ class Proxy:
         else:
             await answer.send(_END)
 
-    async def _forward(self, lease: Lease, payload: dict[str, Any], send: Send) -> None:
-        """Send the request to ``lease``'s backend and pass its answer through to ``send``.
+    async def _forward(
+        self,
+        lease: Lease,
+        payload: dict[str, Any],
+        send: Send,
+        answer: _Answer,
+        told: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Send the request to ``lease``'s backend and pass its answer through to ``send``
+        with the ``told`` headers added (``wait_report``); ``answer.tokens`` gets what the
+        backend says it generated.
 
         Raises :class:`RouterError` 502 ``backend_error`` while nothing was
         sent to the client yet; once the answer started, a failure or a stream
@@ -378,9 +407,10 @@ class Proxy:
             if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
                 with upstream_errors(role):
                     whole = await upstream.read()
-                await _send_whole(send, upstream.status, content_type, whole)
+                answer.tokens = generated_tokens(whole[-ANSWER_TAIL_BYTES:])
+                await _send_whole(send, upstream.status, content_type, whole, told)
                 return
-            headers_out = [(b"content-type", content_type.encode())]
+            headers_out = [(b"content-type", content_type.encode()), *told]
             if stream:
                 headers_out += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
             await send(
@@ -388,7 +418,8 @@ class Proxy:
             )
             try:
                 with upstream_errors(role, mid_stream=True):
-                    finished = await _pass_body(upstream, send, self.stream_ends)
+                    finished, tail = await pass_body(upstream, send, self.stream_ends)
+                    answer.tokens = generated_tokens(tail)
             except RouterError as err:
                 # Headers are out: end the answer with an SSE error event the client can see.
                 with contextlib.suppress(Exception):
@@ -438,29 +469,16 @@ def _may_resend(why: str | Revocation, answer: _Answer) -> bool:
     return isinstance(why, Revocation) and why.resend and not answer.status
 
 
-async def _send_whole(send: Send, status: int, content_type: str, body: bytes) -> None:
+async def _send_whole(
+    send: Send, status: int, content_type: str, body: bytes, told: list[tuple[bytes, bytes]]
+) -> None:
     headers = [
         (b"content-type", content_type.encode()),
         (b"content-length", str(len(body)).encode()),
+        *told,
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _pass_body(upstream: UpstreamResponse, send: Send, ends: tuple[bytes, ...]) -> bool:
-    """Send ``upstream``'s body on chunk by chunk as it arrives (response left open);
-    returns whether one of ``ends`` (the event that ends a finished stream of the path:
-    ``data: [DONE]``, ``message_stop``, ...) was seen, also across two chunks."""
-    tail = b""
-    seen = False
-    async for chunk in upstream.chunks():
-        if chunk:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if not seen:
-                window = tail + chunk
-                seen = any(end in window for end in ends)
-            tail = chunk[-64:]
-    return seen
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -78,6 +78,8 @@ class RouterConfig:
     its first body byte and between two chunks, seconds (then 504 and the role
     is probed); ``request_read_timeout_s``: how long a client may take to send
     its request headers and its body, seconds (then 408).
+    ``history_interval_s``: seconds between two points of the page's charts
+    (:mod:`rosterd.router.history`; 360 points are kept).
     """
 
     api_keys: tuple[str, ...] = ()
@@ -89,6 +91,7 @@ class RouterConfig:
     first_byte_timeout_s: float = 300.0
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
+    history_interval_s: float = 10.0
 
 
 def shown_name(name: str) -> str:

@@ -12,11 +12,19 @@ the stream sends:
 - ``event: scheduler``: one :class:`~rosterd.scheduler.values.SchedulerEvent` as
   ``GET /rosterd/events`` gives it (a load, an eviction with its cause, a crash,
   a restart), the moment the node's loop records it;
-- ``event: history``: at connect, the last :data:`HISTORY_EVENTS` of them.
+- ``event: history``: at connect, the last :data:`HISTORY_EVENTS` of them;
+- ``event: sample``: each point of the charts' history
+  (:meth:`~rosterd.router.history.History.sample`) as it is closed (at connect, the
+  last few: the page skips those it has from ``GET /rosterd/history``).
+
+The charts are drawn with uPlot (MIT, ~50 KB, vendored under ``static/vendor/`` with
+its licence): a small, well-kept canvas library for time series, with no dependencies
+and nothing to fetch, so the page works on a lab network without the internet.
 
 Keys: the page, its CSS and its script hold no data and are served without a
-key; everything they show comes from the stream, ``/rosterd/logs`` and
-``/rosterd/load|unload``, which the key gate guards as every other path. The
+key; everything they show comes from the stream, ``/rosterd/logs``,
+``/rosterd/history``, ``/rosterd/load|unload`` and (the playground)
+``/v1/chat/completions``, which the key gate guards as every other path. The
 script sends ``Authorization: Bearer`` with ``fetch`` and reads the stream with
 ``fetch`` too (``EventSource`` cannot send a header). A cookie set by a login
 would have let any other site's page make a logged-in browser load and unload
@@ -41,6 +49,7 @@ from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from rosterd.router.history import History
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.values import SchedulerEvent
@@ -78,13 +87,15 @@ async def event_stream(
     streams: LiveStreams,
     *,
     interval_s: float = SNAPSHOT_INTERVAL_S,
+    history: History | None = None,
 ) -> AsyncIterator[bytes]:
     """The page's stream: history and a snapshot at once, then scheduler events as they
     are recorded and snapshots (see the module docstring), until ``streams`` closes.
 
     ``await status()`` is ``GET /status``'s JSON. Every node's listeners hear the events
     (nodes added later are joined at the next snapshot); a client that falls
-    :data:`STREAM_QUEUE_EVENTS` behind gets a fresh history instead.
+    :data:`STREAM_QUEUE_EVENTS` behind gets a fresh history instead. With ``history``,
+    its new points go out as ``sample`` events, looked for at each snapshot.
     """
     queue: asyncio.Queue[SchedulerEvent] = asyncio.Queue(STREAM_QUEUE_EVENTS)
     overflowed = False
@@ -109,6 +120,7 @@ async def event_stream(
         yield f"retry: {RECONNECT_MS}\n\n".encode()
         yield sse("history", _history(scheduler))
         yield sse("snapshot", await status())
+        sent_sample = 0
         next_snapshot = time.monotonic() + interval_s
         while not streams.closed:
             event = await streams.next_item(queue, next_snapshot - time.monotonic())
@@ -126,6 +138,10 @@ async def event_stream(
                 next_snapshot = min(next_snapshot, time.monotonic() + EVENT_SNAPSHOT_DELAY_S)
             if not streams.closed and time.monotonic() >= next_snapshot:
                 join_nodes()
+                for number, point in list(history.recent) if history is not None else ():
+                    if number > sent_sample:
+                        sent_sample = number
+                        yield sse("sample", point)
                 yield sse("snapshot", await status())
                 next_snapshot = time.monotonic() + interval_s
     finally:
@@ -138,11 +154,12 @@ def page_routes(
     scheduler: Scheduler,
     status: Callable[[], Awaitable[Mapping[str, object]]],
     streams: LiveStreams,
+    history: History | None = None,
 ) -> list[BaseRoute]:
     """The page's routes: ``/``, ``/ui``, ``/ui/static/*`` and ``/rosterd/events/stream``.
 
     ``await status()`` gives ``GET /status``'s JSON (the snapshots); ``streams`` ends
-    the event streams when serving stops.
+    the event streams when serving stops; ``history``'s points go out as ``sample``.
     """
 
     async def page(_: Request) -> Response:
@@ -164,7 +181,7 @@ def page_routes(
 
     async def stream(_: Request) -> Response:
         return StreamingResponse(
-            event_stream(scheduler, status, streams),
+            event_stream(scheduler, status, streams, history=history),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

@@ -94,9 +94,14 @@ class GrantRules(MachineState):
                 st.waiting_reason = "its backend failed a request; waiting for the restart"
                 kept.append(waiter)
                 continue
-            if waiter.take_slot and st.in_flight >= self.limits.max_concurrency:
-                n = self.limits.max_concurrency
-                st.waiting_reason = f"all {n} slot(s) are busy, --max-concurrency {n}"
+            if waiter.take_slot and st.in_flight >= self._role_cap(role):
+                n = self._role_cap(role)
+                st.waiting_reason = (
+                    f"all {n} slot(s) are busy, --max-concurrency {self.limits.max_concurrency}"
+                    f" and the backend's {n} parallel slot(s)"
+                    if n < self.limits.max_concurrency
+                    else f"all {n} slot(s) are busy, --max-concurrency {n}"
+                )
                 blocked = True
                 kept.append(waiter)
                 continue
@@ -143,11 +148,17 @@ class GrantRules(MachineState):
             return False  # it waits for the restarted backend
         if not waiter.take_slot:
             return True
-        if st.in_flight >= self.limits.max_concurrency:
+        if st.in_flight >= self._role_cap(st.spec.role):
             return False
         if st.hold_since is not None and waiter.since >= st.hold_since:
             return False  # an older request waits for this role's room: let it drain
         return self._node_slot_free()
+
+    def _role_cap(self, role: str) -> int:
+        """Leases ``role`` may hold at once: ``max_concurrency``, and no more than the
+        parallel slots its backend was launched with (``NodeConcurrency.role_caps``)."""
+        caps = self.concurrency.role_caps if self.concurrency is not None else {}
+        return min(self.limits.max_concurrency, caps.get(role, self.limits.max_concurrency))
 
     def _node_slot_free(self) -> bool:
         limit = self.node_limit()

@@ -9,9 +9,11 @@ events give the same effects. The residency policy
 says when, keeping the rules of issue 5 and USERS.md: one shared load per role;
 one transition per node, memory free only at ``StopDone``; no eviction under a
 request, busy roles drain in arrival order (``hold_since``) and are revoked
-after ``drain_s``; an unload takes no new requests; minimum residency (held
-only against the role it displaced); exclusions yield when idle; idle TTL; a
-bounded queue; warm-up never evicts; shutdown is an event.
+after ``drain_s``, but a batch request lets a busy role serve its queue first
+for up to ``max_wait_s`` (turns); an unload takes no new requests; minimum
+residency (held only against the role it displaced, only while it has work);
+exclusions yield when idle; idle TTL; a bounded queue; warm-up never evicts;
+shutdown is an event.
 
 This module keeps the event dispatch, the step after every event and the
 transition; the rest of the rules are in the halves it extends:
@@ -302,12 +304,27 @@ class NodeMachine(LivenessRules, ReplanRules):
 
         Roles still inside their minimum residency are left alone: they cannot
         be evicted yet anyway, so serving their requests meanwhile costs nothing.
+        So are roles in their turn (``_turn_left_s``): they serve their queue first.
         """
+        waiting = self._roles[for_role]
+        in_turn = self._turn_left_s(for_role, since, now) > 0
         for b in blocking:
             st = self._roles[b]
             recent = self._recently_loaded(st, now, for_role)
-            if st.phase is Phase.READY and st.in_flight > 0 and not recent:
-                holds[b] = min(holds.get(b, since), since)
+            # its own queue, not only requests in flight: a lone long request gets no
+            # turn, its drain starts at once (as before turns)
+            turn = in_turn and bool(st.waiters)
+            waiting.turn_given = waiting.turn_given or turn
+            if st.phase is Phase.READY and st.in_flight > 0 and not recent and not turn:
+                # After a turn, b grants nothing new, however old: its queue had its
+                # turn and waits for the next one, so a backlog swaps once per turn.
+                hold = -math.inf if waiting.turn_given else since
+                holds[b] = min(holds.get(b, hold), hold)
+                if waiting.turn_given and waiting.drain_from is None:
+                    waiting.drain_from = now  # the turn is over: the drain starts now
+        waiting.waiting_reason = (waiting.waiting_reason or "") + self._hold_note(
+            blocking, for_role, since, now
+        )
 
     def _decide_loads(self, now: float, holds: dict[str, float]) -> bool:
         pending = [
@@ -315,6 +332,9 @@ class NodeMachine(LivenessRules, ReplanRules):
             for role, st in self._roles.items()
             if st.phase is Phase.STOPPED and st.waiters
         ]
+        for st in self._roles.values():
+            if st.phase is not Phase.STOPPED or not st.waiters:
+                st.turn_given, st.drain_from = False, None  # served, or nobody waits
         pending.sort(key=lambda p: (not p[1].spec.interactive, p[1].waiters[0].since, p[0]))
         for role, st in pending:
             if st.backoff_until is not None and now < st.backoff_until:
@@ -324,7 +344,7 @@ class NodeMachine(LivenessRules, ReplanRules):
                 self._gauges(role)
                 continue
             oldest = st.waiters[0].since
-            drained = now - oldest >= self.limits.drain_s
+            drained = self._drained(role, oldest, now)
             warm_up_only = all(w.no_evict for w in st.waiters)
             node = self._node_state(now, ignore_in_flight=drained, for_role=role)
             decision = decide(node, role)

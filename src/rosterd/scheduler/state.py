@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -62,6 +62,10 @@ class RoleState:
     # that needs this role's room came first (None: no one waits for its room).
     hold_since: float | None = None
     gauges: tuple[int, int] = (0, 0)  # (in_flight, queued) as last reported
+    # Turns (issue 22): whether a role in this role's way served its own queue first
+    # while this role waited, and since when the roles in its way drain for it.
+    turn_given: bool = False
+    drain_from: float | None = None
     # A re-plan (replan.py): RetireRole since when; ReplaceSpec's spec still to apply
     # (since when), and whether to load the role again afterwards.
     retiring_since: float | None = None
@@ -232,15 +236,81 @@ class MachineState:
 
     def _recently_loaded(self, st: RoleState, now: float, for_role: str | None) -> bool:
         """Whether min residency holds ``st``'s role against ``for_role``: it was loaded less
-        than ``min_residency_s`` ago, evicting ``for_role`` to make room (the ping-pong the
-        rule prevents). The first swap of an idle role is not held, and nothing is held
-        against no role (``None``: a re-plan fitting a smaller capacity)."""
+        than ``min_busy_residency_s`` ago, evicting ``for_role`` to make room (the ping-pong the
+        rule prevents), and it has work (a request in flight or queued).
+
+        Demand decides the hold: a role nobody is using yields at once, whatever it
+        displaced, since holding it only makes the request that wants its room wait
+        (alternating a, b, a one request at a time cost 10 s a swap, issue 22). The
+        first swap of an idle role is not held, and nothing is held against no role
+        (``None``: a re-plan fitting a smaller capacity)."""
         return (
             for_role is not None
+            and (st.in_flight > 0 or bool(st.waiters))
             and st.loaded_at is not None
-            and now - st.loaded_at < self.limits.min_residency_s
+            and now - st.loaded_at < self.limits.min_busy_residency_s
             and for_role in st.displaced
         )
+
+    def _turn_start(self, for_role: str, since: float) -> float:
+        """When the wait of ``for_role``'s oldest request (waiting since ``since``) starts
+        to count against the turn of the roles in its way: its arrival, or the latest
+        load of another ready role if later. Counting from the turn's start, not the
+        arrival, keeps every turn ``max_wait_s`` long under a backlog; counted from
+        the arrival, every turn after the first would end as it began."""
+        loads = [
+            st.loaded_at
+            for role, st in self._roles.items()
+            if role != for_role and st.phase is Phase.READY and st.loaded_at is not None
+        ]
+        return max([since, *loads])
+
+    def _turn_left_s(self, for_role: str, since: float, now: float) -> float:
+        """Seconds left of the turn of a role that ``for_role``'s oldest request (waiting
+        since ``since``) cannot be resident with: while it lasts, that role serves its
+        own queue (same-role batching) instead of draining for ``for_role``.
+
+        A turn lasts ``max_wait_s`` from its start (``_turn_start``); 0 for an
+        interactive request, which keeps its precedence (the roles in its way drain
+        at once). The resident role's turn also ends when its queue is empty (the
+        caller checks): demand ends it first (issue 22, llama-swap#612)."""
+        if self._roles[for_role].spec.interactive:
+            return 0.0
+        return max(0.0, self._turn_start(for_role, since) + self.limits.max_wait_s - now)
+
+    def _hold_note(self, blocking: Iterable[str], for_role: str, since: float, now: float) -> str:
+        """Words for ``for_role``'s waiting reason (``ps``, the page, a 503) on what holds
+        the ``blocking`` roles and until when, in seconds from ``now``: their turn
+        (``--max-wait``), their minimum residency (``--min-busy-residency``), or the
+        drain before their requests are cut (``--drain``). Empty if none applies."""
+        notes = []
+        turn_left = self._turn_left_s(for_role, since, now)
+        for b in blocking:
+            st = self._roles[b]
+            if st.phase is not Phase.READY:
+                continue
+            if self._recently_loaded(st, now, for_role) and st.loaded_at is not None:
+                left = st.loaded_at + self.limits.min_busy_residency_s - now
+                notes.append(f"{b} holds its room {left:.0f} s more (--min-busy-residency)")
+            elif turn_left > 0 and st.waiters:
+                notes.append(f"{b} serves its turn {turn_left:.0f} s more at most (--max-wait)")
+            elif st.in_flight:
+                waiting = self._roles[for_role]
+                start = waiting.drain_from if waiting.drain_from is not None else since
+                left = max(0.0, start + self.limits.drain_s - now)
+                notes.append(f"{b} drains; its requests are cut in {left:.0f} s (--drain)")
+        return "".join(f"; {note}" for note in notes)
+
+    def _drained(self, for_role: str, since: float, now: float) -> bool:
+        """Whether busy roles in the way of ``for_role``'s oldest request (waiting since
+        ``since``) have had their ``drain_s`` and may be cut: counted from its arrival,
+        or, once a role in its way took its turn, from when that turn ended."""
+        st = self._roles[for_role]
+        if st.drain_from is not None:
+            return now - st.drain_from >= self.limits.drain_s
+        if st.turn_given:
+            return False  # a turn is under way: nothing drains for it yet
+        return now - since >= self.limits.drain_s
 
     def _node_state(self, now: float, *, ignore_in_flight: bool, for_role: str | None) -> NodeState:
         resident = self.resident()

@@ -70,9 +70,12 @@ class SchedulerLimits:
     ``drain_s``: how long a waiter lets busy roles finish before they may be
     evicted (and how long shutdown lets requests finish); ``idle_ttl_s``: idle
     time after which a non-sticky batch role is unloaded (``math.inf``: never);
-    ``min_residency_s``: how long a just-loaded role is protected from a batch role
-    that was itself evicted to make room for it (the ping-pong it prevents; the
-    first swap of an idle role is not held); ``tick_s``: how often timers (TTL,
+    ``min_busy_residency_s``: how long a just-loaded role that has work (a request
+    in flight or queued) is protected from a batch role that was itself evicted to
+    make room for it (the ping-pong it prevents; an idle role is never held, the
+    first swap neither); ``max_wait_s``: how long the oldest request of a role that
+    cannot be resident with the one serving may wait for its turn while that role
+    serves its own queue (then the turn ends); ``tick_s``: how often timers (TTL,
     min residency, drain, queue timeouts, probes) are checked.
     ``probe_interval_s``: how long a ready role may stay idle before its
     generation probe runs (``math.inf``: never while idle); ``probe_timeout_s``:
@@ -87,7 +90,8 @@ class SchedulerLimits:
     queue_timeout_s: float = 300.0
     drain_s: float = 30.0
     idle_ttl_s: float = 600.0
-    min_residency_s: float = 10.0
+    min_busy_residency_s: float = 10.0
+    max_wait_s: float = 30.0
     tick_s: float = 0.25
     probe_interval_s: float = 30.0
     probe_timeout_s: float = 20.0
@@ -103,10 +107,15 @@ class NodeConcurrency:
     the slots of the roles holding memory); ``slots``: role -> its backend's
     parallel slots (the fleet's ``parallel``; 1 for a role not named). Per-role
     limits (``SchedulerLimits.max_concurrency``) still hold inside it.
+    ``role_caps``: role -> the most requests its backend serves at once (a
+    llama-server's ``--parallel`` slots): no more leases than that go to it, the
+    rest wait in rosterd's queue, where they can be counted and cut (issue 22: a
+    one-slot role held 2 in flight, the second waiting inside llama-server).
     """
 
     max_concurrency: int | None = None
     slots: Mapping[str, int] = field(default_factory=dict, hash=False)
+    role_caps: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     def limit(self, resident: Iterable[str]) -> int:
         """Generations the node may run at once while ``resident`` roles hold memory."""

@@ -44,6 +44,7 @@ from rosterd.errors import (
     BackendAlreadySupervisedError,
     BackendNameError,
     BackendNotSupervisedError,
+    BackendStartError,
     SupervisorError,
 )
 from rosterd.supervisor.ports import check_port_free
@@ -337,9 +338,13 @@ class Supervisor:
                 stopping=lambda: m.stopping,
                 stop_requested=m.stop_requested,
             )
-        except BaseException:
+        except BaseException as exc:
             await terminate_group(proc, grace_s=0.0)
             drop_record(m.record_path)
+            if isinstance(exc, BackendStartError):
+                # It exited at once: if another process took the port after the check
+                # above, that is why (a bind race), and the caller may pick another.
+                check_port_free(launch.host, launch.port)
             raise
         m.ready = True
         m.ready_at = time.monotonic()

@@ -31,6 +31,7 @@ class UpOptions:
     for its first byte and between chunks (then 504 and a probe);
     ``request_read_timeout_s``: for a client's request headers and body (then
     the connection is closed, or 408). Liveness probes are in ``limits``.
+    ``history_interval_s``: seconds between two points of the page's charts.
     """
 
     roster_path: Path
@@ -52,3 +53,4 @@ class UpOptions:
     first_byte_timeout_s: float = 300.0
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
+    history_interval_s: float = 10.0

@@ -286,6 +286,7 @@ class UpRun:
                     first_byte_timeout_s=options.first_byte_timeout_s,
                     chunk_timeout_s=options.chunk_timeout_s,
                     request_read_timeout_s=options.request_read_timeout_s,
+                    history_interval_s=options.history_interval_s,
                 ),
                 metrics=effects.metrics,
                 status_extra=lambda: {**fleet_status(machine), "config": files.status()},

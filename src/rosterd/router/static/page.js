@@ -2,6 +2,7 @@
 // server-sent events stream (GET /rosterd/events/stream), read with fetch so that
 // the API key goes in an Authorization header (EventSource cannot send one).
 // No framework, no build step: every value is put in the page with textContent.
+// charts.js (uPlot) and playground.js share this script's helpers and state.
 "use strict";
 
 const GIB = 2 ** 30;
@@ -131,6 +132,7 @@ async function connect() {
     return reconnect(abort);
   }
   setConn("live", "live");
+  loadHistory(); // the charts' past; the stream's `sample` events add to it
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   try {
@@ -177,6 +179,8 @@ function dispatch(block) {
     state.failures = {};
     state.events.forEach(noteFailure);
     renderEvents();
+  } else if (name === "sample") {
+    appendSample(payload);
   } else if (name === "scheduler") {
     state.events.push(payload);
     if (state.events.length > MAX_EVENTS) state.events.shift();
@@ -224,6 +228,7 @@ function render() {
   renderConfig(status.config);
   renderNodes(nodes);
   renderUnplaced(status.unplaced || [], status.remote_nodes || []);
+  playgroundRoles(status);
 }
 
 function renderConfig(config) {
@@ -499,5 +504,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("key-button").addEventListener("click", () => askKey(false));
   $("notice-close").addEventListener("click", () => { $("notice").hidden = true; });
   $("log-close").addEventListener("click", stopLog);
+  $("play-form").addEventListener("submit", playSend);
+  $("play-role").addEventListener("change", playRoleChanged);
+  $("play-input").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("play-form").requestSubmit(); }
+  });
   connect();
 });
