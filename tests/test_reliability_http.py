@@ -30,6 +30,7 @@ from reliability_support import (
     raise_nofile,
     start_fake_up,
 )
+from rosterd.router.dialects.envelope import ANTHROPIC_PATHS
 from rosterd.router.ollama.catalog import STORE_PATHS
 from rosterd.router.ollama.routes import OLLAMA_PREFIX
 from rosterd.up.http_protocol import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
@@ -99,6 +100,11 @@ def test_openapi_fuzzing_finds_no_500_and_only_documented_errors(
             assert "Traceback" not in response.text
             if response.status_code >= 400 and case.operation.path.startswith(OLLAMA_PREFIX):
                 assert isinstance(response.json().get("error"), str), response.text  # Ollama's
+            elif response.status_code >= 400 and case.operation.path in ANTHROPIC_PATHS:
+                error = response.json()  # Anthropic's envelope
+                assert error["type"] == "error", response.text
+                assert isinstance(error["error"]["type"], str), response.text
+                assert isinstance(error["error"]["message"], str), response.text
             elif response.status_code >= 400:
                 assert documented_error(response.text), response.text
 

@@ -62,6 +62,9 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         # A reload refused: the files are invalid (file, line, column in the message).
         "invalid_config": ErrorKind(422, INVALID_REQUEST),
         "queue_full": ErrorKind(429, RATE_LIMIT),  # Retry-After: the scheduler's estimate
+        # A dialect's path or field a role's backend lacks and chat completions cannot carry
+        # (e.g. /v1/messages/count_tokens on mlx_lm.server): RFC 9110 §15.6.2's status.
+        "not_translatable": ErrorKind(501, INVALID_REQUEST),
         "internal_error": ErrorKind(500, SERVER),
         # Something rosterd does not do by design (Ollama's /api/pull: models come from
         # the roster); the message says what to do instead.

@@ -182,6 +182,14 @@ class Adapter(Protocol):
         ...
 
     @property
+    def native_dialects(self) -> frozenset[str]:
+        """The dialects besides OpenAI's chat, completions and embeddings that the backend
+        serves itself: ``messages`` (Anthropic's ``/v1/messages``), ``responses``
+        (OpenAI's ``/v1/responses``), ``rerank`` (``/v1/rerank``). The router translates
+        Messages and Responses to chat completions for a backend without them."""
+        ...
+
+    @property
     def serves_ollama_api(self) -> bool:
         """Whether the backend answers Ollama's own ``/api/chat``, ``/api/generate`` and
         ``/api/embed`` (ollama does): the router passes those requests through rather than
@@ -254,6 +262,11 @@ class OpenAICompatible:
     """
 
     __slots__ = ()
+
+    @property
+    def native_dialects(self) -> frozenset[str]:
+        """None by default: chat completions only (mlx_lm.server's API, for one)."""
+        return frozenset()
 
     @property
     def serves_ollama_api(self) -> bool:

@@ -61,6 +61,11 @@ DEFAULT_CACHE_RAM_MB: Final[int] = 64
 
 LlamaCppMode = Literal["llama-server", "llama-cpp-python"]
 
+#: The dialects llama-server serves itself (its routes ``/v1/messages``,
+#: ``/v1/messages/count_tokens``, ``/v1/responses``, ``/v1/rerank``, checked on the
+#: build ``scripts/build-llama-server`` makes).
+LLAMA_SERVER_DIALECTS: Final[frozenset[str]] = frozenset({"messages", "responses", "rerank"})
+
 
 def kept_kv_args(*, keep_kv: bool, cache_ram_mb: int | None) -> tuple[str, ...]:
     """The llama-server flags that bound its RAM prompt cache and, with the KV kept, make
@@ -141,6 +146,15 @@ class LlamaCppAdapter(OpenAICompatible):
     def slot_keeping(self) -> LlamaServerSlots | None:
         """llama-server's slot API; ``None`` for llama-cpp-python's server, which has none."""
         return LlamaServerSlots() if self.mode == "llama-server" else None
+
+    @property
+    def native_dialects(self) -> frozenset[str]:
+        """llama-server's own routes: ``/v1/messages`` (and ``count_tokens``),
+        ``/v1/responses`` and ``/v1/rerank`` (this build's binary serves all three);
+        llama-cpp-python's server has chat completions only."""
+        if self.mode == "llama-server":
+            return LLAMA_SERVER_DIALECTS
+        return frozenset()
 
     def estimate_memory(
         self,

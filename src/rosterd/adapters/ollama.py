@@ -105,6 +105,11 @@ class OllamaAdapter:
             weights_bytes=weights_size_hint(spec, source) if source is not None else 0,
         )
 
+    @property
+    def native_dialects(self) -> frozenset[str]:
+        """``messages``: Ollama serves Anthropic's ``/v1/messages`` itself since 0.14."""
+        return frozenset({"messages"})
+
     def generation_probe(self, served_model: str) -> HttpProbe:
         """``POST /api/generate`` for one token (``num_predict: 1``), expecting ``response``."""
         return HttpProbe(

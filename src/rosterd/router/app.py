@@ -320,7 +320,7 @@ def create_app(
         gated,
         allow_origins=list(config.cors_origins),
         allow_methods=["GET", "POST"],
-        allow_headers=["Authorization", "Content-Type"],
+        allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         expose_headers=["Retry-After", *WAIT_HEADERS],
         max_age=600,
     )

@@ -1,7 +1,9 @@
 """The API-key gate in front of the router (DESIGN.md layer 7).
 
 A plain ASGI middleware: keys come from ``--api-key`` and are compared with the
-standard library's ``hmac.compare_digest`` (constant time, the DESIGN.md rule).
+standard library's ``hmac.compare_digest`` (constant time, the DESIGN.md rule). A key is
+read from ``Authorization: Bearer`` (OpenAI's clients) or ``x-api-key`` (Anthropic's), and
+a refusal comes in the error shape of the path's clients.
 """
 
 from __future__ import annotations
@@ -12,21 +14,25 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rosterd.errors import RouterError
-from rosterd.router.openai_errors import send_error
+from rosterd.router.dialects.envelope import envelope_for
 
 #: The one path open without a key, so a load balancer or ``rosterd up`` can probe liveness.
 OPEN_PATH = "/health"
 
 
 def bearer_token(scope: Scope) -> bytes:
-    """The token of the request's ``Authorization: Bearer <token>`` header (``b""`` if none)."""
+    """The token of the request's ``Authorization: Bearer <token>`` header, else of its
+    ``x-api-key`` header (Anthropic's SDKs and Claude Code send that); ``b""`` if none."""
     given = b""
+    api_key = b""
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
             if scheme.lower() == b"bearer":
                 given = token.strip()
-    return given
+        elif name == b"x-api-key":
+            api_key = value.strip()
+    return given or api_key
 
 
 def key_matches(given: bytes, keys: Sequence[bytes]) -> bool:
@@ -39,7 +45,8 @@ def key_matches(given: bytes, keys: Sequence[bytes]) -> bool:
 
 
 class ApiKeyGate:
-    """ASGI middleware: every path but ``/health`` needs ``Authorization: Bearer <key>``.
+    """ASGI middleware: every path but ``/health`` needs ``Authorization: Bearer <key>``
+    (or ``x-api-key: <key>``).
 
     ``keys`` empty: no gate. A request without a valid key gets 401
     ``invalid_api_key`` with ``WWW-Authenticate: Bearer``. ``open_paths`` and
@@ -76,7 +83,7 @@ class ApiKeyGate:
         given = bearer_token(scope)
         if not key_matches(given, self.keys):
             message = (
-                "missing API key: send 'Authorization: Bearer <key>'"
+                "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
                 if not given
                 else "invalid API key"
             )
@@ -86,6 +93,6 @@ class ApiKeyGate:
                 if path.startswith(prefix):
                     await send_dialect_error(send, err)
                     return
-            await send_error(scope, receive, send, err)
+            await envelope_for(path).response(err)(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -100,14 +100,22 @@ def stalled_error(stall: StalledError) -> RouterError:
     )
 
 
-async def end_stalled(stall: StalledError, *, started: bool, stream: bool, send: Send) -> None:
+async def end_stalled(
+    stall: StalledError,
+    *,
+    started: bool,
+    stream: bool,
+    send: Send,
+    event: Callable[[RouterError], Message] = sse_error_event,
+) -> None:
     """End a request whose backend stalled: raise the 504 if nothing was sent yet, else end
-    a stream with an SSE error event (or a plain answer by closing its body)."""
+    a stream with an SSE error event (``event(err)``: the path's shape; OpenAI's by default)
+    or a plain answer by closing its body."""
     err = stalled_error(stall)
     if not started:
         raise err
     if stream:
-        await send(sse_error_event(err))
+        await send(event(err))
     else:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -159,6 +159,11 @@ _ENABLE_HINTS: Mapping[str, str] = MappingProxyType(
             "[--embeddings, --pooling, mean]}}; --pooling mean for a GGUF that sets no pooling "
             "type), then run rosterd reload"
         ),
+        "rerank": (
+            "to enable it, set reranking: true on the role's model in the fleet file's models: "
+            "section (llama-server then starts with --reranking; the GGUF must be a reranker), "
+            "then run rosterd reload"
+        ),
     }
 )
 

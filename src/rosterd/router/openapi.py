@@ -18,10 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rosterd.error_table import ERROR_KINDS
+from rosterd.router.dialects.envelope import ANTHROPIC_PATHS
 from rosterd.router.logs import DEFAULT_LINES, MAX_LINES
 from rosterd.router.ollama.catalog import BLOBS_PATH, STORE_PATHS
 from rosterd.router.ollama.generation import OLLAMA_PATHS
-from rosterd.router.routing import PROXIED_PATHS
+from rosterd.router.routing import DIALECT_PATHS, PROXIED_PATHS
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX
 
 _JSON = "application/json"
@@ -32,15 +33,15 @@ def _statuses(codes: set[str]) -> list[int]:
     return sorted({ERROR_KINDS[c].status for c in codes})
 
 
-def _errors(*codes: str) -> dict[str, Any]:
+def _errors(*codes: str, anthropic: bool = False) -> dict[str, Any]:
     """The error responses of an operation: one per status of ``codes`` (plus 401, which
-    every path but ``/health`` may answer when API keys are set)."""
+    every path but ``/health`` may answer when API keys are set); ``anthropic``: in
+    Anthropic's envelope (``/v1/messages``), else OpenAI's."""
     statuses = _statuses({*codes, "invalid_api_key", "method_not_allowed"})
+    shape = "an Anthropic-shaped" if anthropic else "an OpenAI-shaped"
+    ref = {"$ref": "#/components/schemas/AnthropicError"} if anthropic else _ERROR_REF
     return {
-        str(status): {
-            "description": "an OpenAI-shaped error",
-            "content": {_JSON: {"schema": _ERROR_REF}},
-        }
+        str(status): {"description": f"{shape} error", "content": {_JSON: {"schema": ref}}}
         for status in statuses
     }
 
@@ -328,20 +329,34 @@ def openapi_document() -> dict[str, Any]:
             }
         }
     for path, label in PROXIED_PATHS.items():
+        # A dialect path a role's backend may lack: 501 where chat has no equivalent.
+        codes = (*_PROXY_CODES, "not_translatable") if path in DIALECT_PATHS else _PROXY_CODES
         paths[path] = {
             "post": {
-                "summary": f"OpenAI {label}, forwarded to the role its model names",
+                "summary": f"{label}, forwarded to the role its model names",
                 "requestBody": {"required": True, "content": {_JSON: {"schema": request_schema}}},
                 "responses": {
                     "200": {
                         "description": "the backend's answer (an event stream when streamed)",
                         "content": {_JSON: {"schema": _OBJECT}, "text/event-stream": {}},
                     },
-                    **_errors(*_PROXY_CODES),
+                    **_errors(*codes, anthropic=path in ANTHROPIC_PATHS),
                 },
             }
         }
     paths.update(_ollama_paths())
+    anthropic_error_schema = {
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    }
     ollama_error_schema = {
         "type": "object",
         "required": ["error"],
@@ -352,7 +367,11 @@ def openapi_document() -> dict[str, Any]:
         "info": {"title": "rosterd", "version": "1", "description": "rosterd's HTTP API"},
         "paths": paths,
         "components": {
-            "schemas": {"Error": error_schema, "OllamaError": ollama_error_schema},
+            "schemas": {
+                "Error": error_schema,
+                "OllamaError": ollama_error_schema,
+                "AnthropicError": anthropic_error_schema,
+            },
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
         },
     }

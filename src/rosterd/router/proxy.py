@@ -40,6 +40,8 @@ from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamC
 from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import CopyState, prefix_key
 from rosterd.router.body import parse_json_object, read_body, requested_model
+from rosterd.router.dialects.envelope import STREAM_ENDS, envelope_for
+from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.liveness import (
     MAX_RESTART_WAITS,
@@ -51,12 +53,17 @@ from rosterd.router.liveness import (
 from rosterd.router.openai_errors import (
     revoked_error,
     scheduler_errors,
-    send_error,
-    sse_error_event,
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.routing import PROXIED_PATHS, ModelNames, RoleRoute, RouterConfig
+from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body
+from rosterd.router.routing import (
+    DIALECT_PATHS,
+    PROXIED_PATHS,
+    ModelNames,
+    RoleRoute,
+    RouterConfig,
+)
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.router.wait_report import wait_headers
 from rosterd.scheduler.fleet import Scheduler
@@ -75,9 +82,6 @@ CLIENT_CLOSED_STATUS = 499
 #: read whole and sent in one message with that length, bytes; a bigger one, or one
 #: without a length, is passed through chunk by chunk.
 WHOLE_ANSWER_MAX_BYTES = 8 * 2**20
-#: The last bytes of an answer kept to read what it generated (``usage``, llama-server's
-#: ``timings``: its last stream event is about 600 bytes), bytes.
-ANSWER_TAIL_BYTES = 2048
 
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
 
@@ -176,6 +180,9 @@ class Proxy:
         self.label = label if label is not None else PROXIED_PATHS[path]
         # What a backend's 501 is about, for its hint (an Ollama embed is embeddings).
         self.served_label = PROXIED_PATHS.get(path, self.label)
+        self.dialect = DIALECT_PATHS.get(path)
+        self.envelope = envelope_for(path)
+        self.stream_ends = STREAM_ENDS.get(path, (b"data: [DONE]",))
         # (role, status) -> its counter and histogram children: labels() takes a lock and
         # builds its key on every call. Bounded by the roles times the statuses sent.
         self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -191,6 +198,9 @@ class Proxy:
             )
             payload = parse_json_object(body)
             role = self.ctx.names.resolve(requested_model(payload))
+            if self.dialect is not None:
+                # Before any load: a request the role's backend cannot take fails at once.
+                check_dialect(self.path, self.ctx.routes[role], payload)
             await self._serve(role, payload, receive, answer)
         except ClientGoneError:
             answer.status = CLIENT_CLOSED_STATUS
@@ -202,22 +212,22 @@ class Proxy:
             with contextlib.suppress(Exception):
                 if answer.status == 0:
                     err = RouterError("shutting_down", "rosterd is shutting down")
-                    await send_error(scope, receive, answer.send, err)
+                    await self.envelope.response(err)(scope, receive, answer.send)
                 elif answer.sse_open:
                     err = RouterError(
                         "shutting_down",
                         f"the stream from role {role!r} was cut: rosterd is shutting down "
                         "and the drain time is over",
                     )
-                    await answer.send(sse_error_event(err))
+                    await answer.send(self.envelope.sse_event(err))
         except RouterError as err:
-            await send_error(scope, receive, answer.send, err)
+            await self.envelope.response(err)(scope, receive, answer.send)
         except Exception as exc:
             log.exception("unhandled error on %s", self.path)
             if answer.status:
                 raise  # the answer started: uvicorn closes the connection
             internal = RouterError("internal_error", f"internal error: {exc}")
-            await send_error(scope, receive, answer.send, internal)
+            await self.envelope.response(internal)(scope, receive, answer.send)
         finally:
             counted = self._counted.get((role, answer.status))
             if counted is None:
@@ -353,7 +363,11 @@ class Proxy:
             log.warning("ended a %s request to %s: %s", self.label, lease.role, stall)
             self.ctx.scheduler.suspect(lease, str(stall))
             await end_stalled(
-                stall, started=bool(answer.status), stream=answer.stream, send=answer.send
+                stall,
+                started=bool(answer.status),
+                stream=answer.stream,
+                send=answer.send,
+                event=self.envelope.sse_event,
             )
         finally:
             if revoked is not None:
@@ -368,7 +382,7 @@ class Proxy:
         if not answer.status:
             raise err
         if answer.stream:
-            await answer.send(sse_error_event(err))
+            await answer.send(self.envelope.sse_event(err))
         else:
             await answer.send(_END)
 
@@ -389,7 +403,18 @@ class Proxy:
         that ends without ``data: [DONE]`` ends it with an SSE error event.
         """
         role = lease.role
-        upstream_body = self.ctx.routes[role].rewrite(payload, lease.endpoint.served_model)
+        route = self.ctx.routes[role]
+        if self.dialect is not None and self.dialect not in route.native:
+            base_url = lease.endpoint.base_url
+
+            async def post(path: str, body: bytes, accept: str) -> UpstreamResponse:
+                return await self._send_upstream(base_url, body, accept, role, path=path)
+
+            await forward_in_dialect(
+                self.path, route, payload, lease.endpoint.served_model, post, send, self.label
+            )
+            return
+        upstream_body = route.rewrite(payload, lease.endpoint.served_model)
         body = json.dumps(
             upstream_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         ).encode()
@@ -418,22 +443,22 @@ class Proxy:
             )
             try:
                 with upstream_errors(role, mid_stream=True):
-                    tail = await _pass_body(upstream, send)
+                    finished, tail = await pass_body(upstream, send, self.stream_ends)
                     answer.tokens = generated_tokens(tail)
             except RouterError as err:
                 # Headers are out: end the answer with an SSE error event the client can see.
                 with contextlib.suppress(Exception):
-                    await send(sse_error_event(err))
+                    await send(self.envelope.sse_event(err))
                 return
-            if stream and b"data: [DONE]" not in tail[-64:]:
-                # The backend closed the stream without its final [DONE]: it was
+            if stream and not finished:
+                # The backend closed the stream without its final event: it was
                 # stopped (evicted after the drain time, or it died) mid-generation.
                 cut = RouterError(
                     "backend_error",
                     f"the stream from role {role!r} ended before it finished: "
                     "its backend stopped (evicted after the drain time, or it exited)",
                 )
-                await send(sse_error_event(cut))
+                await send(self.envelope.sse_event(cut))
                 return
             await send(_END)
         finally:
@@ -442,7 +467,7 @@ class Proxy:
             upstream.close()
 
     async def _send_upstream(
-        self, base_url: str, body: bytes, accept: str, role: str
+        self, base_url: str, body: bytes, accept: str, role: str, *, path: str | None = None
     ) -> UpstreamResponse:
         """Send the request; once more on a new connection when the backend closed the pooled
         one without answering.
@@ -455,11 +480,12 @@ class Proxy:
         the retry fails too, or for any other failure.
         """
         upstream = self.ctx.upstream
+        path = path or self.path
         try:
-            return await upstream.post(base_url, self.path, body, accept)
+            return await upstream.post(base_url, path, body, accept)
         except UpstreamClosedError as exc:
             log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
-        return await upstream.post(base_url, self.path, body, accept, fresh=True)
+        return await upstream.post(base_url, path, body, accept, fresh=True)
 
 
 def _may_resend(why: str | Revocation, answer: _Answer) -> bool:
@@ -478,18 +504,6 @@ async def _send_whole(
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _pass_body(upstream: UpstreamResponse, send: Send) -> bytes:
-    """Send ``upstream``'s body on chunk by chunk as it arrives (response left open);
-    returns its last :data:`ANSWER_TAIL_BYTES` bytes, where a finished event stream has its
-    ``data: [DONE]`` and the usage the backend reports."""
-    tail = b""
-    async for chunk in upstream.chunks():
-        if chunk:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            tail = (tail + chunk)[-ANSWER_TAIL_BYTES:]
-    return tail
 
 
 async def _wait_disconnect(receive: Receive) -> None:

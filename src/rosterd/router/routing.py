@@ -11,11 +11,26 @@ from dataclasses import dataclass, field
 from rosterd.adapters.base import rewrite_model_field
 from rosterd.errors import RouterError
 
-#: The OpenAI endpoints routed by ``model`` (path -> metrics label).
+#: The endpoints routed by ``model`` (path -> metrics label).
 PROXIED_PATHS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/responses": "responses",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
+}
+
+#: The proxied paths of a dialect a backend may not serve natively (path -> dialect, as
+#: adapters name them in ``native_dialects``); the others every backend serves.
+DIALECT_PATHS = {
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages",
+    "/v1/responses": "responses",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
 }
 
 RewriteRequest = Callable[[Mapping[str, object], str], dict[str, object]]
@@ -29,6 +44,9 @@ class RoleRoute:
     aliases); ``rewrite``: the adapter's ``rewrite_request(body,
     served_model)`` (default: only ``model`` is set to the served name);
     ``info``: extra JSON for ``/v1/models`` (node, latency class, …);
+    ``flavor``: the adapter's flavor (named in errors); ``native``: the dialects of
+    :data:`DIALECT_PATHS` its backend serves itself (the adapter's ``native_dialects``;
+    the router translates the others to chat completions where it can).
     ``ollama_api``: its backend answers Ollama's own API (``Adapter.serves_ollama_api``),
     so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated.
     """
@@ -37,6 +55,8 @@ class RoleRoute:
     names: tuple[str, ...] = ()
     rewrite: RewriteRequest = rewrite_model_field
     info: Mapping[str, object] = field(default_factory=dict)
+    flavor: str = ""
+    native: frozenset[str] = frozenset()
     ollama_api: bool = False
 
 

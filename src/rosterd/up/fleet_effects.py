@@ -84,6 +84,8 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
             role=role,
             names=tuple(dict.fromkeys(names)),
             rewrite=adapter.rewrite_request,
+            flavor=s.spec.flavor.value,
+            native=adapter.native_dialects,
             ollama_api=adapter.serves_ollama_api,
             info={
                 "node": node,

@@ -56,6 +56,7 @@ from rosterd.router import RouterConfig, create_app
 from rosterd.router.streams import LiveStreams
 from rosterd.supervisor import BackendEvent, default_state_dir
 from rosterd.up import config as up_config
+from rosterd.up.chat_templates import missing_template_warnings
 from rosterd.up.files import ConfigFiles
 from rosterd.up.fleet_effects import UpFleetEffects
 from rosterd.up.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
@@ -207,6 +208,8 @@ class UpRun:
             raise StateDirError(_os_message(exc)) from None
         try:
             config = up_config.gather(roster, fleet, state_dir)
+            for warning in missing_template_warnings(config):
+                self.reporter.say(Level.WARNING, warning)
             if options.ray_address is not None:
                 self._cluster = await self._join(options.ray_address)
             connections = up_config.connections(fleet, self._cluster)

@@ -1,0 +1,13 @@
+"""The request dialects besides OpenAI's chat (DESIGN.md layer 7): Anthropic Messages and
+OpenAI Responses, their error envelopes, and their translation to chat completions for a
+backend that does not serve them natively.
+
+- ``envelope``: how an error answer looks on a path (OpenAI's or Anthropic's shape);
+- ``anthropic``: Messages requests and answers <-> chat completions, streams included;
+- ``responses``: Responses requests and answers <-> chat completions, streams included;
+- ``translated``: forwarding a dialect's request to a backend's ``/v1/chat/completions``
+  and its answer back.
+
+Which dialects a backend serves natively is its adapter's ``native_dialects``; the proxy
+translates only for the others.
+"""
