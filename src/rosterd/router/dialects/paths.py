@@ -44,8 +44,8 @@ def check_dialect(path: str, route: RoleRoute, payload: Mapping[str, Any]) -> No
         raise RouterError(
             "not_supported",
             f"{_who(route)} cannot rerank: its backend has no rerank endpoint; serve a "
-            "reranker GGUF as a llama.cpp role and set reranking: true on its entry of the "
-            "fleet file's models: section (llama-server then starts with --reranking)",
+            "reranker GGUF as a llama.cpp role with extra_args: [--reranking] on its entry of "
+            "the fleet file's models: section",
         )
     translation = TRANSLATIONS.get(path)
     if translation is None:
