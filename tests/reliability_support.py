@@ -116,7 +116,7 @@ def start_fake_up(
     roster = write_roster(tmp / "roster.yaml", [llama_entry("chat", "fake-a", 0.1, 18640)])
     fleet = tmp / "fleet.yaml"
     # The stand-in generates any number of answers at once, so the node-wide limit (by
-    # default the roles' slots, 1 here) is lifted as an operator would for such a backend.
+    # default the roles' slots) is lifted as an operator would for such a backend.
     node = {
         "name": "box",
         "memory_gb": 4,
@@ -124,7 +124,8 @@ def start_fake_up(
         "platform": "linux-x86_64",
         "max_concurrency": 100_000,
     }
-    models = {"fake-a": {"path": str(gguf)}}
+    # Its slots too: rosterd sends a llama.cpp role no more requests than its slots.
+    models = {"fake-a": {"path": str(gguf), "parallel": 2048}}
     fleet.write_text(
         json.dumps({"nodes": [node], "models": models, "model_roots": [str(gguf.parent)]})
     )

@@ -50,12 +50,16 @@ class FlavorFacts:
 
     ``roster_backends``: the first words of a roster entry's ``backend`` (ASCII
     lowercase) that name the flavor, as the reference's roster import reads them
-    (``roster.rs``); ``platforms``: where it runs; ``weights``: what its server loads.
+    (``roster.rs``); ``platforms``: where it runs; ``weights``: what its server loads;
+    ``launched_slots``: its server answers at most the slots rosterd launches it with
+    (llama-server's ``--parallel``) and queues the rest inside, where rosterd cannot
+    count or cut them, so rosterd sends a role no more than its slots.
     """
 
     roster_backends: tuple[str, ...]
     platforms: frozenset[Platform]
     weights: WeightsKind
+    launched_slots: bool = False
 
 
 class InferFlavor(enum.Enum):
@@ -88,6 +92,7 @@ FLAVOR_FACTS: Mapping[InferFlavor, FlavorFacts] = MappingProxyType(
             roster_backends=("llamacpp", "llama.cpp", "llama-server"),
             platforms=frozenset(Platform),
             weights=WeightsKind.GGUF_FILE,
+            launched_slots=True,
         ),
         InferFlavor.OLLAMA: FlavorFacts(
             roster_backends=("ollama",),

@@ -19,7 +19,7 @@ from rosterd.fleet.model import Node
 from rosterd.fleet_scheduler.values import NodeRun, NodeServing, ServedConfig
 from rosterd.placement.problem import Plan
 from rosterd.scheduler.values import NodeConcurrency
-from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB
 
 
@@ -71,7 +71,7 @@ def slot_caps(specs: Mapping[str, InferenceSpec], slots: Mapping[str, int]) -> d
     return {
         role: slots[role]
         for role, spec in specs.items()
-        if spec.flavor is InferFlavor.LLAMACPP and role in slots
+        if spec.flavor.facts.launched_slots and role in slots
     }
 
 
