@@ -17,8 +17,8 @@ A fleet file is YAML::
       gemma-3-270m: models/gemma.gguf           # key: roster model name or role id
       big-coder: {path: /srv/coder.gguf, ctx_size: 8192, parallel: 2, extra_args: [--mlock],
                   grace_s: 30,  # seconds from SIGTERM to SIGKILL (default: up's --grace)
-                  replicas: 2,          # copies on distinct nodes (default 1); requests are
-                                        # balanced by cached prefix and load (rosterd.replica_choice)
+                  replicas: 2,          # copies on distinct nodes (default 1), balanced
+                                        # by cached prefix and load (rosterd.replica_choice)
                   keep_kv: true,        # save/restore the KV cache across swaps (default)
                   cache_ram_mb: 256}    # the backend's RAM prompt cache, MiB (small default)
     model_roots: [models]       # optional: folders searched for weights
