@@ -56,7 +56,7 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body
+from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body, send_whole, wait_disconnect
 from rosterd.router.routing import (
     DIALECT_PATHS,
     PROXIED_PATHS,
@@ -250,7 +250,7 @@ class Proxy:
         task = asyncio.current_task()
         assert task is not None
         cut = _Cut(task, answer)
-        watcher = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
+        watcher = asyncio.get_running_loop().create_task(wait_disconnect(receive))
         watcher.add_done_callback(cut.client_left)
         try:
             for resends in itertools.count():
@@ -433,7 +433,7 @@ class Proxy:
                 with upstream_errors(role):
                     whole = await upstream.read()
                 answer.tokens = generated_tokens(whole[-ANSWER_TAIL_BYTES:])
-                await _send_whole(send, upstream.status, content_type, whole, told)
+                await send_whole(send, upstream.status, content_type, whole, told)
                 return
             headers_out = [(b"content-type", content_type.encode()), *told]
             if stream:
@@ -492,22 +492,3 @@ def _may_resend(why: str | Revocation, answer: _Answer) -> bool:
     """Whether a request cut for ``why`` may be sent again: its revocation allows it and no
     byte of its answer was sent."""
     return isinstance(why, Revocation) and why.resend and not answer.status
-
-
-async def _send_whole(
-    send: Send, status: int, content_type: str, body: bytes, told: list[tuple[bytes, bytes]]
-) -> None:
-    headers = [
-        (b"content-type", content_type.encode()),
-        (b"content-length", str(len(body)).encode()),
-        *told,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from rosterd.backends.node_host import weights_resolver
 from rosterd.errors import RosterdError
+from rosterd.flavors import WeightsKind
 from rosterd.fleet_scheduler.values import ServedConfig
 from rosterd.model_facts.gguf_file import read_gguf_header
-from rosterd.spec import InferFlavor
 from rosterd.up.config import serving_facts
 
 #: The llama-server options that set a chat template; any of them in ``extra_args`` counts.
@@ -29,7 +29,8 @@ def missing_template_warnings(config: ServedConfig) -> list[str]:
     resolve = weights_resolver(serving_facts(config))
     warnings: list[str] = []
     for role, imported in sorted(config.first_by_role().items()):
-        if imported.spec.flavor is not InferFlavor.LLAMACPP or role in config.unavailable_here:
+        gguf = imported.spec.flavor.facts.weights is WeightsKind.GGUF_FILE
+        if not gguf or role in config.unavailable_here:
             continue
         try:
             source = resolve(imported.spec)
