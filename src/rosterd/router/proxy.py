@@ -55,6 +55,7 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
+from rosterd.router.progress import Forward, watched
 from rosterd.router.routing import PROXIED_PATHS, ModelNames, RoleRoute, RouterConfig
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.router.wait_report import wait_headers
@@ -317,9 +318,23 @@ class Proxy:
             node.events if node is not None else (),
             node.specs if node is not None else {},
         )
+
+        async def forward(out: Send) -> None:
+            await self._forward(lease, payload, out, answer, told)
+
+        probe = self.ctx.routes[lease.role].progress
+        watched_forward: Forward = forward
+        if probe is not None:
+            watched_forward = watched(
+                forward,
+                base_url=lease.endpoint.base_url,
+                probe=probe,
+                check=config.progress_check,
+                on_wedged=lambda why: self._wedged(lease, why),
+            )
         try:
             await forward_within_deadlines(
-                lambda out: self._forward(lease, payload, out, answer, told),
+                watched_forward,
                 answer.send,
                 deadlines,
                 lease.role,
@@ -333,6 +348,12 @@ class Proxy:
         finally:
             if revoked is not None:
                 revoked.remove_done_callback(cut.revoked)
+
+    def _wedged(self, lease: Lease, why: str) -> None:
+        """The progress check found ``lease``'s backend wedged: the scheduler marks it
+        unhealthy and revokes its leases, which cuts this request (``backend_unhealthy``)."""
+        log.warning("the backend of %s is wedged: %s", lease.role, why)
+        self.ctx.scheduler.suspect(lease, why, wedged=True)
 
     async def _after_cut(self, role: str, why: str | Revocation, answer: _Answer) -> None:
         if not isinstance(why, Revocation):

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from rosterd.adapters.base import rewrite_model_field
+from rosterd.adapters.base import ProgressProbe, rewrite_model_field
 from rosterd.errors import RouterError
+from rosterd.router.progress import ProgressCheck
 
 #: The OpenAI endpoints routed by ``model`` (path -> metrics label).
 PROXIED_PATHS = {
@@ -30,7 +31,9 @@ class RoleRoute:
     served_model)`` (default: only ``model`` is set to the served name);
     ``info``: extra JSON for ``/v1/models`` (node, latency class, …);
     ``ollama_api``: its backend answers Ollama's own API (``Adapter.serves_ollama_api``),
-    so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated.
+    so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated;
+    ``progress``: how its backend says how far a quiet request has come
+    (``Adapter.progress_probe``; ``None``: only the first-byte deadline applies).
     """
 
     role: str
@@ -38,6 +41,7 @@ class RoleRoute:
     rewrite: RewriteRequest = rewrite_model_field
     info: Mapping[str, object] = field(default_factory=dict)
     ollama_api: bool = False
+    progress: ProgressProbe | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,8 @@ class RouterConfig:
     its first body byte and between two chunks, seconds (then 504 and the role
     is probed); ``request_read_timeout_s``: how long a client may take to send
     its request headers and its body, seconds (then 408).
+    ``progress_check``: when a quiet request asks its backend whether it works
+    (:mod:`rosterd.router.progress`; roles whose backend can tell only).
     ``history_interval_s``: seconds between two points of the page's charts
     (:mod:`rosterd.router.history`; 360 points are kept).
     """
@@ -71,6 +77,7 @@ class RouterConfig:
     first_byte_timeout_s: float = 300.0
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
+    progress_check: ProgressCheck = field(default_factory=ProgressCheck)
     history_interval_s: float = 10.0
 
 

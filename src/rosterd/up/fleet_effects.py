@@ -85,6 +85,7 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
             names=tuple(dict.fromkeys(names)),
             rewrite=adapter.rewrite_request,
             ollama_api=adapter.serves_ollama_api,
+            progress=adapter.progress_probe,
             info={
                 "node": node,
                 "latency_class": s.spec.latency_class.value,
