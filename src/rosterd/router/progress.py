@@ -72,12 +72,14 @@ async def wedged_verdict(
                 await asyncio.sleep(check.after_s - quiet_s)
                 continue
             asked_at = loop.time()
+            # Named without its slash: ps and clients get messages with paths cut short.
+            what = probe.path.strip("/")
             try:
                 async with asyncio.timeout(check.answer_s):
                     answer = await client.get(base_url + probe.path)
             except TimeoutError:
                 return (
-                    f"no byte for {quiet_s:.0f} s and {probe.path} gave no answer "
+                    f"no byte for {quiet_s:.0f} s and its {what} endpoint gave no answer "
                     f"within {check.answer_s:g} s"
                 )
             except httpx.HTTPError as exc:
@@ -95,7 +97,7 @@ async def wedged_verdict(
                 seen, changed_at = counters, asked_at
             elif asked_at - changed_at >= check.window_s:
                 return (
-                    f"no byte for {quiet_s:.0f} s and no progress in its {probe.path} "
+                    f"no byte for {quiet_s:.0f} s and no progress in its {what} "
                     f"counters for {asked_at - changed_at:.0f} s"
                 )
             await asyncio.sleep(check.every_s)
