@@ -73,8 +73,10 @@ def test_a_long_prefill_that_progresses_is_not_cut(
     fleet = write_box_fleet(
         tmp_path / "fleet.yaml", {"gemma-3-270m": {"path": str(GEMMA), "ctx_size": 8192}}
     )
-    # Looks from 1 s of quiet on: every look of the prefill must see it progress.
-    flags = ["--probe-interval", "0", "--progress-check-after", "1"]
+    # Looks from 1 s of quiet on, and a window (18 s) shorter than the prefill: a look that
+    # saw no progress would cut it. llama-server moves its counters once per 2,048-token
+    # batch, about 10-13 s apart for gemma-3-270m on two cores.
+    flags = ["--probe-interval", "0", "--progress-check-after", "1", "--progress-window", "18"]
     up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port())
     try:
         wait_resident(up, {"gemma"})
@@ -84,6 +86,8 @@ def test_a_long_prefill_that_progresses_is_not_cut(
         took_s = time.monotonic() - began
         assert answer.status_code == 200, answer.text
         prompt_tokens = answer.json()["usage"]["prompt_tokens"]
+        # Here 23-24 s: quiet longer than the first look plus the window, so the looks saw
+        # the counters move (a faster machine proves less, and cuts nothing either).
         print(f"prefill of {prompt_tokens} tokens answered after {took_s:.1f} s, not cut")
         assert prompt_tokens > 4096  # more than two 2,048-token batches: counters moved
         assert "unhealthy" not in event_kinds(up, "gemma")
