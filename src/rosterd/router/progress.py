@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -135,12 +136,23 @@ def watched(
             if verdict is not None:
                 on_wedged(verdict)
 
-        watcher = loop.create_task(wedged_verdict(base_url, probe, lambda: last_byte_at, check))
-        watcher.add_done_callback(report)
+        watchers: list[asyncio.Task[str | None]] = []
+
+        def start() -> None:
+            watcher = loop.create_task(wedged_verdict(base_url, probe, lambda: last_byte_at, check))
+            watcher.add_done_callback(report)
+            watchers.append(watcher)
+
+        # A timer, not a task, until the first look is due: most requests end before it, and
+        # a task (and an HTTP client) per request would cost them time for nothing.
+        due = loop.call_later(check.after_s, start) if math.isfinite(check.after_s) else None
         try:
             await forward(tracked)
         finally:
-            watcher.remove_done_callback(report)
-            watcher.cancel()
+            if due is not None:
+                due.cancel()
+            for watcher in watchers:
+                watcher.remove_done_callback(report)
+                watcher.cancel()
 
     return forward_watched
