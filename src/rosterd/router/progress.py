@@ -108,13 +108,16 @@ def watched(
     forward: Forward,
     *,
     base_url: str,
-    probe: ProgressProbe,
+    probe: ProgressProbe | None,
     check: ProgressCheck,
     on_wedged: Callable[[str], None],
 ) -> Forward:
     """``forward`` with the progress check running beside it: while it runs,
     :func:`wedged_verdict` watches the body bytes it sends, and a verdict is given to
-    ``on_wedged`` (which must end the request, e.g. by revoking its lease)."""
+    ``on_wedged`` (which must end the request, e.g. by revoking its lease). ``forward``
+    itself when ``probe`` is ``None`` (the backend cannot tell) or the check is off."""
+    if probe is None or not math.isfinite(check.after_s):
+        return forward
 
     async def forward_watched(send: Send) -> None:
         loop = asyncio.get_running_loop()
@@ -134,6 +137,7 @@ def watched(
                 return
             verdict = task.result()
             if verdict is not None:
+                log.warning("the backend at %s is wedged: %s", base_url, verdict)
                 on_wedged(verdict)
 
         watchers: list[asyncio.Task[str | None]] = []
@@ -145,12 +149,11 @@ def watched(
 
         # A timer, not a task, until the first look is due: most requests end before it, and
         # a task (and an HTTP client) per request would cost them time for nothing.
-        due = loop.call_later(check.after_s, start) if math.isfinite(check.after_s) else None
+        due = loop.call_later(check.after_s, start)
         try:
             await forward(tracked)
         finally:
-            if due is not None:
-                due.cancel()
+            due.cancel()
             for watcher in watchers:
                 watcher.remove_done_callback(report)
                 watcher.cancel()

@@ -55,7 +55,7 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.progress import Forward, watched
+from rosterd.router.progress import watched
 from rosterd.router.routing import PROXIED_PATHS, ModelNames, RoleRoute, RouterConfig
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.router.wait_report import wait_headers
@@ -318,23 +318,15 @@ class Proxy:
             node.events if node is not None else (),
             node.specs if node is not None else {},
         )
-
-        async def forward(out: Send) -> None:
-            await self._forward(lease, payload, out, answer, told)
-
-        probe = self.ctx.routes[lease.role].progress
-        watched_forward: Forward = forward
-        if probe is not None:
-            watched_forward = watched(
-                forward,
-                base_url=lease.endpoint.base_url,
-                probe=probe,
-                check=config.progress_check,
-                on_wedged=lambda why: self._wedged(lease, why),
-            )
         try:
             await forward_within_deadlines(
-                watched_forward,
+                watched(  # the progress check, for a backend that can tell (else as given)
+                    lambda out: self._forward(lease, payload, out, answer, told),
+                    probe=self.ctx.routes[lease.role].progress,
+                    base_url=lease.endpoint.base_url,
+                    check=config.progress_check,
+                    on_wedged=lambda why: self.ctx.scheduler.suspect(lease, why, wedged=True),
+                ),
                 answer.send,
                 deadlines,
                 lease.role,
@@ -348,12 +340,6 @@ class Proxy:
         finally:
             if revoked is not None:
                 revoked.remove_done_callback(cut.revoked)
-
-    def _wedged(self, lease: Lease, why: str) -> None:
-        """The progress check found ``lease``'s backend wedged: the scheduler marks it
-        unhealthy and revokes its leases, which cuts this request (``backend_unhealthy``)."""
-        log.warning("the backend of %s is wedged: %s", lease.role, why)
-        self.ctx.scheduler.suspect(lease, why, wedged=True)
 
     async def _after_cut(self, role: str, why: str | Revocation, answer: _Answer) -> None:
         if not isinstance(why, Revocation):
