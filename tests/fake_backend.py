@@ -5,11 +5,13 @@
 
 Modes:
   ok           /health answers 503 for --load-s seconds, then 200; /v1/models 200;
-               POST /v1/completions answers one token.
+               POST /v1/completions answers one token; GET /slots one idle slot.
   crash        writes a fatal error to stderr after --load-s seconds and exits 3.
   ignore-term  like ok, but ignores SIGTERM (only SIGKILL stops it).
   wedged       HTTP answers (/health 200) but a completion never returns: a hung generator
-               (a stream sends its headers and one chunk, then nothing).
+               (a stream sends its headers and one chunk, then nothing); /slots and
+               /metrics hang too, as llama-server's do when its main loop is stuck
+               (it answers them from that loop; /health it answers without it).
   wedge-once   wedged if the --marker file does not exist yet (it creates it), else ok:
                the first process hangs, the one restarted after it serves.
 It stands in for llama-server where the real one cannot show a case (a generator that
@@ -80,6 +82,11 @@ def main() -> int:
                     self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": "fake"}]})
+            elif self.path in ("/slots", "/metrics") and wedged:
+                hang.wait(600)  # llama-server answers these from its main loop, stuck here
+            elif self.path == "/slots":
+                slot = {"id": 0, "id_task": -1, "n_prompt_tokens_processed": 0}
+                self._send(200, [{**slot, "next_token": {"n_decoded": 0}}])
             else:
                 self._send(404, {"error": "not found"})
 

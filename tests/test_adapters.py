@@ -15,6 +15,7 @@ from rosterd.adapters.llamacpp import (
     LlamaCppAdapter,
     find_llama_server,
     llama_server_cache_path,
+    slot_counters,
 )
 from rosterd.adapters.mlx_lm import MlxLmAdapter
 from rosterd.adapters.ollama import OllamaAdapter
@@ -139,6 +140,26 @@ def test_rewrite_request_sets_the_served_name_and_copies() -> None:
     out = LlamaCppAdapter(server_binary=SERVER).rewrite_request(body, "gemma-3-270m")
     assert out == {"model": "gemma-3-270m", "messages": [], "stream": True}
     assert body["model"] == "chat-small"
+
+
+def test_only_llama_server_tells_how_far_a_request_has_come() -> None:
+    probe = LlamaCppAdapter().progress_probe
+    assert probe is not None
+    assert probe.path == "/slots"
+    assert LlamaCppAdapter(mode="llama-cpp-python").progress_probe is None
+    assert MlxLmAdapter().progress_probe is None
+    assert OllamaAdapter().progress_probe is None
+    # The shape of llama-server's /slots (fields it has beyond these are ignored).
+    busy = [
+        {"id": 0, "id_task": 7, "n_prompt_tokens_processed": 2048, "next_token": {"n_decoded": 0}},
+        {"id": 1, "id_task": -1, "n_prompt_tokens_processed": 0, "next_token": {"n_decoded": 0}},
+    ]
+    assert slot_counters(busy) == (7, 2048, 0, -1, 0, 0)
+    busy[0]["next_token"] = {"n_decoded": 3}
+    assert slot_counters(busy) == (7, 2048, 3, -1, 0, 0)
+    for not_slots in ({"error": "no"}, ["x"]):
+        with pytest.raises(ValueError, match="/slots answered"):
+            slot_counters(not_slots)
 
 
 def test_mlx_lm_launch_is_offline_and_ready_means_generating() -> None:

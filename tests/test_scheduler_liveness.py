@@ -100,6 +100,26 @@ def test_a_failed_probe_marks_the_role_unhealthy_ends_its_requests_and_restarts_
     assert bench.starts() == ["a"]  # restarted by the supervisor, not loaded again
 
 
+def test_a_request_that_found_its_backend_wedged_makes_it_unhealthy_without_a_probe() -> None:
+    bench = Bench([spec("a", 100)], 1000, PROBING)
+    first = bench.acquire("a")
+    bench.settle()
+    lease = bench.lease(first)
+    assert lease is not None
+    why = "no byte for 15 s and its slots endpoint gave no answer within 5 s"
+    bench.send(Suspect(20.0, "a", lease.generation, why, wedged=True))
+    assert probes(bench) == []  # the progress check was the look already
+    assert bench.phase("a") == Phase.UNHEALTHY.value
+    [revoke] = bench.of(RevokeLeases)
+    assert revoke.revocation.code == "backend_unhealthy"
+    assert why in revoke.revocation.message
+    assert bench.of(RestartBackend) == [RestartBackend("a")]
+    assert bench.machine.role_view("a", 20.0)["last_error"] == f"unhealthy: {why}"
+    # A second request's verdict on the same (now void) generation changes nothing.
+    bench.send(Suspect(21.0, "a", lease.generation, why, wedged=True))
+    assert bench.of(RestartBackend) == [RestartBackend("a")]
+
+
 def test_a_suspected_role_whose_probe_passes_serves_the_requests_held_meanwhile() -> None:
     bench = Bench([spec("a", 100)], 1000, PROBING)
     first = bench.acquire("a")

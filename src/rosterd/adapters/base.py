@@ -14,7 +14,7 @@ Plain frozen dataclasses, because these are our own values with no parsing to do
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -43,6 +43,20 @@ class HttpProbe:
     json: Mapping[str, object] | None = None
     ok_status: frozenset[int] = frozenset({200})
     expect_json_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressProbe:
+    """How to ask a busy backend whether it is still working: ``GET path`` answers JSON, and
+    ``counters(answer)`` reads from it numbers that grow while it works (tokens processed,
+    tokens generated, per slot). Two looks with the same counters, spaced wider than the
+    backend's own step, mean no progress.
+
+    ``counters`` raises ``ValueError`` when the answer is not what the backend gives.
+    """
+
+    path: str
+    counters: Callable[[object], tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +210,13 @@ class Adapter(Protocol):
         translating them to the OpenAI routes."""
         ...
 
+    @property
+    def progress_probe(self) -> ProgressProbe | None:
+        """How a request that has had no byte for a while asks the backend whether it works
+        (llama-server's ``/slots``); ``None``: the backend cannot tell, so only the
+        first-byte deadline applies."""
+        ...
+
     def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
         """The argv, environment and readiness probe serving ``spec`` on ``host``:``port``."""
         ...
@@ -272,6 +293,11 @@ class OpenAICompatible:
     def serves_ollama_api(self) -> bool:
         """``False``: an OpenAI-compatible server gets Ollama's requests translated."""
         return False
+
+    @property
+    def progress_probe(self) -> ProgressProbe | None:
+        """``None``: the OpenAI API has no way to ask how far a request has come."""
+        return None
 
     def generation_probe(self, served_model: str) -> HttpProbe:
         """A one-token ``/v1/completions`` against ``served_model``."""

@@ -37,7 +37,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Literal
 
-from rosterd.adapters.base import HttpProbe, Launch, OpenAICompatible, weights_size_hint
+from rosterd.adapters.base import (
+    HttpProbe,
+    Launch,
+    OpenAICompatible,
+    ProgressProbe,
+    weights_size_hint,
+)
 from rosterd.adapters.llamacpp_slots import LlamaServerSlots
 from rosterd.errors import AdapterError
 from rosterd.memory.estimate import MemoryEstimate, estimate_llamacpp, parse_llamacpp_settings
@@ -72,6 +78,33 @@ def kept_kv_args(*, keep_kv: bool, cache_ram_mb: int | None) -> tuple[str, ...]:
     a sliding-window model's cache restorable (see the module docstring)."""
     ram = DEFAULT_CACHE_RAM_MB if cache_ram_mb is None else cache_ram_mb
     return ("--cache-ram", str(ram)) + (("--swa-full",) if keep_kv else ())
+
+
+def slot_counters(answer: object) -> tuple[int, ...]:
+    """What grows while llama-server works, from its ``GET /slots`` answer (a JSON list, one
+    object per slot): per slot its task id, ``n_prompt_tokens_processed`` and
+    ``next_token.n_decoded`` (tokens generated), in slot order.
+
+    llama-server answers ``/slots`` from its main loop (``SERVER_TASK_TYPE_METRICS``),
+    between two batches, so an answer at all says the loop turns; measured on the
+    cached llama-server (gemma-3-270m, one slot, a 6,000-token prompt): ``/slots``
+    answered in 27-192 ms throughout the 39 s prefill, and ``n_prompt_tokens_processed``
+    moved once per 2,048-token batch (about 13 s apart there).
+
+    Raises:
+        ValueError: ``answer`` is not a list of slot objects.
+    """
+    if not isinstance(answer, list):
+        raise ValueError(f"/slots answered {type(answer).__name__}, not a list of slots")
+    counters: list[int] = []
+    for slot in answer:
+        if not isinstance(slot, dict):
+            raise ValueError("/slots answered a list holding something other than slots")
+        next_token = slot.get("next_token")
+        decoded = next_token.get("n_decoded", 0) if isinstance(next_token, dict) else 0
+        for value in (slot.get("id_task", -1), slot.get("n_prompt_tokens_processed", 0), decoded):
+            counters.append(value if isinstance(value, int) else 0)
+    return tuple(counters)
 
 
 def llama_server_cache_path(env: Mapping[str, str] | None = None) -> Path:
@@ -155,6 +188,14 @@ class LlamaCppAdapter(OpenAICompatible):
         if self.mode == "llama-server":
             return LLAMA_SERVER_DIALECTS
         return frozenset()
+
+    @property
+    def progress_probe(self) -> ProgressProbe | None:
+        """llama-server's ``GET /slots`` read by :func:`slot_counters`; ``None`` for
+        llama-cpp-python's server, which has no ``/slots``."""
+        if self.mode != "llama-server":
+            return None
+        return ProgressProbe(path="/slots", counters=slot_counters)
 
     def estimate_memory(
         self,

@@ -59,6 +59,12 @@ class OllamaAdapter:
         return True
 
     @property
+    def progress_probe(self) -> None:
+        """``None``: ollama's API says nothing of a request under way (``/api/ps`` lists the
+        loaded models only), so its requests keep the first-byte deadline."""
+        return None
+
+    @property
     def default_port(self) -> int:
         """``DEFAULT_OLLAMA_PORT``, where ``ollama serve`` listens unless told otherwise."""
         return DEFAULT_OLLAMA_PORT

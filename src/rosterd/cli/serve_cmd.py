@@ -37,6 +37,7 @@ import typer
 from rosterd.cli import app, make_console
 from rosterd.cli.edge import show_tracebacks
 from rosterd.errors import OptionError
+from rosterd.router.progress import ProgressCheck
 from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
 
@@ -195,6 +196,22 @@ def up_cmd(
             min=0.001, help="Seconds a request may wait for its first byte (then 504 and a probe)."
         ),
     ] = 300.0,
+    progress_check_after: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds without a byte before a llama-server role is asked its /slots "
+            "(no answer within 5 s, or no progress: unhealthy, restarted; 0: never).",
+        ),
+    ] = 15.0,
+    progress_window: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="Seconds of unchanged /slots counters that mean no progress "
+            "(wider than one batch of prompt processing).",
+        ),
+    ] = 45.0,
     chunk_timeout: Annotated[
         float,
         typer.Option(
@@ -292,6 +309,10 @@ def up_cmd(
         ),
         grace_s=grace,
         first_byte_timeout_s=first_byte_timeout,
+        progress_check=ProgressCheck(
+            after_s=progress_check_after if progress_check_after > 0 else float("inf"),
+            window_s=progress_window,
+        ),
         chunk_timeout_s=chunk_timeout,
         request_read_timeout_s=request_read_timeout,
         kv_disk_bytes=int(kv_disk_gb * 2**30),

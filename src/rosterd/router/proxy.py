@@ -13,10 +13,9 @@ A backend that stalls (no byte within a deadline) or cannot be reached is
 handled by :mod:`~rosterd.router.liveness`: the request ends with 504 and the
 role is probed, or the request waits for the restarted backend.
 
-Both cuts cancel the request's own task (``_Cut``) rather than racing it
-against a second task with ``asyncio.wait``: a request costs one helper task
-(the disconnect watcher) and no extra scheduling round, which is what keeps
-the router's added latency a fraction of a millisecond.
+Both cuts cancel the request's own task (``_Cut``) rather than racing it against a second
+task with ``asyncio.wait``: a request costs one helper task (the disconnect watcher) and no
+extra scheduling round, which keeps the router's added latency a fraction of a millisecond.
 
 Errors are :class:`RouterError` values from ``openai_errors``; the scheduler's
 and the upstream client's errors are mapped there, at the ``with`` blocks around their calls.
@@ -57,6 +56,7 @@ from rosterd.router.openai_errors import (
     upstream_status_error,
 )
 from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body, send_whole, wait_disconnect
+from rosterd.router.progress import watched
 from rosterd.router.routing import (
     DIALECT_PATHS,
     PROXIED_PATHS,
@@ -354,7 +354,13 @@ class Proxy:
         )
         try:
             await forward_within_deadlines(
-                lambda out: self._forward(lease, payload, out, answer, told),
+                watched(  # the progress check, for a backend that can tell (else as given)
+                    lambda out: self._forward(lease, payload, out, answer, told),
+                    probe=self.ctx.routes[lease.role].progress,
+                    base_url=lease.endpoint.base_url,
+                    check=config.progress_check,
+                    on_wedged=lambda why: self.ctx.scheduler.suspect(lease, why, wedged=True),
+                ),
                 answer.send,
                 deadlines,
                 lease.role,

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from rosterd.adapters.base import rewrite_model_field
+from rosterd.adapters.base import ProgressProbe, rewrite_model_field
 from rosterd.errors import RouterError
+from rosterd.router.progress import ProgressCheck
 
 #: The endpoints routed by ``model`` (path -> metrics label).
 PROXIED_PATHS = {
@@ -48,7 +49,9 @@ class RoleRoute:
     :data:`DIALECT_PATHS` its backend serves itself (the adapter's ``native_dialects``;
     the router translates the others to chat completions where it can).
     ``ollama_api``: its backend answers Ollama's own API (``Adapter.serves_ollama_api``),
-    so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated.
+    so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated;
+    ``progress``: how its backend says how far a quiet request has come
+    (``Adapter.progress_probe``; ``None``: only the first-byte deadline applies).
     """
 
     role: str
@@ -58,6 +61,7 @@ class RoleRoute:
     flavor: str = ""
     native: frozenset[str] = frozenset()
     ollama_api: bool = False
+    progress: ProgressProbe | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,8 @@ class RouterConfig:
     its first body byte and between two chunks, seconds (then 504 and the role
     is probed); ``request_read_timeout_s``: how long a client may take to send
     its request headers and its body, seconds (then 408).
+    ``progress_check``: when a quiet request asks its backend whether it works
+    (:mod:`rosterd.router.progress`; roles whose backend can tell only).
     ``history_interval_s``: seconds between two points of the page's charts
     (:mod:`rosterd.router.history`; 360 points are kept).
     """
@@ -91,6 +97,7 @@ class RouterConfig:
     first_byte_timeout_s: float = 300.0
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
+    progress_check: ProgressCheck = field(default_factory=ProgressCheck)
     history_interval_s: float = 10.0
 
 

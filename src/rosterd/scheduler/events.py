@@ -129,12 +129,17 @@ class StopDone:
 @dataclass(frozen=True, slots=True)
 class Suspect:
     """A request to ``role``'s backend (lease ``generation``) got no byte within its
-    deadline, or could not reach it: run the generation probe. ``reason`` in words."""
+    deadline, or could not reach it: run the generation probe. ``reason`` in words.
+
+    ``wedged``: the request's progress check found the backend wedged already (its
+    ``/slots`` did not answer, or showed no progress): it is unhealthy at once, no probe.
+    """
 
     now: float
     role: str
     generation: int
     reason: str
+    wedged: bool = False
 
 
 @dataclass(frozen=True, slots=True)

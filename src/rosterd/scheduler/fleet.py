@@ -357,10 +357,10 @@ class Scheduler:
             return replace(lease, waited_s=loop.time() - started)  # counted from the first ask
         raise AssertionError("unreachable: the last move re-raises")
 
-    def suspect(self, lease: Lease, reason: str) -> None:
-        """A request on ``lease`` got no byte within its deadline: probe its backend
-        (see :meth:`NodeScheduler.suspect`)."""
-        self.nodes[lease.node].suspect(lease, reason)
+    def suspect(self, lease: Lease, reason: str, *, wedged: bool = False) -> None:
+        """A request on ``lease`` got no byte within its deadline: probe its backend, or
+        (``wedged``) restart it as unhealthy at once (see :meth:`NodeScheduler.suspect`)."""
+        self.nodes[lease.node].suspect(lease, reason, wedged=wedged)
 
     @property
     def queue_timeout_s(self) -> float:

@@ -9,7 +9,8 @@
   so does a role a request ``Suspect``s (no byte within its deadline). One probe
   per role at a time; an answer for an older generation is ignored.
 - **Unhealthy.** A failed probe revokes the role's leases (``backend_unhealthy``)
-  and restarts it (``RestartBackend``); it keeps its memory.
+  and restarts it (``RestartBackend``); it keeps its memory. So does a ``Suspect``
+  that is ``wedged`` (a request's progress check saw no progress), without a probe.
 - **Waits for a restarted backend.** A request whose backend failed before
   answering (``Acquire.newer_than``) is granted only a later generation; a probe
   that passes makes the backend good for it again.
@@ -154,6 +155,9 @@ class LivenessRules(GrantRules):
     def _on_suspect(self, ev: Suspect) -> None:
         st = self._roles.get(ev.role)
         if st is not None and st.generation == ev.generation and st.phase is Phase.READY:
+            if ev.wedged:
+                self._mark_unhealthy(ev.role, ev.reason, ev.now, why=ev.reason)
+                return
             self._probe(ev.role, ev.reason)
             st.suspected = True  # no new request goes to it until the probe answered
 
@@ -202,10 +206,11 @@ class LivenessRules(GrantRules):
         self._out.append(LogNote("info", f"probing {role}: {reason}"))
         self._out.append(ProbeBackend(role, st.generation, self.limits.probe_timeout_s))
 
-    def _mark_unhealthy(self, role: str, detail: str, now: float) -> None:
+    def _mark_unhealthy(self, role: str, detail: str, now: float, why: str | None = None) -> None:
         """``role``'s backend answers HTTP but does not generate: end its requests, restart it.
 
         It keeps its memory (the same role comes back); waiters wait for the restart.
+        ``why``: what found it (default: its generation probe failed with ``detail``).
         """
         st = self._roles[role]
         old = st.generation
@@ -214,7 +219,7 @@ class LivenessRules(GrantRules):
         st.in_flight = 0
         if st.endpoint is not None:
             st.endpoint = dataclasses.replace(st.endpoint, pid=None)
-        why = f"its generation probe failed ({detail})"
+        why = why or f"its generation probe failed ({detail})"
         st.waiting_reason = f"its backend stopped generating ({detail}) and is being restarted"
         self._note_error(role, f"unhealthy: {why}", now)
         message = f"the backend of role {role} stopped generating ({detail}); it is being restarted"

@@ -206,10 +206,11 @@ class NodeScheduler(NodeLoop):
         """Give back a lease taken with ``take_slot`` (safe to call from any task, once)."""
         self._post(Release(self._clock(), lease.role, lease.generation))
 
-    def suspect(self, lease: Lease, reason: str) -> None:
+    def suspect(self, lease: Lease, reason: str, *, wedged: bool = False) -> None:
         """A request on ``lease`` got no byte within its deadline (``reason``, in words): run
-        the role's generation probe unless one runs; a failed probe makes it ``unhealthy``."""
-        self._post(Suspect(self._clock(), lease.role, lease.generation, reason))
+        the role's generation probe unless one runs; a failed probe makes it ``unhealthy``.
+        ``wedged``: the request's progress check saw the backend stuck: ``unhealthy`` now."""
+        self._post(Suspect(self._clock(), lease.role, lease.generation, reason, wedged))
 
     def backend_event(self, event: BackendEvent) -> None:
         """Tell the node what the supervisor saw happen to a role's backend (any task).

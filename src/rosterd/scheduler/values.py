@@ -30,8 +30,8 @@ class Phase(enum.Enum):
     """Where a role's backend is: every phase but ``stopped`` holds memory.
 
     ``restarting``: the backend crashed and the supervisor is starting it again;
-    ``unhealthy``: its generation probe failed (HTTP up, generation wedged), so it
-    is being killed and started again;
+    ``unhealthy``: its generation probe failed, or a request's progress check found
+    it stuck (HTTP up, generation wedged), so it is being killed and started again;
     ``lost``: the node it was on is lost (its Ray node or its agent died): no
     process of it is left, and it holds nothing; its requests wait (up to their
     queue timeout) for the run-time re-plan to serve it elsewhere.

@@ -87,6 +87,7 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
             flavor=s.spec.flavor.value,
             native=adapter.native_dialects,
             ollama_api=adapter.serves_ollama_api,
+            progress=adapter.progress_probe,
             info={
                 "node": node,
                 "latency_class": s.spec.latency_class.value,

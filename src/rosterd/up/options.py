@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rosterd.router.progress import ProgressCheck
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
@@ -28,7 +29,8 @@ class UpOptions:
     explicit ``state_dir``, every node agent keeps its state under
     ``<state_dir>/nodes/<node>`` on its node; without one, under that machine's
     default. ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's deadlines
-    for its first byte and between chunks (then 504 and a probe);
+    for its first byte and between chunks (then 504 and a probe); ``progress_check``:
+    when a quiet request asks its backend whether it works (``rosterd.router.progress``);
     ``request_read_timeout_s``: for a client's request headers and body (then
     the connection is closed, or 408). Liveness probes are in ``limits``.
     ``kv_disk_bytes``: the disk this machine's kept KV caches may take
@@ -53,6 +55,7 @@ class UpOptions:
     ray_address: str | None = None
     ray_join_timeout_s: float = 30.0
     first_byte_timeout_s: float = 300.0
+    progress_check: ProgressCheck = field(default_factory=ProgressCheck)
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
     kv_disk_bytes: int = 10 * 2**30

@@ -285,6 +285,7 @@ class UpRun:
                     max_body_bytes=options.max_body_bytes,
                     cors_origins=options.cors_origins,
                     first_byte_timeout_s=options.first_byte_timeout_s,
+                    progress_check=options.progress_check,
                     chunk_timeout_s=options.chunk_timeout_s,
                     request_read_timeout_s=options.request_read_timeout_s,
                     history_interval_s=options.history_interval_s,
