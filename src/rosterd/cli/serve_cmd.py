@@ -37,7 +37,6 @@ import typer
 from rosterd.cli import app, make_console
 from rosterd.cli.edge import show_tracebacks
 from rosterd.errors import OptionError
-from rosterd.router.progress import ProgressCheck
 from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
 
@@ -285,6 +284,7 @@ def up_cmd(
     origins = check_cors_origins(cors_origin or [])
     # The runtime (uvicorn, the scheduler, OR-Tools) only now: other commands never load it.
     from rosterd.ray_cluster import ray_address as ray_address_of  # imports no Ray
+    from rosterd.router.progress import ProgressCheck  # imports httpx: only when up runs
     from rosterd.scheduler.values import SchedulerLimits
     from rosterd.up.runtime import UpOptions, run_up
 
