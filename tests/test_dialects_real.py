@@ -43,72 +43,78 @@ def test_example_answers_anthropic_and_responses_clients(
         wait_resident_keyed(up.url, {"chat-small"})
         assert "has no tokenizer.chat_template" not in up.output()  # the example sets them
 
-        chat = OpenAI(base_url=up.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-        reply = chat.chat.completions.create(
-            model="chat-small",
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=32,
-            temperature=0.0,
-        )
-        text = reply.choices[0].message.content or ""
-        assert sum(ch.isalpha() for ch in text) >= 3, text
-        assert not [m for m in MARKERS if m in text], text
-
-        claude = anthropic.Anthropic(base_url=up.url, api_key=KEY, max_retries=0, timeout=120)
-        message = claude.messages.create(
-            model="chat-small",
-            max_tokens=24,
-            system="Answer in one short sentence.",
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
-        )
-        assert message.type == "message"
-        assert message.content[0].type == "text"
-        assert sum(ch.isalpha() for ch in message.content[0].text) >= 3
-        assert message.stop_reason in ("end_turn", "max_tokens")
-        assert message.usage.output_tokens > 0
-
-        with claude.messages.stream(
-            model="gemma-3-270m",  # the roster's model name reaches the same role
-            max_tokens=24,
-            messages=[{"role": "user", "content": "Count to five."}],
-        ) as stream:
-            kinds = [event.type for event in stream]
-            final = stream.get_final_message()
-        assert kinds[0] == "message_start"
-        assert kinds[-1] == "message_stop"
-        assert kinds.count("text") >= 3  # relayed event by event
-        assert final.usage.output_tokens > 0
-
-        short = claude.messages.count_tokens(
-            model="chat-small", messages=[{"role": "user", "content": "Hi"}]
-        )
-        longer = claude.messages.count_tokens(
-            model="chat-small",
-            messages=[{"role": "user", "content": "What is the capital of France, and why? " * 4}],
-        )
-        assert 0 < short.input_tokens < longer.input_tokens  # llama-server's own count
-
-        wrong = anthropic.Anthropic(base_url=up.url, api_key="not-it", max_retries=0)
-        with pytest.raises(anthropic.AuthenticationError) as refused:
-            wrong.messages.create(
-                model="chat-small", max_tokens=8, messages=[{"role": "user", "content": "Hi"}]
+        # Clients closed by their own ``with``: a failure must not leave sockets for a
+        # later test's unraisable-exception check to trip over.
+        with (
+            OpenAI(base_url=up.url + "/v1", api_key=KEY, max_retries=0, timeout=120) as chat,
+            anthropic.Anthropic(base_url=up.url, api_key=KEY, max_retries=0, timeout=120) as claude,
+            anthropic.Anthropic(base_url=up.url, api_key="not-it", max_retries=0) as wrong,
+        ):
+            reply = chat.chat.completions.create(
+                model="chat-small",
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+                max_tokens=32,
+                temperature=0.0,
             )
-        assert refused.value.body == {
-            "type": "error",
-            "error": {"type": "authentication_error", "message": "invalid API key"},
-        }
+            text = reply.choices[0].message.content or ""
+            assert sum(ch.isalpha() for ch in text) >= 3, text
+            assert not [m for m in MARKERS if m in text], text
 
-        response = chat.responses.create(
-            model="chat-small", input="What is the capital of France?", max_output_tokens=24
-        )
-        assert sum(ch.isalpha() for ch in response.output_text) >= 3
-        events = chat.responses.create(
-            model="chat-small", input="Count to five.", max_output_tokens=24, stream=True
-        )
-        names = [event.type for event in events]
-        assert names[0] == "response.created"
-        assert names.count("response.output_text.delta") >= 3
-        assert names[-1] in ("response.completed", "response.incomplete")
+            message = claude.messages.create(
+                model="chat-small",
+                max_tokens=24,
+                system="Answer in one short sentence.",
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+            )
+            assert message.type == "message"
+            assert message.content[0].type == "text"
+            assert sum(ch.isalpha() for ch in message.content[0].text) >= 3
+            assert message.stop_reason in ("end_turn", "max_tokens")
+            assert message.usage.output_tokens > 0
+
+            with claude.messages.stream(
+                model="gemma-3-270m",  # the roster's model name reaches the same role
+                max_tokens=24,
+                messages=[{"role": "user", "content": "Count to five."}],
+            ) as stream:
+                kinds = [event.type for event in stream]
+                final = stream.get_final_message()
+            assert kinds[0] == "message_start"
+            assert kinds[-1] == "message_stop"
+            assert kinds.count("text") >= 3  # relayed event by event
+            assert final.usage.output_tokens > 0
+
+            short = claude.messages.count_tokens(
+                model="chat-small", messages=[{"role": "user", "content": "Hi"}]
+            )
+            longer = claude.messages.count_tokens(
+                model="chat-small",
+                messages=[
+                    {"role": "user", "content": "What is the capital of France, and why? " * 4}
+                ],
+            )
+            assert 0 < short.input_tokens < longer.input_tokens  # llama-server's own count
+
+            with pytest.raises(anthropic.AuthenticationError) as refused:
+                wrong.messages.create(
+                    model="chat-small", max_tokens=8, messages=[{"role": "user", "content": "Hi"}]
+                )
+            assert refused.value.body == {
+                "type": "error",
+                "error": {"type": "authentication_error", "message": "invalid API key"},
+            }
+
+            response = chat.responses.create(
+                model="chat-small", input="What is the capital of France?", max_output_tokens=24
+            )
+            assert sum(ch.isalpha() for ch in response.output_text) >= 3
+            events = chat.responses.create(
+                model="chat-small", input="Count to five.", max_output_tokens=24, stream=True
+            )
+            names = [event.type for event in events]
+            assert names[0] == "response.created"
+            assert names.count("response.output_text.delta") >= 3
+            assert names[-1] in ("response.completed", "response.incomplete")
     finally:
         assert up.stop(signal.SIGINT) == 0, up.output()
 
