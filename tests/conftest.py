@@ -4,6 +4,7 @@ backend, the tiny random GGUF and the llama-server binary (skipped with a reason
 from __future__ import annotations
 
 import importlib.util
+import platform
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -14,6 +15,13 @@ from backend_helpers import fake_launch, pick_free_port
 from ray_helpers import HAVE_RAY, HEAD_IP, WORKER_IP
 from rosterd.adapters.base import Launch
 from rosterd.supervisor import Supervisor
+
+# The openai and anthropic SDKs name the platform in every request's headers, and the
+# first ``platform.platform()`` forks ``uname -p``. Forked from this process once many
+# tests' threads run, that child once hung before exec (the whole test waited out
+# pytest's timeout in ``Popen``); asked here, at collection, with one thread, the answer
+# is cached for the session.
+platform.platform()
 
 ROOT = Path(__file__).resolve().parent.parent
 
