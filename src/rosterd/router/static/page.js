@@ -133,21 +133,27 @@ async function connect() {
   }
   setConn("live", "live");
   loadHistory(); // the charts' past; the stream's `sample` events add to it
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
   try {
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value.replace(/\r\n?/g, "\n");
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        dispatch(buffer.slice(0, cut));
-        buffer = buffer.slice(cut + 2);
-      }
-    }
+    await readEventBlocks(response, dispatch);
   } catch (_) { /* cut: reconnect below */ }
   reconnect(abort);
+}
+
+// Read an event-stream body to its end, calling onBlock with each event's lines (the text
+// between two blank lines); the event stream and the playground's chat stream share it.
+async function readEventBlocks(response, onBlock) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value.replace(/\r\n?/g, "\n");
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      onBlock(buffer.slice(0, cut));
+      buffer = buffer.slice(cut + 2);
+    }
+  }
 }
 
 function reconnect(abort) {

@@ -98,33 +98,23 @@ async function playSend(event) {
     if (response.status === 401) { askKey(true); failure = "the API key was refused"; }
     else if (!response.ok) failure = await errorMessage(response);
     else {
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      let buffer = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += value.replace(/\r\n?/g, "\n");
-        let cut;
-        while ((cut = buffer.indexOf("\n\n")) >= 0) {
-          const block = buffer.slice(0, cut);
-          buffer = buffer.slice(cut + 2);
-          for (const line of block.split("\n")) {
-            if (!line.startsWith("data:")) continue;
-            const data = line.slice(5).trim();
-            if (!data || data === "[DONE]") continue;
-            const chunk = JSON.parse(data);
-            if (chunk.error) { failure = chunk.error.message || "the stream ended with an error"; continue; }
-            const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-            if (delta && delta.content) {
-              if (first === null) first = performance.now();
-              chunks += 1;
-              out.textContent += delta.content;
-            }
-            if (chunk.usage) usage = chunk.usage;
-            if (chunk.timings) timings = chunk.timings;
+      await readEventBlocks(response, (block) => {
+        for (const line of block.split("\n")) {
+          if (!line.startsWith("data:")) continue;
+          const data = line.slice(5).trim();
+          if (!data || data === "[DONE]") continue;
+          const chunk = JSON.parse(data);
+          if (chunk.error) { failure = chunk.error.message || "the stream ended with an error"; continue; }
+          const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+          if (delta && delta.content) {
+            if (first === null) first = performance.now();
+            chunks += 1;
+            out.textContent += delta.content;
           }
+          if (chunk.usage) usage = chunk.usage;
+          if (chunk.timings) timings = chunk.timings;
         }
-      }
+      });
     }
   } catch (err) {
     if (!abort.signal.aborted) failure = String(err);
