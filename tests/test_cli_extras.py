@@ -59,6 +59,7 @@ async def test_ps_json_prints_what_rosterd_up_answers(tmp_path: Path) -> None:
             direct = (await client.get(f"{up.url}/rosterd/ps")).json()
     assert data["nodes"].keys() == direct["nodes"].keys() == {"n1"}
     assert data["nodes"]["n1"]["roles"]["chat"]["phase"] == "stopped"
+    assert data["nodes"]["n1"]["roles"]["chat"]["kv_summary"] == "—"  # nothing kept
     assert data["nodes"]["n1"]["capacity_bytes"] == direct["nodes"]["n1"]["capacity_bytes"]
 
 
@@ -284,3 +285,9 @@ def test_ps_notes_say_why_a_role_is_unavailable_retiring_or_about_to_restart() -
     assert _role_notes("old", {"retiring": True}) == [
         "old: retiring: a reload removed it here; it stops once idle"
     ]
+    kv = {
+        "last_restore": "restored",
+        "last_restore_check": "not reused",
+        "last_restore_check_detail": "role chat: the KV restore of 3,713 tokens did not serve",
+    }
+    assert _role_notes("chat", {"kv": kv}) == ["chat: the KV restore of 3,713 tokens did not serve"]

@@ -108,6 +108,7 @@ async def test_ps_load_unload_piped_have_no_trailing_spaces() -> None:
         lines = out.splitlines()
         assert [line for line in lines if line != line.rstrip()] == [], out
         assert any(line.startswith("node n1:") for line in lines), out
+        assert "KV kept" in out, out  # the column of the KV cache kept across swaps
         assert sum("ready" in line or "idle" in line for line in lines) >= 2, out
         assert any("slow" in line and "ready" in line for line in lines), out
         code, out = await _run_piped(["unload", "slow", "--url", up.url])

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from test_up_support import (
     Up,
     llama_entry,
     prepare_example_models,
+    rosterd_argv,
     start_up,
     write_box_fleet,
     write_roster,
@@ -112,19 +114,39 @@ def test_a_swap_keeps_the_conversation(
         record = json.loads(records[0].read_text())
         assert record["identity"]["swa_full"] == "true"
         assert record["tokens"] >= prompt_tokens
-        kv = up.get("/status")["nodes"]["box"]["roles"]["chat"]["kv"]
+        role = up.get("/status")["nodes"]["box"]["roles"]["chat"]
+        kv = role["kv"]
         assert kv["last_restore"] == "restored", kv
         assert kv["tokens"] == record["tokens"]
         assert kv["file_bytes"] == record["file_bytes"] > 0
+        assert kv["last_restore_check"] == "reused", kv  # the first answer after it said so
+        assert kv["last_restore_prefilled"] == prompt_n
+        mib = round(record["file_bytes"] / 2**20)
+        assert role["kv_summary"] == f"{record['tokens']:,} tok · {mib} MiB · restored"
+        ps = subprocess.run(
+            [*rosterd_argv(), "ps", "--url", up.url], capture_output=True, text=True, timeout=60
+        )
+        assert f"{record['tokens']:,} tok" in ps.stdout, ps.stdout
         metrics = httpx.get(up.url + "/metrics", trust_env=False).text
         assert 'rosterd_kv_files_total{action="save",node="box",role="chat"} 1.0' in metrics
         assert 'rosterd_kv_files_total{action="restore",node="box",role="chat"} 1.0' in metrics
         assert 'rosterd_kv_kept_tokens{node="box",role="chat"}' in metrics
+        # Another conversation on the next restore: loaded, yet prefilled whole, and told.
+        chat(up, "other", [{"role": "user", "content": "hi"}])
+        other = long_conversation(90)
+        other.insert(0, {"role": "system", "content": "Answer in one French word."})
+        reply = chat(up, "chat", other)
+        assert reply["timings"]["prompt_n"] >= reply["usage"]["prompt_tokens"] - 8
+        role = up.get("/status")["nodes"]["box"]["roles"]["chat"]
+        assert role["kv"]["last_restore_check"] == "not reused", role["kv"]
+        assert role["kv_summary"].endswith(" · restored, not reused"), role
     finally:
         code = up.stop()
     assert code == 0, up.output()
     assert "KV of slot 0 saved" in up.output()
     assert "KV of slot 0 restored from the save of" in up.output()
+    assert up.output().count("the KV restore of") == 1, up.output()
+    assert "without --swa-full" in up.output()
 
 
 def test_keep_kv_false_prefills_the_whole_prompt_after_a_swap(

@@ -28,8 +28,9 @@ import psutil
 import pytest
 
 from backend_helpers import gone
+from fleet_machine_bench import config as served_config
 from ray_helpers import ABSENT_IP, HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
-from rosterd.backends.node_host import ServingFacts
+from rosterd.backends.node_host import NodeHost, ServingFacts
 from rosterd.errors import (
     ClusterError,
     NodeLostError,
@@ -37,7 +38,10 @@ from rosterd.errors import (
     WeightsError,
 )
 from rosterd.fleet import Fleet, ModelSource, Node, Platform
-from rosterd.node_agent import AgentBackends, AgentConfig, CarriedError
+from rosterd.fleet_scheduler.effects import DropAgents, StartAgents
+from rosterd.fleet_scheduler.values import NodeRun, NodeServing
+from rosterd.metrics import RosterdMetrics
+from rosterd.node_agent import AgentBackends, AgentConfig, CarriedError, NodeAgent
 from rosterd.ray_cluster import RayCluster, import_ray, join, ray_address
 from rosterd.ray_match import RayNode, lost_agents, match_fleet, nodes_back
 from rosterd.scheduler.fleet import Scheduler
@@ -46,6 +50,8 @@ from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedError
 from rosterd.tokens import GB
+from rosterd.up.fleet_effects import UpFleetEffects
+from rosterd.up.options import UpOptions
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -272,6 +278,52 @@ def test_rosterd_without_a_ray_fleet_never_imports_ray() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+async def test_every_node_agent_gets_the_kv_disk_budget_of_up(tmp_path: Path) -> None:
+    """``rosterd up --kv-disk-gb`` reaches the node agents: the agent the fleet's effects
+    build for a Ray node opens with that budget for its kept KV caches (the agent runs
+    here, as Ray would run it on its node; the fake cluster only hands it over)."""
+    opened: list[NodeAgent] = []
+
+    class HandsOver:
+        async def start_agent(self, config: AgentConfig, ray_node_id: str, **_: Any) -> Any:
+            agent = NodeAgent(config)
+            opened.append(agent)
+            info = await agent.open()
+
+            class Opened:
+                async def close(self) -> None:
+                    await agent.close()
+
+            backends = Opened()
+            backends.info = info  # type: ignore[attr-defined]
+            return backends
+
+    budget = 3 * GB + 17
+    options = UpOptions(roster_path=tmp_path / "roster.yaml", kv_disk_bytes=budget)
+    effects = UpFleetEffects(
+        options,
+        reporter=None,  # type: ignore[arg-type]  # starting agents says nothing
+        metrics=RosterdMetrics(),
+        host=NodeHost(tmp_path / "head"),
+        cluster=HandsOver(),  # type: ignore[arg-type]
+        state_dir=tmp_path / "head",
+    )
+    served = served_config([], [node("gpu", "127.0.0.1")])
+    effect = StartAgents(
+        {"gpu": NodeServing("gpu", 7 * GB, {}, run=NodeRun.AGENT)}, served, {"gpu": "ray-gpu"}
+    )
+    started, errors = await effects.start_agents(effect)
+    try:
+        assert not errors, errors
+        assert started.started == ("gpu",)
+        assert opened[0].config.kv_disk_bytes == budget
+        info = effects._agents["gpu"].info
+        assert info is not None
+        assert info.kv_disk_bytes == budget  # what the agent's keeper on its node was given
+    finally:
+        await effects.drop_agents(DropAgents(("gpu",)))
 
 
 @needs_ray

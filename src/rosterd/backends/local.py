@@ -167,10 +167,12 @@ class SupervisorBackends:
                 if not picked or attempt == _BIND_RACE_TRIES:
                     raise
                 continue
+            restored = 0
             if keeping is not None and self.kv is not None:
                 # Before the start returns: the first request is granted only after it.
-                await self.kv.started(role, keeping, launch, backend.base_url, source.path)
-            return Endpoint(backend.base_url, launch.served_model, backend.pid)
+                result = await self.kv.started(role, keeping, launch, backend.base_url, source.path)
+                restored = result.tokens if result.outcome == "restored" else 0
+            return Endpoint(backend.base_url, launch.served_model, backend.pid, restored)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _after_previous(self, role: str) -> None:

@@ -19,12 +19,15 @@ from typing import Literal
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """A ready backend: ``base_url`` (``http://host:port``, no trailing slash), the model
-    name it answers to (``served_model``) and its process id (``None`` if not a local process).
+    name it answers to (``served_model``), its process id (``None`` if not a local process)
+    and ``restored_tokens``: the tokens its start restored into its slots from a kept KV
+    cache (0: none; the router checks that the first answer reused them).
     """
 
     base_url: str
     served_model: str
     pid: int | None = None
+    restored_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

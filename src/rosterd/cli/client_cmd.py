@@ -176,8 +176,9 @@ def ps_cmd(
     """What is resident where: memory, requests, idle time, why requests wait, last errors.
 
     Memory per role: the roster's ram_gb, the estimate, the peak measured on the last
-    run, the figure that counts (the largest) and the RSS now; under each node's table,
-    a note per role on why its queued requests wait, its load backoff and its last error."""
+    run, the figure that counts (the largest) and the RSS now; the KV cache kept across
+    swaps and the last restore's result; under each node's table, a note per role on why
+    its queued requests wait, its load backoff and its last error."""
     if as_json:
         errors_as_json(ctx)
     data = call("GET", url, "/rosterd/ps", api_key, 10.0)
@@ -197,7 +198,9 @@ def ps_cmd(
             f"{_gib(node['capacity_bytes'])} GiB resident",
             title_justify="left",
             caption="GiB: what counts, the largest of ram_gb (~: unmeasured), the estimate "
-            "and the peak measured on the last run; RSS: now; idle: since the last request",
+            "and the peak measured on the last run; RSS: now; idle: since the last request; "
+            "KV kept: the tokens and bytes of its KV cache kept on disk across swaps, and "
+            "the last restore's result",
             caption_justify="left",
         )
         table.add_column("role", no_wrap=True)
@@ -205,6 +208,7 @@ def ps_cmd(
         columns = ("class", "ram_gb", "estimate", "measured", "GiB", "RSS GiB", "busy", "queue")
         for column in (*columns, "idle"):
             table.add_column(column, justify="right", no_wrap=True)
+        table.add_column("KV kept", no_wrap=True)
         for role, info in node.get("roles", {}).items():
             rss = info.get("measured_rss_bytes")
             moved_to = info.get("moved_to")
@@ -225,6 +229,7 @@ def ps_cmd(
                 str(info["in_flight"]),
                 str(info["queued"]),
                 _age(info.get("idle_s")),
+                Text(str(info.get("kv_summary") or "—")),
             )
         console.print(table)
         for role, info in node.get("roles", {}).items():
@@ -258,6 +263,10 @@ def _role_notes(role: str, info: dict[str, Any]) -> list[str]:
     backoff = info.get("load_backoff_s")
     if isinstance(backoff, int | float):
         notes.append(f"{role}: no load for {backoff:.0f} s more (backoff after failed loads)")
+    kv = info.get("kv")
+    if isinstance(kv, dict) and kv.get("last_restore_check") == "not reused":
+        detail = str(kv.get("last_restore_check_detail") or "").removeprefix(f"role {role}: ")
+        notes.append(f"{role}: {detail}")
     if info.get("last_error"):
         notes.append(
             f"{role}: last error ({_age(info.get('last_error_age_s'))} ago): {info['last_error']}"

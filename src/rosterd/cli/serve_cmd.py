@@ -181,8 +181,9 @@ def up_cmd(
         float,
         typer.Option(
             min=0,
-            help="GiB of disk the kept KV caches of llama.cpp roles may take "
-            "(the least recently used go first).",
+            help="GiB of disk the kept KV caches of llama.cpp roles may take on each "
+            "machine (with a Ray fleet, on every node agent's too; the least recently "
+            "used go first).",
         ),
     ] = 10.0,
     probe_timeout: Annotated[

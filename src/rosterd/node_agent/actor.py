@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
 
 from rosterd.backends.interface import Endpoint
+from rosterd.backends.kv_keep import DEFAULT_KV_DISK_BYTES
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost, ServingFacts, weights_resolver
 from rosterd.errors import CarriedError, NodeAgentError, RosterdError
@@ -50,7 +51,9 @@ class AgentConfig:
     (``ServingFacts``; resolved on the node); ``state_root``: the folder under
     which the agent keeps ``nodes/<node>/`` (``None``: the node's
     ``default_state_dir``); ``auto_ports``, ``ready_timeout_s`` (seconds): as
-    ``SupervisorBackends``; ``grace_s``: SIGTERM to SIGKILL, seconds.
+    ``SupervisorBackends``; ``grace_s``: SIGTERM to SIGKILL, seconds; ``kv_disk_bytes``:
+    the disk the node's kept KV caches may take (``rosterd up --kv-disk-gb``, the same
+    budget for every node).
     """
 
     node: str
@@ -61,17 +64,20 @@ class AgentConfig:
     auto_ports: bool = False
     ready_timeout_s: float | None = None
     grace_s: float = 10.0
+    kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES
 
 
 @dataclass(frozen=True, slots=True)
 class AgentInfo:
-    """An opened agent: its ``node``, its process ``pid`` and ``state_dir`` on the node, and
-    the ``reaped`` pids of backends an earlier run had left there."""
+    """An opened agent: its ``node``, its process ``pid`` and ``state_dir`` on the node, the
+    ``reaped`` pids of backends an earlier run had left there, and ``kv_disk_bytes``: the
+    budget its kept KV caches were given."""
 
     node: str
     pid: int
     state_dir: str
     reaped: tuple[int, ...]
+    kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES
 
 
 def _carry_errors(
@@ -127,11 +133,18 @@ class NodeAgent:
                 on_event=self._record,
                 auto_ports=config.auto_ports,
                 ready_timeout_s=config.ready_timeout_s,
+                kv_disk_bytes=config.kv_disk_bytes,
             )
             await host.open()
             self._host = host
             self._backends = host.backends(config.node, config.host, config.specs, config.facts)
-        return AgentInfo(config.node, os.getpid(), str(self.state_dir), self._host.reaped)
+        return AgentInfo(
+            config.node,
+            os.getpid(),
+            str(self.state_dir),
+            self._host.reaped,
+            self._host.kv.disk_budget_bytes,
+        )
 
     @_carry_errors
     async def add_roles(self, specs: Mapping[str, InferenceSpec]) -> None:

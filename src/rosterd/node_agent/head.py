@@ -152,7 +152,7 @@ class AgentBackends:
         self._check_not_lost()
         endpoint: Endpoint = await self.call(self._actor.start.remote(role))
         self._running.add(role)
-        return Endpoint(endpoint.base_url, endpoint.served_model, None)
+        return Endpoint(endpoint.base_url, endpoint.served_model, None, endpoint.restored_tokens)
 
     async def add_roles(self, specs: Mapping[str, InferenceSpec]) -> None:
         """Let the node run the roles ``specs`` (role -> spec) too (a re-plan moved them

@@ -91,7 +91,9 @@ def create_app(
     ``node_views()``: per fleet node (in fleet order), keys added to its entry of
     ``/status`` and ``/rosterd/ps`` (``connected``, ``address``, ...; a node the
     scheduler does not run gets an entry of these keys alone). Measured RSS comes
-    through the backends boundary (``Scheduler.measured_bytes``).
+    through the backends boundary (``Scheduler.measured_bytes``); each role's ``kv`` gets
+    what the first answer after its last restore showed, and each role a one-line
+    ``kv_summary`` (``rosterd.router.restore_check``).
     ``history``: the charts' bounded history, served as ``GET /rosterd/history`` and
     sampled every ``history.interval_s`` seconds while the app runs (default: a new one
     at ``config.history_interval_s``).
@@ -159,6 +161,7 @@ def create_app(
         for name, node in nodes.items():
             for role, info in node["roles"].items():
                 info["measured_rss_bytes"] = measured.get(name, {}).get(role)
+                ctx.restores.annotate(name, role, info)
         if node_views is not None:
             views = node_views()
             ordered = {name: {**nodes.get(name, {}), **view} for name, view in views.items()}

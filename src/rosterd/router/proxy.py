@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
@@ -57,6 +57,7 @@ from rosterd.router.openai_errors import (
 )
 from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body, send_whole, wait_disconnect
 from rosterd.router.progress import watched
+from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.routing import (
     DIALECT_PATHS,
     PROXIED_PATHS,
@@ -89,7 +90,8 @@ _END = {"type": "http.response.body", "body": b"", "more_body": False}
 @dataclass(frozen=True)
 class ProxyContext:
     """What every proxied path shares: the scheduler that grants leases, the routes and
-    names, the limits, the metrics, the upstream client and the charts' history."""
+    names, the limits, the metrics, the upstream client, the charts' history and the
+    checks of restored KV caches (the first answer after each restore)."""
 
     scheduler: Scheduler
     routes: Mapping[str, RoleRoute]
@@ -98,6 +100,7 @@ class ProxyContext:
     metrics: RosterdMetrics
     upstream: Upstream
     history: History
+    restores: RestoreChecks = field(default_factory=RestoreChecks)
 
 
 class _Answer:
@@ -402,7 +405,8 @@ class Proxy:
     ) -> None:
         """Send the request to ``lease``'s backend and pass its answer through to ``send``
         with the ``told`` headers added (``wait_report``); ``answer.tokens`` gets what the
-        backend says it generated.
+        backend says it generated. The first whole answer after a restore of the
+        backend's KV cache is judged from its end (``restore_check``).
 
         Raises :class:`RouterError` 502 ``backend_error`` while nothing was
         sent to the client yet; once the answer started, a failure or a stream
@@ -439,6 +443,8 @@ class Proxy:
                 with upstream_errors(role):
                     whole = await upstream.read()
                 answer.tokens = generated_tokens(whole[-ANSWER_TAIL_BYTES:])
+                if upstream.status < 300 and self.ctx.restores.wants(lease):
+                    self.ctx.restores.check(lease, whole[-ANSWER_TAIL_BYTES:])
                 await send_whole(send, upstream.status, content_type, whole, told)
                 return
             headers_out = [(b"content-type", content_type.encode()), *told]
@@ -466,6 +472,8 @@ class Proxy:
                 )
                 await send(self.envelope.sse_event(cut))
                 return
+            if upstream.status < 300 and self.ctx.restores.wants(lease):
+                self.ctx.restores.check(lease, tail)
             await send(_END)
         finally:
             # Back to the pool when the answer was read to its end; on a cut (the client

@@ -226,6 +226,7 @@ class UpFleetEffects:
                 state_root=state_root,
                 auto_ports=self.options.auto_backend_ports,
                 grace_s=self.options.grace_s,
+                kv_disk_bytes=self.options.kv_disk_bytes,
             )
             self._agents[name] = await cluster.start_agent(
                 config,

@@ -33,8 +33,8 @@ class UpOptions:
     when a quiet request asks its backend whether it works (``rosterd.router.progress``);
     ``request_read_timeout_s``: for a client's request headers and body (then
     the connection is closed, or 408). Liveness probes are in ``limits``.
-    ``kv_disk_bytes``: the disk this machine's kept KV caches may take
-    (``--kv-disk-gb``; the least recently used go first).
+    ``kv_disk_bytes``: the disk this machine's kept KV caches may take, and each node
+    agent's on its node (``--kv-disk-gb``; the least recently used go first).
     ``history_interval_s``: seconds between two points of the page's charts.
     """
 

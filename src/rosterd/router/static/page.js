@@ -304,7 +304,7 @@ function renderNodes(nodes) {
 function nodeCard(name) {
   const head = el("tr", {},
     ...["role", "phase", "class", "sticky", "in flight", "queued", "idle", "counted GiB",
-      "RSS GiB", "notes", ""].map((t, i) => el("th", { class: i >= 4 && i <= 8 ? "num" : "", text: t })));
+      "RSS GiB", "KV kept", "notes", ""].map((t, i) => el("th", { class: i >= 4 && i <= 8 ? "num" : "", text: t })));
   return el("section", { class: "panel node", "data-node": name },
     el("div", { class: "node-head" },
       el("h2", { text: `node ${name}` }),
@@ -382,6 +382,7 @@ function roleRow(role) {
     el("td", { class: "num idle" }),
     el("td", { class: "num counted" }),
     el("td", { class: "num rss" }),
+    el("td", { class: "kv" }),
     el("td", { class: "note" }),
     el("td", { class: "actions" }, load, unload, log));
 }
@@ -400,6 +401,11 @@ function updateRow(row, role, info) {
   const guessed = memory.declared_unmeasured && memory.counted_from === "roster";
   row.querySelector(".counted").textContent = (guessed ? "~" : "") + gib(counted(info));
   row.querySelector(".rss").textContent = gib(info.measured_rss_bytes);
+  // The KV cache kept across swaps and the last restore's result (rosterd.router.restore_check).
+  const kv = row.querySelector(".kv");
+  kv.textContent = info.kv_summary || "—";
+  kv.title = (info.kv && (info.kv.last_restore_check_detail || info.kv.last_restore_detail)) || "";
+  kv.dataset.kind = info.kv && info.kv.last_restore_check === "not reused" ? "error" : "";
   const note = roleNote(role, info);
   const cell = row.querySelector(".note");
   cell.textContent = note.text;

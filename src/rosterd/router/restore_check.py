@@ -1,0 +1,186 @@
+"""Whether a restored KV cache served (DESIGN.md layer 7): the first answer after a restore,
+read for what the backend says it prefilled, and the KV summary ``/status`` shows per role.
+
+A restore can succeed and still be of no use: llama-server loads the slot's file, then
+prefills the next prompt whole, because the model slides a window over its cache and was
+launched without ``--swa-full`` (only the window's last tokens are kept, so the cache
+cannot be reused past it), or because the prompt no longer begins with the kept tokens
+(a changed chat template or system prompt). Nothing fails; the swap is just as slow as
+without the KV kept. The router sees the backend's answer, and llama-server ends it
+(the plain answer's JSON, an event stream's last chunk) with ``timings``:
+``prompt_n`` (tokens it prefilled) and ``cache_n`` (tokens it took from the cache). So
+the first answer of a backend whose start restored tokens (``Endpoint.restored_tokens``)
+is read once for those figures; every other answer costs one attribute check.
+
+The verdict (:func:`restore_verdict`) is a pure function; :class:`RestoreChecks` holds
+what was found per copy of a role, logs an ineffective restore once per role, and adds
+it to the role's ``kv`` in ``/status`` (:meth:`RestoreChecks.annotate`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from rosterd.scheduler.lease import Lease
+
+log = logging.getLogger("rosterd.kv")
+
+#: Below this many tokens held (or asked for) a restore is not judged: a few tokens are
+#: re-prefilled anyway (the chat template's last turn markers), and a tiny prompt says
+#: nothing about the cache.
+MIN_JUDGED_TOKENS: Final[int] = 64
+
+_PROMPT_N = re.compile(rb'"prompt_n"\s*:\s*(\d+)')
+_CACHE_N = re.compile(rb'"cache_n"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+
+#: What makes a restore that loaded its file useless, most likely first.
+LIKELY_CAUSES: Final[str] = (
+    "likely a sliding-window model launched without --swa-full (only the window's last "
+    "tokens are in the kept cache), a changed chat template or system prompt (the prompt "
+    "no longer begins with the kept tokens), or a first request from another conversation "
+    "than the kept one"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreCheck:
+    """The first answer after a restore of ``restored`` tokens: its prompt had
+    ``prompt_tokens`` tokens, of which the backend prefilled ``prefilled`` and took
+    ``reused`` from its cache; ``effective``: the cache served (see
+    :func:`restore_verdict`); ``detail``: one line saying so."""
+
+    restored: int
+    prompt_tokens: int
+    prefilled: int
+    reused: int
+    effective: bool
+    detail: str
+
+    def as_json(self) -> dict[str, object]:
+        """The fields ``/status`` adds to the role's ``kv`` (``last_restore_check``:
+        ``reused`` or ``not reused``)."""
+        return {
+            "last_restore_check": "reused" if self.effective else "not reused",
+            "last_restore_check_detail": self.detail,
+            "last_restore_prefilled": self.prefilled,
+            "last_restore_reused": self.reused,
+        }
+
+
+def restore_verdict(role: str, restored: int, tail: bytes) -> RestoreCheck | None:
+    """What the answer ending in ``tail`` (its last bytes) says of a restore of ``restored``
+    tokens into ``role``'s backend; ``None`` when it cannot tell (no ``timings.prompt_n``,
+    no prompt length, or fewer than :data:`MIN_JUDGED_TOKENS` to judge).
+
+    The prompt's length is ``cache_n + prompt_n`` (llama-server's ``timings``), else the
+    answer's ``usage.prompt_tokens``. A prompt that continues the kept conversation
+    begins with up to ``restored`` kept tokens, so a cache that served reuses nearly
+    ``min(restored, prompt)`` of them; the restore counts as ineffective when it reused
+    less than half of that (the issue's rule: a full prefill of a prompt the slot held).
+    """
+    prefilled = _last(_PROMPT_N, tail)
+    if prefilled is None:
+        return None
+    cached = _last(_CACHE_N, tail)
+    total = cached + prefilled if cached is not None else _last(_PROMPT_TOKENS, tail)
+    if total is None or total < prefilled:
+        return None
+    held = min(restored, total)
+    if held < MIN_JUDGED_TOKENS:
+        return None
+    reused = total - prefilled
+    effective = 2 * reused >= held
+    if effective:
+        detail = (
+            f"role {role}: the first request after the restore of {restored:,} tokens "
+            f"reused {reused:,} of its {total:,} prompt tokens"
+        )
+    else:
+        detail = (
+            f"role {role}: the KV restore of {restored:,} tokens did not serve: the first "
+            f"request after it prefilled {prefilled:,} of its {total:,} prompt tokens "
+            f"(reused {reused:,}); {LIKELY_CAUSES}"
+        )
+    return RestoreCheck(restored, total, prefilled, reused, effective, detail)
+
+
+def _last(pattern: re.Pattern[bytes], tail: bytes) -> int | None:
+    found = pattern.findall(tail)
+    return int(found[-1]) if found else None
+
+
+class RestoreChecks:
+    """The restore checks of one router: per copy (node, role), the backend start it
+    judged and what it found; which roles were warned about.
+
+    Use: :meth:`wants` on every answered lease (cheap), :meth:`check` on the answer's
+    tail when it says yes; :meth:`annotate` the ``/status`` roles."""
+
+    def __init__(self) -> None:
+        # (node, role) -> (the backend's base URL, the lease generation judged, the check)
+        self._checks: dict[tuple[str, str], tuple[str, int, RestoreCheck | None]] = {}
+        self._warned: set[str] = set()
+
+    def wants(self, lease: Lease) -> bool:
+        """Whether ``lease``'s answer is the first after a restore of its backend's start."""
+        if not lease.endpoint.restored_tokens:
+            return False
+        done = self._checks.get((lease.node, lease.role))
+        return done is None or done[1] != lease.generation or done[0] != lease.endpoint.base_url
+
+    def check(self, lease: Lease, tail: bytes) -> RestoreCheck | None:
+        """Judge the restore from the answer ending in ``tail`` (see :func:`restore_verdict`)
+        and keep the verdict for ``/status``; an ineffective restore is logged as a warning,
+        the first time for its role. Called once per backend start (:meth:`wants`)."""
+        endpoint = lease.endpoint
+        verdict = restore_verdict(lease.role, endpoint.restored_tokens, tail)
+        self._checks[(lease.node, lease.role)] = (endpoint.base_url, lease.generation, verdict)
+        if verdict is None:
+            return None
+        if verdict.effective:
+            log.info("%s", verdict.detail)
+        elif lease.role not in self._warned:
+            self._warned.add(lease.role)
+            log.warning("%s", verdict.detail)
+        else:
+            log.info("%s", verdict.detail)
+        return verdict
+
+    def annotate(self, node: str, role: str, info: dict[str, object]) -> None:
+        """Add the check of the role's current backend (same base URL) to its ``kv``
+        (``info["kv"]``, left as is when it is not a dict), and the KV summary
+        (:func:`kv_summary`) as ``kv_summary``."""
+        kv = info.get("kv")
+        if isinstance(kv, dict):
+            done = self._checks.get((node, role))
+            if done is not None and done[2] is not None and done[0] == info.get("base_url"):
+                kv.update(done[2].as_json())
+        info["kv_summary"] = kv_summary(kv if isinstance(kv, dict) else None)
+
+
+def kv_summary(kv: dict[str, object] | None) -> str:
+    """One cell for a role's kept KV cache (``rosterd ps``, the live page): the tokens and
+    bytes kept and the last restore's result, such as ``3,713 tok · 18 MiB · restored``
+    (``restored, not reused`` when the first request after it prefilled the prompt whole);
+    ``—`` when nothing is kept and nothing was restored."""
+    if not kv:
+        return "—"
+    parts: list[str] = []
+    tokens, size = kv.get("tokens"), kv.get("file_bytes")
+    if isinstance(tokens, int) and isinstance(size, int) and (tokens or size):
+        parts += [f"{tokens:,} tok", _mib(size)]
+    outcome = kv.get("last_restore")
+    if isinstance(outcome, str) and outcome != "none":
+        if outcome == "restored" and kv.get("last_restore_check") == "not reused":
+            outcome = "restored, not reused"
+        parts.append(outcome)
+    return " · ".join(parts) or "—"
+
+
+def _mib(n_bytes: int) -> str:
+    mib = n_bytes / 2**20
+    return f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.1f} MiB"
