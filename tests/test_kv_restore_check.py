@@ -132,7 +132,7 @@ def test_status_shows_the_kept_kv_and_the_last_restore_in_one_cell() -> None:
     assert info["kv_summary"] == "3,713 tok · 18 MiB · restored"
     checks.check(served, plain_answer(cache_n=2, prompt_n=3716))
     checks.annotate("box", "chat", info)
-    assert info["kv_summary"] == "3,713 tok · 18 MiB · restored, not reused"
+    assert info.get("kv_summary") == "3,713 tok · 18 MiB · restored, not reused"
     shown = info["kv"]
     assert isinstance(shown, dict)
     assert shown["last_restore_check"] == "not reused"
