@@ -213,6 +213,22 @@ def _phases(driver: WebDriver) -> dict[str, str]:
     return {str(r.get_attribute("data-role")): str(r.get_attribute("data-phase")) for r in rows}
 
 
+def _kv_cells(driver: WebDriver) -> dict[str, str]:
+    """Role -> the text of its row's "KV kept" cell."""
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, "tr[data-role]")
+    return {
+        str(r.get_attribute("data-role")): r.find_element(By.CSS_SELECTOR, ".kv").text for r in rows
+    }
+
+
+def _kv_summaries(up: Up) -> dict[str, str]:
+    """Role -> its ``kv_summary`` in ``/status`` (such as ``52 tok · 0.4 MiB`` or ``—``)."""
+    nodes = _get(up, "/status", key=True).json()["nodes"]
+    return {r: i["kv_summary"] for n in nodes.values() for r, i in n["roles"].items()}
+
+
 def _attribute(driver: WebDriver, element_id: str, name: str) -> str | None:
     from selenium.webdriver.common.by import By
 
@@ -251,6 +267,10 @@ def test_an_operator_loads_a_role_on_the_live_page(
     _wait("scratch-a ready", lambda: _phases(driver)["scratch-a"] == "ready")
     assert driver.execute_script("return window.rosterdMark") == "same page"  # no reload
     assert _phases(driver)["scratch-b"] == "stopped"  # they exclude each other
+    # Each role's KV kept across swaps and its last restore, as /status words it.
+    head = driver.find_element(By.CSS_SELECTOR, 'section.node[data-node="local"] thead').text
+    assert "KV kept" in head
+    _wait("the KV cells as /status says", lambda: _kv_cells(driver) == _kv_summaries(up))
     events = driver.find_element(By.ID, "events").text
     assert "scratch-a" in events
     assert "loaded" in events
