@@ -314,6 +314,7 @@ class RayCluster:
             await backends.close()
             raise
         backends.info = info
+        await backends.refresh_kept()  # what an earlier run kept on the node
         backends.start_events()
         return backends
 

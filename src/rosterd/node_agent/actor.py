@@ -206,6 +206,15 @@ class NodeAgent:
             return {}
         return await self._backends.peak_rss_bytes()
 
+    async def kept_kv(self) -> dict[str, dict[str, object]]:
+        """Role -> what this node keeps of its KV cache (``SupervisorBackends.kept_kv``:
+        tokens, bytes, the last restore's result, counts), for every role of the node."""
+        backends = self._backends
+        if backends is None:
+            return {}
+        kept = {role: backends.kept_kv(role) for role in backends.specs}
+        return {role: view for role, view in kept.items() if view is not None}
+
     async def backend_pids(self) -> dict[str, int]:
         """Backend name -> its current process id on this node."""
         if self._host is None:

@@ -23,7 +23,13 @@ from typing import Any, TypeVar
 
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.node_host import ServingFacts
-from rosterd.errors import CarriedError, NodeAgentError, NodeLostError, NodeUnreachableError
+from rosterd.errors import (
+    CarriedError,
+    NodeAgentError,
+    NodeLostError,
+    NodeUnreachableError,
+    RosterdError,
+)
 from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, ProbeResult
@@ -97,7 +103,9 @@ class AgentBackends:
     ``on_lost(node, reason)``: told once when the node is taken as lost.
 
     ``start`` returns an ``Endpoint`` whose ``pid`` is ``None`` (the process is
-    not on this machine; :meth:`measured_bytes` gives its RSS). After the node
+    not on this machine; :meth:`measured_bytes` gives its RSS). What the node keeps of
+    each role's KV cache (:meth:`kept_kv`) is asked of the agent after every start and
+    stop (:meth:`refresh_kept`): it changes only then. After the node
     is lost (:meth:`lost`), ``start`` raises ``NodeLostError``, ``stop`` returns
     at once (nothing of the node runs: its backends died with the agent), and
     every role that was running gets an ``exited`` then a final
@@ -125,6 +133,7 @@ class AgentBackends:
         self._running: set[str] = set()
         self._pids: dict[str, int] = {}  # role -> its backend's last pid on the node
         self._lost_reason: str | None = None
+        self._kept: dict[str, dict[str, object]] = {}  # role -> the node's kept KV, as last asked
         self._pump: asyncio.Task[None] | None = None
         #: What the agent said when it opened (set by whoever opened it).
         self.info: AgentInfo | None = None
@@ -152,6 +161,7 @@ class AgentBackends:
         self._check_not_lost()
         endpoint: Endpoint = await self.call(self._actor.start.remote(role))
         self._running.add(role)
+        await self.refresh_kept()  # the start restored what was kept
         return Endpoint(endpoint.base_url, endpoint.served_model, None, endpoint.restored_tokens)
 
     async def add_roles(self, specs: Mapping[str, InferenceSpec]) -> None:
@@ -188,6 +198,7 @@ class AgentBackends:
         if self._lost_reason is None:
             with contextlib.suppress(NodeLostError):
                 await self.call(self._actor.stop.remote(role))
+            await self.refresh_kept()  # the stop saved its slots
         self._running.discard(role)
 
     async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
@@ -237,6 +248,22 @@ class AgentBackends:
             return {}
         peaks: dict[str, int] = await self.call(self._actor.peak_rss_bytes.remote())
         return peaks
+
+    def kept_kv(self, role: str) -> dict[str, object] | None:
+        """What the node keeps of ``role``'s KV cache (``KeptKvSource``), as the agent said
+        after the last start or stop (``None``: nothing known, or the node is lost)."""
+        if self._lost_reason is not None:
+            return None
+        kept = self._kept.get(role)
+        return dict(kept) if kept is not None else None
+
+    async def refresh_kept(self) -> None:
+        """Ask the agent what its node keeps of each role's KV cache now (a failed call
+        keeps the last answer: the figures are for display)."""
+        if self._lost_reason is not None:
+            return
+        with contextlib.suppress(RosterdError):
+            self._kept = await self.call(self._actor.kept_kv.remote())
 
     async def backend_pids(self) -> dict[str, int]:
         """Role -> the pid of its backend on the node's machine (``{}`` when lost)."""
