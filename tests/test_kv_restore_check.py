@@ -3,20 +3,32 @@ read for llama-server's ``timings`` (issue 20), and ``/status``, ``rosterd ps`` 
 live page show per role what is kept and how the last restore went.
 
 The answers are llama-server's own shapes (a plain chat answer, an event stream's last
-chunk), as this build of llama-server ends them; the end-to-end case runs in
-``test_kv_keep.py``.
+chunk), as this build of llama-server ends them, judged alone and through the router
+(served by uvicorn, over a stand-in upstream that answers with them); the end-to-end
+case, real llama-server behind ``rosterd up``, runs in ``test_kv_keep.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
+from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.router.restore_check import RestoreChecks, kv_summary, restore_verdict
 from rosterd.scheduler.lease import Lease
+from router_support import serve
 
 
 def plain_answer(*, cache_n: int, prompt_n: int) -> bytes:
@@ -154,3 +166,66 @@ def test_the_kv_cell_says_dash_when_nothing_is_kept() -> None:
     assert kv_summary({"tokens": 52, "file_bytes": 400_000, "last_restore": None}) == (
         "52 tok · 0.4 MiB"
     )
+
+
+async def _chat_twice_then_status(url: str) -> dict[str, Any]:
+    """Two chat requests for role ``chat``, then its entry of ``/status``."""
+    async with httpx.AsyncClient(base_url=url) as client:
+        for _ in range(2):
+            body = {"model": "chat-m", "messages": [{"role": "user", "content": "x"}]}
+            answer = await client.post("/v1/chat/completions", json=body)
+            assert answer.status_code == 200, answer.text
+        role: dict[str, Any] = (await client.get("/status")).json()["nodes"]["n1"]["roles"]["chat"]
+    return role
+
+
+class _RestoredBackends(NoLiveness):
+    """Every start "restored" 3,713 tokens, into an upstream that answers as llama-server
+    does when it prefilled the prompt whole; what is kept, as ``SupervisorBackends`` says."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    async def start(self, role: str) -> Endpoint:
+        return Endpoint(f"http://127.0.0.1:{self.port}", role, None, 3713)
+
+    async def stop(self, role: str) -> None:
+        return None
+
+    def kept_kv(self, role: str) -> dict[str, object] | None:
+        return {"tokens": 3713, "file_bytes": 18 * 2**20, "last_restore": "restored"}
+
+
+async def test_the_router_reads_the_first_answer_after_a_restore_and_status_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    answers = 0
+
+    async def llama_chat(request: Request) -> Response:
+        nonlocal answers
+        answers += 1
+        return Response(plain_answer(cache_n=1, prompt_n=3716), media_type="application/json")
+
+    port = pick_free_port()
+    upstream = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/v1/chat/completions", llama_chat, methods=["POST"])]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+        )
+    )
+    task = asyncio.create_task(upstream.serve())
+    try:
+        with caplog.at_level(logging.INFO, logger="rosterd.kv"):
+            async with serve(tmp_path, backends=_RestoredBackends(port)) as up:
+                role = await _chat_twice_then_status(up.url)
+    finally:
+        upstream.should_exit = True
+        await task
+    assert answers == 2
+    assert role["kv_summary"] == "3,713 tok · 18 MiB · restored, not reused"
+    assert role["kv"]["last_restore_check"] == "not reused"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [role["kv"]["last_restore_check_detail"]]  # once, for the first answer
