@@ -22,13 +22,15 @@ used because it is the cache's own reader (layout, refs, snapshots).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from rosterd.errors import WeightsError
 from rosterd.flavors import WeightsKind
-from rosterd.fleet import Fleet
+from rosterd.fleet import Fleet, ModelSource
+from rosterd.roster import ImportedRoster
 from rosterd.spec import InferenceSpec
 
 
@@ -230,3 +232,70 @@ def _size_on_disk(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _source_words(role: str, source: ModelSource | None) -> str:
+    return f"{role}: {source.path}" if source is not None else f"{role}: no models: entry"
+
+
+def separate_aliases(roster: ImportedRoster, fleet: Fleet) -> ImportedRoster:
+    """``roster`` with every alias that ``fleet`` gives other weights served on its own.
+
+    The import skips an entry as an alias of an earlier one on the same backend, port and
+    repo (as roster.rs, which cannot see the fleet), so a request for it reaches the
+    earlier entry's server. When the fleet's ``models:`` gives the alias an entry of its
+    own (by role id or model name) that differs from its target's (another file, or the
+    same file with other settings), serving it there would answer on weights the fleet
+    does not give it: the alias becomes a role of its own (the spec the import would have
+    made of it, ``ImportedRoster.alias_specs``), leaves ``skipped`` and ``aliases``, and
+    one warning names both files. An alias with no entry of its own, or the same entry as
+    its target (or as an alias already separated from that target), stays an alias of
+    that one. Specs stay in roster order. ``rosterd roster import`` prints the import
+    itself, unchanged; ``plan`` and ``up`` plan and serve this.
+    """
+    specs = list(roster.specs)
+    ids = {s.spec.role for s in specs}
+    aliases = dict(roster.aliases)
+    separated: dict[str, list[tuple[str, ModelSource]]] = {}  # target -> split-off aliases
+    warnings: list[str] = []
+    for alias, target in roster.aliases.items():
+        own = roster.alias_specs.get(alias)
+        first = roster.get(target)
+        if own is None or first is None or alias in ids:
+            continue
+        source = fleet.source_of(alias, own.spec.model)
+        target_source = fleet.source_of(target, first.spec.model)
+        if source is None or source == target_source:
+            continue
+        same = next((r for r, s in separated.get(target, ()) if s == source), None)
+        if same is not None:
+            aliases[alias] = same
+            continue
+        separated.setdefault(target, []).append((alias, source))
+        del aliases[alias]
+        ids.add(alias)
+        specs.append(own)
+        other = (
+            "the same file with other settings"
+            if target_source is not None and target_source.path == source.path
+            else "other weights"
+        )
+        warnings.append(
+            f"roster entry {alias!r} (line {own.line}): the roster import makes it an alias "
+            f"of {target!r} (same backend, port and repo), but the fleet's models: gives it "
+            f"{other} ({_source_words(alias, source)}; {_source_words(target, target_source)}"
+            f"); rosterd plans and serves {alias!r} as a role of its own on {source.path}"
+        )
+    if not warnings:
+        return roster
+    split = {alias for group in separated.values() for alias, _ in group}
+    return replace(
+        roster,
+        specs=tuple(sorted(specs, key=lambda s: s.line)),
+        skipped=tuple((i, why) for i, why in roster.skipped if i not in split),
+        warnings=(*roster.warnings, *warnings),
+        aliases=MappingProxyType(aliases),
+        alias_specs=MappingProxyType(
+            {a: s for a, s in roster.alias_specs.items() if a not in split}
+        ),
+    )

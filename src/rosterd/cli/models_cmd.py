@@ -97,9 +97,10 @@ def models_cmd(
     from rosterd.memory.count import show_declared, show_gb
     from rosterd.memory.gathering import gather_memory, serving_settings
     from rosterd.roster.importer import load_roster
+    from rosterd.weights import separate_aliases
 
-    imported = load_roster(roster, overlay)
     nodes = load_fleet(fleet) if fleet is not None else local_fleet()
+    imported = separate_aliases(load_roster(roster, overlay), nodes)
     memory = gather_memory(imported, nodes, None)
     for warning in imported.warnings:
         typer.echo(f"warning: {warning}", err=True)

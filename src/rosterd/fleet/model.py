@@ -100,13 +100,19 @@ class Fleet:
                 return node
         raise KeyError(name)
 
+    def source_of(self, role: str, model: str | None = None) -> ModelSource | None:
+        """``role``'s ``models:`` entry, looked up as the weights are (the role id first,
+        then the roster model name ``model``), or ``None`` when it has none."""
+        for key in (role, model):
+            if key is not None and key in self.models:
+                return self.models[key]
+        return None
+
     def replicas_of(self, role: str, model: str | None = None) -> int:
         """How many copies of ``role`` to place (>= 1): its ``models:`` entry's ``replicas``,
         looked up as the weights are (the role id first, then the roster model name)."""
-        for key in (role, model):
-            if key is not None and key in self.models:
-                return self.models[key].replicas
-        return 1
+        source = self.source_of(role, model)
+        return 1 if source is None else source.replicas
 
 
 def default_reserved_bytes(memory_bytes: int) -> int:

@@ -28,17 +28,20 @@ from rosterd.roster import ImportedRoster
 from rosterd.roster.importer import load_roster
 from rosterd.spec import InferFlavor
 from rosterd.up.options import UpOptions
+from rosterd.weights import separate_aliases
 
 
 def read_files(options: UpOptions) -> tuple[ImportedRoster, Fleet]:
-    """Import the roster (with its overlay) and read the fleet of ``options``.
+    """Import the roster (with its overlay) and read the fleet of ``options``; an alias the
+    fleet gives other weights than its target is served as a role of its own
+    (``rosterd.weights.separate_aliases``).
 
     Raises:
         RosterError, FleetError: a file is rejected (file, line and column named).
     """
     roster = load_roster(options.roster_path, options.overlay_path)
     fleet = load_fleet(options.fleet_path) if options.fleet_path is not None else local_fleet()
-    return roster, fleet
+    return separate_aliases(roster, fleet), fleet
 
 
 def serving_facts(config: ServedConfig) -> ServingFacts:
