@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 ModelFormat = Literal["gguf", "mlx"]
+
+#: llama.cpp's ``LLAMA_POOLING_TYPE_RANK`` (``include/llama.h``): a GGUF written with it is a
+#: reranker (Qwen3-Reranker's, bge-reranker's), which llama-server serves with ``--reranking``.
+POOLING_TYPE_RANK: Final[int] = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +39,10 @@ class ModelFacts:
     none). ``key_length``/``value_length`` are per head. ``context_length`` is
     the trained context (tokens). ``dtype_bytes`` is the element size mlx_lm
     keeps its KV cache in (0 for GGUF, whose cache type is a serving setting).
-    ``tensors`` lists a GGUF's tensors (empty for MLX).
+    ``tensors`` lists a GGUF's tensors (empty for MLX). ``pooling_type`` is a GGUF's
+    ``<arch>.pooling_type`` as llama.cpp numbers it (``LLAMA_POOLING_TYPE_*``:
+    0 none, 1 mean, 2 cls, 3 last, 4 rank, the reranker's; -1 when the file sets none,
+    and for MLX).
     """
 
     path: Path
@@ -59,6 +66,7 @@ class ModelFacts:
     tensor_bytes: int
     dtype_bytes: int = 0
     tensors: tuple[TensorFacts, ...] = ()
+    pooling_type: int = -1
 
     @property
     def head_count_kv(self) -> int:

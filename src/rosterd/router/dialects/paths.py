@@ -15,6 +15,7 @@ from typing import Any
 from starlette.types import Send
 
 from rosterd.errors import RouterError
+from rosterd.flavors import InferFlavor
 from rosterd.router.dialects.anthropic import MessagesTranslation
 from rosterd.router.dialects.envelope import envelope_for
 from rosterd.router.dialects.responses import ResponsesTranslation
@@ -31,6 +32,23 @@ def _who(route: RoleRoute) -> str:
     return f"role {route.role!r} (flavor {route.flavor or 'unknown'})"
 
 
+def cannot_rerank(route: RoleRoute) -> str:
+    """Why ``route``'s role cannot answer ``/v1/rerank``, and what to set: a llama.cpp role
+    is not a reranker (its fleet ``models:`` entry does not say ``reranking: true`` and
+    its GGUF's pooling type is not rank); another flavor's backend has no rerank at all."""
+    if route.flavor == InferFlavor.LLAMACPP.id:  # llama-server reranks with --reranking
+        return (
+            f"{_who(route)} cannot rerank: it is not served as a reranker; set reranking: "
+            "true on its entry of the fleet file's models: section (its GGUF must be a "
+            "reranker, such as bge-reranker or Qwen3-Reranker), then run rosterd reload"
+        )
+    return (
+        f"{_who(route)} cannot rerank: its backend has no rerank endpoint; serve a reranker "
+        "GGUF as a llama.cpp role, with reranking: true on its entry of the fleet file's "
+        "models: section"
+    )
+
+
 def check_dialect(path: str, route: RoleRoute, payload: Mapping[str, Any]) -> None:
     """Raise the answer to a request on dialect ``path`` that ``route``'s backend cannot
     take: 400 ``not_supported`` for rerank on a backend without it (naming the role and
@@ -41,12 +59,7 @@ def check_dialect(path: str, route: RoleRoute, payload: Mapping[str, Any]) -> No
     if dialect in route.native:
         return
     if dialect == "rerank":
-        raise RouterError(
-            "not_supported",
-            f"{_who(route)} cannot rerank: its backend has no rerank endpoint; serve a "
-            "reranker GGUF as a llama.cpp role with extra_args: [--reranking] on its entry of "
-            "the fleet file's models: section",
-        )
+        raise RouterError("not_supported", cannot_rerank(route))
     translation = TRANSLATIONS.get(path)
     if translation is None:
         raise RouterError(
