@@ -19,8 +19,8 @@ with ``config.json`` (``mlx_lm``), or none when its server keeps its own store
 used because it is the cache's own reader (layout, refs, snapshots).
 
 Whether the weights are a reranker is settled here too, once, for the launch and the
-router alike (:func:`serves_rerank`): the entry's ``reranking``, else ``--reranking`` in
-its ``extra_args``, else a GGUF whose pooling type is rank.
+router alike (:func:`serves_rerank`): ``--reranking`` in the entry's ``extra_args``, else
+its ``reranking``, else a GGUF whose pooling type is rank.
 """
 
 from __future__ import annotations
@@ -83,16 +83,17 @@ class ResolvedWeights:
 def serves_rerank(
     reranking: bool | None, extra_args: Sequence[str], path: Path, kind: WeightsKind
 ) -> bool:
-    """Whether a role's backend serves ``/v1/rerank``: ``reranking`` (the fleet's ``models:``
-    entry) when it says, else whether ``extra_args`` has llama-server's ``--reranking``
-    (``RERANKING_FLAGS``), else whether ``path`` is a GGUF file (``kind``) whose pooling
-    type is rank (llama.cpp's ``LLAMA_POOLING_TYPE_RANK``, what reranker GGUFs are written
-    with). A GGUF whose header cannot be read is no reranker: its backend fails to load
-    it, and that failure says why."""
-    if reranking is not None:
-        return reranking
+    """Whether a role's backend serves ``/v1/rerank``: yes when ``extra_args`` has
+    llama-server's ``--reranking`` (``RERANKING_FLAGS``: it is passed as given), else
+    ``reranking`` (the fleet's ``models:`` entry) when it says, else whether ``path`` is a
+    GGUF file (``kind``) whose pooling type is rank (llama.cpp's
+    ``LLAMA_POOLING_TYPE_RANK``, what reranker GGUFs are written with). A GGUF whose
+    header cannot be read is no reranker: its backend fails to load it, and that failure
+    says why."""
     if RERANKING_FLAGS & set(extra_args):
         return True
+    if reranking is not None:
+        return reranking
     if kind is not WeightsKind.GGUF_FILE:
         return False
     try:

@@ -77,8 +77,8 @@ class ModelSource:
     starts, where the flavor can (llama.cpp); ``cache_ram_mb``: the backend's RAM
     prompt cache in MiB (llama-server's ``--cache-ram``; ``None``: the adapter's small
     default), which the role's estimate counts. ``reranking``: the role's backend
-    serves ``/v1/rerank`` (llama-server's ``--reranking``); ``None``: as the weights say
-    (a GGUF whose pooling type is rank, or ``--reranking`` in ``extra_args``).
+    serves ``/v1/rerank`` (llama-server's ``--reranking``); ``None``: as the GGUF says (its
+    pooling type is rank); ``--reranking`` in ``extra_args`` reranks whatever this says.
     """
 
     path: Path

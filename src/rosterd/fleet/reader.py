@@ -45,14 +45,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 
 from rosterd.errors import FleetError
-from rosterd.fleet.model import (
-    RERANKING_FLAGS,
-    Fleet,
-    ModelSource,
-    Node,
-    Platform,
-    default_reserved_bytes,
-)
+from rosterd.fleet.model import Fleet, ModelSource, Node, Platform, default_reserved_bytes
 from rosterd.spec import InferFlavor
 from rosterd.tokens import GB, valid_token
 
@@ -478,12 +471,6 @@ class _FleetReader:
             reranking = None
             if "reranking" in fields:
                 reranking = self.boolean(fields["reranking"][1], f"{path}.reranking")
-                if not reranking and RERANKING_FLAGS & set(extra):
-                    raise self.fail(
-                        fields["reranking"][1],
-                        f"{path}.reranking",
-                        "false, but extra_args has --reranking: drop one of them",
-                    )
             models[key] = ModelSource(
                 path=source_path,
                 ctx_size=ctx_size,

@@ -87,6 +87,7 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
             rewrite=adapter.rewrite_request,
             flavor=s.spec.flavor.value,
             native=config.dialects.get(role, adapter.dialects_for(None)),
+            flavor_dialects=adapter.native_dialects,
             ollama_api=adapter.serves_ollama_api,
             progress=adapter.progress_probe,
             info={

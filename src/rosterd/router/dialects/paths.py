@@ -15,7 +15,6 @@ from typing import Any
 from starlette.types import Send
 
 from rosterd.errors import RouterError
-from rosterd.flavors import InferFlavor
 from rosterd.router.dialects.anthropic import MessagesTranslation
 from rosterd.router.dialects.envelope import envelope_for
 from rosterd.router.dialects.responses import ResponsesTranslation
@@ -33,10 +32,11 @@ def _who(route: RoleRoute) -> str:
 
 
 def cannot_rerank(route: RoleRoute) -> str:
-    """Why ``route``'s role cannot answer ``/v1/rerank``, and what to set: a llama.cpp role
-    is not a reranker (its fleet ``models:`` entry does not say ``reranking: true`` and
-    its GGUF's pooling type is not rank); another flavor's backend has no rerank at all."""
-    if route.flavor == InferFlavor.LLAMACPP.id:  # llama-server reranks with --reranking
+    """Why ``route``'s role cannot answer ``/v1/rerank``, and what to set: a role whose
+    flavor can rerank (llama.cpp) is not served as a reranker (its fleet ``models:`` entry
+    does not say ``reranking: true`` and its GGUF's pooling type is not rank); another
+    flavor's backend has no rerank at all."""
+    if "rerank" in route.flavor_dialects:  # llama-server, started with --reranking
         return (
             f"{_who(route)} cannot rerank: it is not served as a reranker; set reranking: "
             "true on its entry of the fleet file's models: section (its GGUF must be a "
