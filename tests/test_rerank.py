@@ -17,9 +17,11 @@ from typing import Any, cast
 import httpx
 import psutil
 import pytest
+from typer.testing import CliRunner
 
 from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import LlamaCppAdapter
+from rosterd.cli import _register, app
 from rosterd.errors import FleetError
 from rosterd.fleet.reader import parse_fleet
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -27,6 +29,9 @@ from rosterd.up.runtime import UpOptions
 from rosterd.weights import ResolvedWeights, resolve_weights
 from test_up_support import serving
 
+_register()
+ROLES = ("rerank", "chat")
+NODE = {"name": "box", "memory_gb": 4, "reserved_gb": 1, "platform": "linux-x86_64"}
 DOCUMENTS = ["the cat sat", "a dog ran", "rain fell", "bread rose"]
 
 
@@ -43,11 +48,26 @@ def tiny_gguf(path: Path, *, rerank: bool) -> Path:
     return cast(Path, module.write_tiny_gguf(path, 0, rerank=rerank))
 
 
+def write_lab(tmp: Path, models: Path) -> tuple[Path, Path]:
+    """Roster and fleet of two llama.cpp roles on one node: ``rerank`` on ``models``'
+    ``rerank.gguf`` and ``chat`` on its ``chat.gguf``, neither with a ``reranking:`` key
+    (the GGUF's pooling type says which is a reranker)."""
+    roster = tmp / "roster.yaml"
+    entries = [
+        {"id": role, "role": "test", "name": role, "repo": f"local/{role}", "ram_gb": 0.2}
+        | {"backend": "llama.cpp", "status": "live"}
+        for role in ROLES
+    ]
+    roster.write_text(json.dumps({"roster": entries}))
+    fleet = tmp / "fleet.yaml"
+    sources = {role: {"path": str(models / f"{role}.gguf"), "ctx_size": 512} for role in ROLES}
+    lab = {"nodes": [NODE], "models": sources, "model_roots": [str(models)]}
+    fleet.write_text(json.dumps(lab))
+    return roster, fleet
+
+
 def _spec(role: str) -> InferenceSpec:
     return InferenceSpec(role=role, flavor=InferFlavor.LLAMACPP, model=role, memory=MemorySpec(1))
-
-
-NODE = {"name": "box", "memory_gb": 4, "reserved_gb": 1, "platform": "linux-x86_64"}
 
 
 def _resolved(models: Path, fleet_models: dict[str, Any], role: str) -> ResolvedWeights:
@@ -87,6 +107,16 @@ def test_the_gguf_or_the_fleet_entry_makes_a_reranker_launched_with_reranking_on
     assert "rerank" not in adapter.dialects_for(None)
 
 
+def test_rosterd_models_says_which_role_is_a_reranker(tmp_path: Path) -> None:
+    tiny_gguf(tmp_path / "rerank.gguf", rerank=True)
+    tiny_gguf(tmp_path / "chat.gguf", rerank=False)
+    roster, fleet = write_lab(tmp_path, tmp_path)
+    shown = CliRunner().invoke(app, ["models", str(roster), "--fleet", str(fleet), "--json"])
+    assert shown.exit_code == 0, shown.output
+    models = json.loads(shown.stdout)["models"]
+    assert {role: m["reranker"] for role, m in models.items()} == {"rerank": True, "chat": False}
+
+
 def test_a_fleet_file_rejects_a_reranking_that_is_not_a_boolean(tmp_path: Path) -> None:
     text = json.dumps({"nodes": [NODE], "models": {"r": {"path": "r.gguf", "reranking": "yes"}}})
     with pytest.raises(FleetError) as refused:
@@ -100,25 +130,9 @@ async def test_a_reranker_role_answers_rerank_and_a_chat_role_is_refused_unloade
     tmp_path: Path, llama_server_binary: Path
 ) -> None:
     models = tmp_path / "models"
-    tiny_gguf(models / "tiny-rerank.gguf", rerank=True)
-    tiny_gguf(models / "tiny-chat.gguf", rerank=False)
-    roster = tmp_path / "roster.yaml"
-    entries = [
-        {"id": role, "role": "test", "name": role, "repo": f"local/{role}", "ram_gb": 0.2}
-        | {"backend": "llama.cpp", "status": "live"}
-        for role in ("rerank", "chat")
-    ]
-    roster.write_text(json.dumps({"roster": entries}))
-    fleet = tmp_path / "fleet.yaml"
-    lab = {  # no reranking: key: the GGUF's pooling type says it is a reranker
-        "nodes": [NODE],
-        "models": {
-            "rerank": {"path": "models/tiny-rerank.gguf", "ctx_size": 512},
-            "chat": {"path": "models/tiny-chat.gguf", "ctx_size": 512},
-        },
-        "model_roots": ["models"],
-    }
-    fleet.write_text(json.dumps(lab))
+    tiny_gguf(models / "rerank.gguf", rerank=True)
+    tiny_gguf(models / "chat.gguf", rerank=False)
+    roster, fleet = write_lab(tmp_path, models)
     options = UpOptions(
         roster_path=roster,
         fleet_path=fleet,
