@@ -23,6 +23,7 @@ from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.cli import _register, app
 from rosterd.errors import FleetError
+from rosterd.fleet import ModelSource
 from rosterd.fleet.reader import parse_fleet
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.up.runtime import UpOptions
@@ -105,6 +106,11 @@ def test_the_gguf_or_the_fleet_entry_makes_a_reranker_launched_with_reranking_on
         assert ("rerank" in adapter.dialects_for(source)) is reranks, role
         assert {"messages", "responses"} <= adapter.dialects_for(source)
     assert "rerank" not in adapter.dialects_for(None)
+    # weights not on this machine (a node agent's): the fleet entry alone says
+    remote = Path("/elsewhere/r.gguf")
+    assert "rerank" in adapter.dialects_for(ModelSource(remote, reranking=True))
+    assert "rerank" in adapter.dialects_for(ModelSource(remote, extra_args=("--rerank",)))
+    assert "rerank" not in adapter.dialects_for(ModelSource(remote))
 
 
 def test_rosterd_models_says_which_role_is_a_reranker(tmp_path: Path) -> None:

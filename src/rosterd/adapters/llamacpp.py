@@ -207,9 +207,12 @@ class LlamaCppAdapter(OpenAICompatible):
 
     def dialects_for(self, source: WeightsSource | None) -> frozenset[str]:
         """The dialects a role served from ``source`` answers: :attr:`native_dialects`,
-        less ``rerank`` unless its weights are a reranker (``source.reranking``; ``None``:
-        weights not known here, so none)."""
-        if source is not None and bool(getattr(source, "reranking", False)):
+        less ``rerank`` unless it is a reranker: its ``reranking`` is true (resolved weights
+        settle it, ``rosterd.weights.serves_rerank``; a fleet entry says so or not) or its
+        ``extra_args`` pass ``--reranking``. ``None`` (nothing known here): no rerank."""
+        if source is not None and (
+            getattr(source, "reranking", None) is True or RERANKING_FLAGS & set(source.extra_args)
+        ):
             return self.native_dialects
         return self.native_dialects - {"rerank"}
 
