@@ -39,10 +39,7 @@ class ModelFacts:
     none). ``key_length``/``value_length`` are per head. ``context_length`` is
     the trained context (tokens). ``dtype_bytes`` is the element size mlx_lm
     keeps its KV cache in (0 for GGUF, whose cache type is a serving setting).
-    ``tensors`` lists a GGUF's tensors (empty for MLX). ``pooling_type`` is a GGUF's
-    ``<arch>.pooling_type`` as llama.cpp numbers it (``LLAMA_POOLING_TYPE_*``:
-    0 none, 1 mean, 2 cls, 3 last, 4 rank, the reranker's; -1 when the file sets none,
-    and for MLX).
+    ``tensors`` lists a GGUF's tensors (empty for MLX).
     """
 
     path: Path
@@ -66,7 +63,6 @@ class ModelFacts:
     tensor_bytes: int
     dtype_bytes: int = 0
     tensors: tuple[TensorFacts, ...] = ()
-    pooling_type: int = -1
 
     @property
     def head_count_kv(self) -> int:

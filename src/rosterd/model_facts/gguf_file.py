@@ -113,26 +113,20 @@ def read_gguf_facts(path: Path) -> ModelFacts:
         file_bytes=path.stat().st_size,
         tensor_bytes=sum(t.n_bytes for t in tensors),
         tensors=tensors,
-        pooling_type=_pooling_type(values, arch),
     )
 
 
 def read_gguf_pooling_type(path: Path) -> int:
-    """The GGUF file ``path``'s ``<arch>.pooling_type`` (llama.cpp's ``LLAMA_POOLING_TYPE_*``;
-    4 is a reranker's, :data:`~rosterd.model_facts.facts.POOLING_TYPE_RANK`), or -1 when it
-    sets none. Reads the header only, as :func:`read_gguf_facts` does.
+    """The GGUF file ``path``'s ``<arch>.pooling_type`` as llama.cpp numbers it
+    (``LLAMA_POOLING_TYPE_*``: 0 none, 1 mean, 2 cls, 3 last, 4 rank, a reranker's,
+    :data:`~rosterd.model_facts.facts.POOLING_TYPE_RANK`), or -1 when it sets none. Reads
+    the header only, as :func:`read_gguf_facts` does.
 
     Raises:
         ModelFactsError: not a readable GGUF file.
     """
     values, _ = read_gguf_header(path)
-    arch = values.get("general.architecture")
-    return _pooling_type(values, arch) if isinstance(arch, str) else -1
-
-
-def _pooling_type(values: dict[str, object], arch: str) -> int:
-    """``<arch>.pooling_type`` of a GGUF's metadata as a number, -1 when absent or not one."""
-    found = values.get(f"{arch}.pooling_type")
+    found = values.get(f"{values.get('general.architecture')}.pooling_type")
     return found if isinstance(found, int) and not isinstance(found, bool) else -1
 
 
