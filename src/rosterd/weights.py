@@ -17,6 +17,10 @@ What "weights" are depends on the flavor's weights kind (``InferFlavor.facts.wei
 with ``config.json`` (``mlx_lm``), or none when its server keeps its own store
 (``ollama``). This module asks for the kind, never for the flavor. huggingface_hub is
 used because it is the cache's own reader (layout, refs, snapshots).
+
+Whether the weights are a reranker is settled here too, once, for the launch and the
+router alike (:func:`serves_rerank`): ``--reranking`` in the entry's ``extra_args``, else
+its ``reranking``, else a GGUF whose pooling type is rank.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
-from rosterd.errors import WeightsError
+from rosterd.errors import ModelFactsError, WeightsError
 from rosterd.flavors import WeightsKind
 from rosterd.fleet import Fleet, ModelSource
+from rosterd.fleet.model import RERANKING_FLAGS
+from rosterd.model_facts import POOLING_TYPE_RANK
+from rosterd.model_facts.gguf_file import read_gguf_pooling_type
 from rosterd.roster import ImportedRoster
 from rosterd.spec import InferenceSpec
 
@@ -60,7 +67,8 @@ class ResolvedWeights:
     ``size_bytes`` is the weights' size on disk (0 if unknown); ``grace_s``: the
     backend's SIGTERM-to-SIGKILL time from the fleet's ``models:`` entry (``None``:
     the supervisor's); ``keep_kv`` and ``cache_ram_mb`` as the entry's
-    (``rosterd.fleet.ModelSource``).
+    (``rosterd.fleet.ModelSource``); ``reranking``: the backend serves ``/v1/rerank``
+    (:func:`serves_rerank`).
     """
 
     path: Path
@@ -71,6 +79,29 @@ class ResolvedWeights:
     grace_s: float | None = None
     keep_kv: bool = True
     cache_ram_mb: int | None = None
+    reranking: bool = False
+
+
+def serves_rerank(
+    reranking: bool | None, extra_args: Sequence[str], path: Path, kind: WeightsKind
+) -> bool:
+    """Whether a role's backend serves ``/v1/rerank``: yes when ``extra_args`` has
+    llama-server's ``--reranking`` (``RERANKING_FLAGS``: it is passed as given), else
+    ``reranking`` (the fleet's ``models:`` entry) when it says, else whether ``path`` is a
+    GGUF file (``kind``) whose pooling type is rank (llama.cpp's
+    ``LLAMA_POOLING_TYPE_RANK``, what reranker GGUFs are written with). A GGUF whose
+    header cannot be read is no reranker: its backend fails to load it, and that failure
+    says why."""
+    if RERANKING_FLAGS & set(extra_args):
+        return True
+    if reranking is not None:
+        return reranking
+    if kind is not WeightsKind.GGUF_FILE:
+        return False
+    try:
+        return read_gguf_pooling_type(path) == POOLING_TYPE_RANK
+    except ModelFactsError:
+        return False
 
 
 def resolve_weights(
@@ -107,15 +138,17 @@ def resolve_weights(
             _inside_roots(spec, where, source.path, model_roots)
             path = _weights_of_kind(spec, kind, source.path.absolute(), where)
             _inside_roots(spec, where, path, model_roots)
+            extra = tuple(source.extra_args)
             return ResolvedWeights(
                 path=path,
                 ctx_size=source.ctx_size,
                 parallel=source.parallel,
-                extra_args=tuple(source.extra_args),
+                extra_args=extra,
                 size_bytes=_size_on_disk(path),
                 grace_s=getattr(source, "grace_s", None),
                 keep_kv=bool(getattr(source, "keep_kv", True)),
                 cache_ram_mb=getattr(source, "cache_ram_mb", None),
+                reranking=serves_rerank(getattr(source, "reranking", None), extra, path, kind),
             )
 
     repo_id = repo or (spec.model if spec.model and "/" in spec.model else None)
@@ -126,7 +159,11 @@ def resolve_weights(
             where = f"Hugging Face cache {repo_id}"
             path = _weights_of_kind(spec, kind, snapshot, where)
             _inside_roots(spec, where, path, [cache_root])
-            return ResolvedWeights(path=path, size_bytes=_size_on_disk(path))
+            return ResolvedWeights(
+                path=path,
+                size_bytes=_size_on_disk(path),
+                reranking=serves_rerank(None, (), path, kind),
+            )
         cache_note = f"repo {repo_id} is not in the Hugging Face cache at {cache_root}"
     looked = ", ".join(repr(k) for k in keys)
     raise WeightsError(
@@ -263,8 +300,8 @@ def separate_aliases(roster: ImportedRoster, fleet: Fleet) -> ImportedRoster:
         first = roster.get(target)
         if own is None or first is None or alias in ids:
             continue
-        source = fleet.source_of(alias, own.spec.model)
-        target_source = fleet.source_of(target, first.spec.model)
+        source = fleet.entry_of(alias, own.spec.model)
+        target_source = fleet.entry_of(target, first.spec.model)
         if source is None or source == target_source:
             continue
         same = next((r for r, s in separated.get(target, ()) if s == source), None)

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 def model_to_json(memory: RoleMemory) -> dict[str, object]:
     """One role's entry of ``--json``: ``flavor``, ``weights`` (``path``, ``format``,
     ``architecture``, ``parameter_count``, ``quantization``, ``context_length``, or
-    ``None``), ``ctx_size``, ``parallel``, ``declared_bytes``, ``declared_unmeasured``,
-    ``estimate`` (parts, notes, or ``None``) and ``estimate_note``."""
+    ``None``), ``ctx_size``, ``parallel``, ``reranker`` (its backend serves ``/v1/rerank``,
+    ``rosterd.weights.serves_rerank``; ``None`` without weights), ``declared_bytes``,
+    ``declared_unmeasured``, ``estimate`` (parts, notes, or ``None``) and ``estimate_note``."""
     from rosterd.memory.gathering import serving_settings
 
     facts = memory.facts
@@ -52,6 +53,7 @@ def model_to_json(memory: RoleMemory) -> dict[str, object]:
         "ctx_size": ctx if memory.weights is not None else None,
         "parallel": parallel if memory.weights is not None else None,
         "extra_args": list(extra),
+        "reranker": memory.weights.reranking if memory.weights is not None else None,
         "declared_bytes": memory.declared_bytes,
         "declared_unmeasured": memory.declared_unmeasured,
         "estimate": None
@@ -123,6 +125,7 @@ def models_cmd(
                 f"{facts.parameter_count / 1e6:.1f} M parameters, {facts.file_type}, "
                 f"trained context {facts.context_length}; served at ctx {ctx_size} "
                 f"x {parallel} slot(s)"
+                + ("; a reranker (/v1/rerank)" if m.weights and m.weights.reranking else "")
             )
         parts = (
             Text(
