@@ -1,8 +1,9 @@
-"""Write a tiny random llama- or gemma3-architecture GGUF that llama-server loads in milliseconds.
+"""Write a tiny random llama-, gemma3- or qwen3-architecture GGUF that llama-server loads in
+milliseconds.
 
-    python scripts/make_tiny_gguf.py OUT.gguf [--seed N] [--arch llama|gemma3]
+    python scripts/make_tiny_gguf.py OUT.gguf [--seed N] [--arch llama|gemma3|qwen3]
         [--blocks N] [--embd N] [--heads N] [--kv-heads N] [--head-dim N]
-        [--ff N] [--context-length N] [--sliding-window N]
+        [--ff N] [--context-length N] [--sliding-window N] [--rerank]
 
 Importable as well: ``write_tiny_gguf(path, seed=0, **shape)``. The default model
 has 2 blocks, n_embd 64, 4 heads, a 128-wide feed-forward and a byte-level
@@ -15,6 +16,14 @@ own through ``head_dim``, gemma3's interleaved sliding-window attention through
 count exactly. Weights are random F32 (seeded), so it writes garbage text, which
 is all a test of process handling or memory needs. Written with the ``gguf``
 package (llama.cpp's own GGUF writer).
+
+``rerank=True`` (``--rerank``) writes a reranker as Qwen3-Reranker's GGUFs are
+laid out: architecture ``qwen3``, ``qwen3.pooling_type`` = 4 (llama.cpp's
+``LLAMA_POOLING_TYPE_RANK``) and the one-label classifier head ``cls.output.weight``
+(``[n_embd, 1]``), which llama.cpp's ``src/models/qwen3.cpp`` loads and
+``build_pooling`` (``src/llama-graph.cpp``) applies to the last token's state.
+``llama-server --reranking`` then answers ``/v1/rerank`` with one random score per
+document: the answer's shape, not its quality.
 """
 
 from __future__ import annotations
@@ -33,7 +42,11 @@ N_FF: Final[int] = 128
 N_BLOCKS: Final[int] = 2
 CONTEXT_LENGTH: Final[int] = 512
 SPECIAL_TOKENS: Final[tuple[str, ...]] = ("<unk>", "<s>", "</s>")
-ARCHITECTURES: Final[tuple[str, ...]] = ("llama", "gemma3")
+ARCHITECTURES: Final[tuple[str, ...]] = ("llama", "gemma3", "qwen3")
+#: llama.cpp's ``LLAMA_POOLING_TYPE_RANK`` (``include/llama.h``): the GGUF is a reranker.
+POOLING_TYPE_RANK: Final[int] = 4
+#: Architectures whose attention normalises Q and K per head (``attn_q_norm``/``attn_k_norm``).
+_QK_NORM_ARCHITECTURES: Final[tuple[str, ...]] = ("gemma3", "qwen3")
 
 
 def _vocab() -> tuple[list[str], list[float], list[int]]:
@@ -62,6 +75,7 @@ def write_tiny_gguf(
     ff: int = N_FF,
     context_length: int = CONTEXT_LENGTH,
     sliding_window: int = 0,
+    rerank: bool = False,
 ) -> Path:
     """Write the tiny model to ``path`` (overwritten) and return it as a ``Path``.
 
@@ -70,11 +84,17 @@ def write_tiny_gguf(
     ``head_dim`` (key and value length) to ``embd // heads`` and, when given,
     is written as ``key_length``/``value_length``; ``sliding_window`` (tokens,
     gemma3 only, 0 for none) makes every layer but each sixth one a sliding-window
-    layer, as llama.cpp reads gemma3.
+    layer, as llama.cpp reads gemma3. ``rerank`` writes a qwen3 reranker (see the
+    module docstring); ``arch`` must then be ``qwen3`` or left at its default.
 
     Raises:
-        ValueError: an unknown ``arch``, or a shape that does not divide.
+        ValueError: an unknown ``arch``, a reranker of another architecture than
+            qwen3, or a shape that does not divide.
     """
+    if rerank:
+        if arch not in ("llama", "qwen3"):
+            raise ValueError(f"a reranker is written as qwen3, not {arch!r}")
+        arch = "qwen3"
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, not {arch!r}")
     n_kv_heads = heads if kv_heads is None else kv_heads
@@ -87,7 +107,7 @@ def write_tiny_gguf(
     n_vocab = len(tokens)
 
     writer = gguf.GGUFWriter(str(out), arch)
-    writer.add_name(f"rosterd-tiny-{arch}-{seed}")
+    writer.add_name(f"rosterd-tiny-{arch}{'-rerank' if rerank else ''}-{seed}")
     writer.add_context_length(context_length)
     writer.add_embedding_length(embd)
     writer.add_block_count(blocks)
@@ -102,6 +122,8 @@ def write_tiny_gguf(
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(n_head_dim)
     writer.add_vocab_size(n_vocab)
+    if rerank:
+        writer.add_pooling_type(gguf.PoolingType(POOLING_TYPE_RANK))
     writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
@@ -129,9 +151,10 @@ def write_tiny_gguf(
         writer.add_tensor(f"{prefix}.attn_k.weight", matrix(kv_width, embd))
         writer.add_tensor(f"{prefix}.attn_v.weight", matrix(kv_width, embd))
         writer.add_tensor(f"{prefix}.attn_output.weight", matrix(embd, q_width))
-        if arch == "gemma3":
+        if arch in _QK_NORM_ARCHITECTURES:
             writer.add_tensor(f"{prefix}.attn_q_norm.weight", ones(n_head_dim))
             writer.add_tensor(f"{prefix}.attn_k_norm.weight", ones(n_head_dim))
+        if arch == "gemma3":
             writer.add_tensor(f"{prefix}.post_attention_norm.weight", ones(embd))
         writer.add_tensor(f"{prefix}.ffn_norm.weight", ones(embd))
         writer.add_tensor(f"{prefix}.ffn_gate.weight", matrix(ff, embd))
@@ -141,6 +164,8 @@ def write_tiny_gguf(
             writer.add_tensor(f"{prefix}.post_ffw_norm.weight", ones(embd))
     writer.add_tensor("output_norm.weight", ones(embd))
     writer.add_tensor("output.weight", matrix(n_vocab, embd))
+    if rerank:
+        writer.add_tensor("cls.output.weight", matrix(1, embd))  # one label: the score
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -165,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sliding-window", type=int, default=0, help="gemma3 sliding window (tokens, 0: none)"
     )
+    parser.add_argument(
+        "--rerank", action="store_true", help="a qwen3 reranker (pooling type rank, cls head)"
+    )
     args = parser.parse_args(argv)
     path = write_tiny_gguf(
         args.out,
@@ -178,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         ff=args.ff,
         context_length=args.context_length,
         sliding_window=args.sliding_window,
+        rerank=args.rerank,
     )
     print(f"{path} ({path.stat().st_size} bytes)")
     return 0

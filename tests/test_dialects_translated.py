@@ -302,7 +302,7 @@ async def messages_errors(
     assert bad.json()["error"]["type"] == "invalid_request_error"
     assert rerank.status_code == 400
     assert "role 'mlx-chat' (flavor mlx_lm) cannot rerank" in rerank.json()["error"]["message"]
-    assert "extra_args: [--reranking]" in rerank.json()["error"]["message"]
+    assert "reranking: true" in rerank.json()["error"]["message"]
     assert seen == []  # none of them reached the backend
 
 

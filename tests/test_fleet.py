@@ -30,8 +30,10 @@ def test_readme_fleet_example_marks_exactly_the_required_node_keys(tmp_path: Pat
     lines = _readme_fleet_example()
     fleet = parse_fleet("\n".join(lines), file="fleet.yaml", base_dir=tmp_path)
     assert fleet.nodes[0].name == "studio"
-    assert set(fleet.models) == {"gemma-3-270m", "tiny-a", "chat"}
+    assert set(fleet.models) == {"gemma-3-270m", "tiny-a", "chat", "ranker"}
     assert fleet.replicas_of("chat") == 2
+    assert fleet.models["ranker"].reranking is True
+    assert fleet.models["chat"].reranking is None  # the GGUF's pooling type decides
     node_keys = [
         (i, line.split(":")[0].strip(" -"))
         for i, line in enumerate(lines)

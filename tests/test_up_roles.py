@@ -17,9 +17,19 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 
 from backend_helpers import pick_free_port
-from test_up_support import llama_entry, rosterd_argv, start_up, write_roster
+from test_up_support import (
+    GEMMA,
+    MODELS,
+    llama_entry,
+    prepare_example_models,
+    rosterd_argv,
+    start_up,
+    write_box_fleet,
+    write_roster,
+)
 
 GIB = 2**30
 
@@ -117,3 +127,69 @@ def test_embeddings_through_the_router_with_extra_args(
         assert reply.data[0].embedding != reply.data[1].embedding
     finally:
         assert up.stop(signal.SIGINT) == 0
+
+
+def _alias_lab(tmp_path: Path) -> list[str]:
+    """Two llama.cpp entries with no port, repo or name (so the import makes ``chat-big``
+    an alias of ``chat-small``, as the reference does) that the fleet maps to two files."""
+    prepare_example_models()
+    entry = {"role": "chat", "ram_gb": 0.5, "backend": "llama.cpp", "status": "live"}
+    roster = write_roster(
+        tmp_path / "roster.yaml", [{"id": "chat-small", **entry}, {"id": "chat-big", **entry}]
+    )
+    fleet = write_box_fleet(
+        tmp_path / "fleet.yaml",
+        {"chat-small": {"path": str(MODELS / "tiny-a.gguf")}, "chat-big": {"path": str(GEMMA)}},
+    )
+    return [str(roster), "--fleet", str(fleet)]
+
+
+def test_roster_import_keeps_the_references_alias(tmp_path: Path) -> None:
+    args = _alias_lab(tmp_path)
+    out = subprocess.run(
+        [*rosterd_argv(), "roster", "import", args[0], "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    result = json.loads(out)
+    assert [s["role"] for s in result["specs"]] == ["chat-small"]
+    assert result["skipped"] == [
+        ["chat-big", "alias of chat-small (same server, port and weights)"]
+    ]
+
+
+def test_an_alias_the_fleet_gives_other_weights_is_served_on_them(tmp_path: Path) -> None:
+    """Issue: ``chat-big`` was answered by ``chat-small``'s tiny model with a 200."""
+    args = _alias_lab(tmp_path)
+    plan = subprocess.run(
+        [*rosterd_argv(), "plan", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(plan.stdout)["placements"] == {"chat-small": "box", "chat-big": "box"}
+    said = " ".join(plan.stderr.split())
+    assert "'chat-big' (line" in said
+    assert "alias of 'chat-small'" in said
+    assert f"chat-big: {GEMMA}" in said
+    assert f"chat-small: {MODELS / 'tiny-a.gguf'}" in said
+    assert "same server, port and weights" not in said
+
+    up = start_up([*args, "--no-warm-up"], tmp_path, pick_free_port())
+    try:
+        assert {m["id"] for m in up.get("/v1/models")["data"]} == {"chat-small", "chat-big"}
+        with openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0) as client:
+            reply = client.chat.completions.create(
+                model="chat-big", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+            )
+        assert reply.model == "chat-big"
+        roles = up.get("/status")["nodes"]["box"]["roles"]
+        argv = psutil.Process(roles["chat-big"]["pid"]).cmdline()
+        assert str(GEMMA) in argv
+        assert str(MODELS / "tiny-a.gguf") not in argv
+    finally:
+        assert up.stop(signal.SIGINT) == 0
+    assert "as a role of its own" in up.output()

@@ -165,3 +165,45 @@ def test_from_a_fleet_file(tmp_path: Path) -> None:
     assert got.path.resolve() == (tmp_path / "models" / "gemma.gguf").resolve()
     assert got.ctx_size == 1024
     assert got.size_bytes == 42
+
+
+def _aliased_roster(tmp_path: Path) -> Path:
+    """Three llama.cpp entries the import makes one role and two aliases of it."""
+    roster = tmp_path / "roster.yaml"
+    entry = "role: chat, ram_gb: 0.5, backend: llama.cpp, status: live"
+    roster.write_text(
+        f"roster:\n  - {{id: a, {entry}}}\n  - {{id: b, {entry}}}\n  - {{id: c, {entry}}}\n"
+    )
+    return roster
+
+
+def test_separate_aliases_follows_the_fleets_files(tmp_path: Path) -> None:
+    from rosterd.roster.importer import load_roster
+    from rosterd.weights import separate_aliases
+
+    roster = load_roster(_aliased_roster(tmp_path), None)
+    assert roster.aliases == {"b": "a", "c": "a"}
+    one, two = touch(tmp_path / "one.gguf"), touch(tmp_path / "two.gguf")
+    nodes = Fleet(nodes=(), model_roots=(tmp_path,))
+
+    # No entry of its own, or the same entry as its target: still an alias.
+    same = Fleet(nodes=(), models={"a": ModelSource(one), "b": ModelSource(one)})
+    assert separate_aliases(roster, nodes) is roster
+    assert separate_aliases(roster, same) is roster
+
+    # b on other weights is served on its own; c, on b's file, becomes b's alias.
+    split = Fleet(
+        nodes=(), models={"a": ModelSource(one), "b": ModelSource(two), "c": ModelSource(two)}
+    )
+    out = separate_aliases(roster, split)
+    assert [s.spec.role for s in out.specs] == ["a", "b"]
+    assert out.aliases == {"c": "b"}
+    assert [i for i, _ in out.skipped] == ["c"]
+    (warning,) = out.warnings
+    assert f"b: {two}; a: {one}" in warning
+    assert "as a role of its own" in warning
+
+    # The same file with other settings is another server too, and says so.
+    tuned = Fleet(nodes=(), models={"a": ModelSource(one), "b": ModelSource(one, ctx_size=512)})
+    (said,) = separate_aliases(roster, tuned).warnings
+    assert "the same file with other settings" in said

@@ -17,18 +17,27 @@ What "weights" are depends on the flavor's weights kind (``InferFlavor.facts.wei
 with ``config.json`` (``mlx_lm``), or none when its server keeps its own store
 (``ollama``). This module asks for the kind, never for the flavor. huggingface_hub is
 used because it is the cache's own reader (layout, refs, snapshots).
+
+Whether the weights are a reranker is settled here too, once, for the launch and the
+router alike (:func:`serves_rerank`): ``--reranking`` in the entry's ``extra_args``, else
+its ``reranking``, else a GGUF whose pooling type is rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
-from rosterd.errors import WeightsError
+from rosterd.errors import ModelFactsError, WeightsError
 from rosterd.flavors import WeightsKind
-from rosterd.fleet import Fleet
+from rosterd.fleet import Fleet, ModelSource
+from rosterd.fleet.model import RERANKING_FLAGS
+from rosterd.model_facts import POOLING_TYPE_RANK
+from rosterd.model_facts.gguf_file import read_gguf_pooling_type
+from rosterd.roster import ImportedRoster
 from rosterd.spec import InferenceSpec
 
 
@@ -58,7 +67,8 @@ class ResolvedWeights:
     ``size_bytes`` is the weights' size on disk (0 if unknown); ``grace_s``: the
     backend's SIGTERM-to-SIGKILL time from the fleet's ``models:`` entry (``None``:
     the supervisor's); ``keep_kv`` and ``cache_ram_mb`` as the entry's
-    (``rosterd.fleet.ModelSource``).
+    (``rosterd.fleet.ModelSource``); ``reranking``: the backend serves ``/v1/rerank``
+    (:func:`serves_rerank`).
     """
 
     path: Path
@@ -69,6 +79,29 @@ class ResolvedWeights:
     grace_s: float | None = None
     keep_kv: bool = True
     cache_ram_mb: int | None = None
+    reranking: bool = False
+
+
+def serves_rerank(
+    reranking: bool | None, extra_args: Sequence[str], path: Path, kind: WeightsKind
+) -> bool:
+    """Whether a role's backend serves ``/v1/rerank``: yes when ``extra_args`` has
+    llama-server's ``--reranking`` (``RERANKING_FLAGS``: it is passed as given), else
+    ``reranking`` (the fleet's ``models:`` entry) when it says, else whether ``path`` is a
+    GGUF file (``kind``) whose pooling type is rank (llama.cpp's
+    ``LLAMA_POOLING_TYPE_RANK``, what reranker GGUFs are written with). A GGUF whose
+    header cannot be read is no reranker: its backend fails to load it, and that failure
+    says why."""
+    if RERANKING_FLAGS & set(extra_args):
+        return True
+    if reranking is not None:
+        return reranking
+    if kind is not WeightsKind.GGUF_FILE:
+        return False
+    try:
+        return read_gguf_pooling_type(path) == POOLING_TYPE_RANK
+    except ModelFactsError:
+        return False
 
 
 def resolve_weights(
@@ -105,15 +138,17 @@ def resolve_weights(
             _inside_roots(spec, where, source.path, model_roots)
             path = _weights_of_kind(spec, kind, source.path.absolute(), where)
             _inside_roots(spec, where, path, model_roots)
+            extra = tuple(source.extra_args)
             return ResolvedWeights(
                 path=path,
                 ctx_size=source.ctx_size,
                 parallel=source.parallel,
-                extra_args=tuple(source.extra_args),
+                extra_args=extra,
                 size_bytes=_size_on_disk(path),
                 grace_s=getattr(source, "grace_s", None),
                 keep_kv=bool(getattr(source, "keep_kv", True)),
                 cache_ram_mb=getattr(source, "cache_ram_mb", None),
+                reranking=serves_rerank(getattr(source, "reranking", None), extra, path, kind),
             )
 
     repo_id = repo or (spec.model if spec.model and "/" in spec.model else None)
@@ -124,7 +159,11 @@ def resolve_weights(
             where = f"Hugging Face cache {repo_id}"
             path = _weights_of_kind(spec, kind, snapshot, where)
             _inside_roots(spec, where, path, [cache_root])
-            return ResolvedWeights(path=path, size_bytes=_size_on_disk(path))
+            return ResolvedWeights(
+                path=path,
+                size_bytes=_size_on_disk(path),
+                reranking=serves_rerank(None, (), path, kind),
+            )
         cache_note = f"repo {repo_id} is not in the Hugging Face cache at {cache_root}"
     looked = ", ".join(repr(k) for k in keys)
     raise WeightsError(
@@ -230,3 +269,70 @@ def _size_on_disk(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _source_words(role: str, source: ModelSource | None) -> str:
+    return f"{role}: {source.path}" if source is not None else f"{role}: no models: entry"
+
+
+def separate_aliases(roster: ImportedRoster, fleet: Fleet) -> ImportedRoster:
+    """``roster`` with every alias that ``fleet`` gives other weights served on its own.
+
+    The import skips an entry as an alias of an earlier one on the same backend, port and
+    repo (as roster.rs, which cannot see the fleet), so a request for it reaches the
+    earlier entry's server. When the fleet's ``models:`` gives the alias an entry of its
+    own (by role id or model name) that differs from its target's (another file, or the
+    same file with other settings), serving it there would answer on weights the fleet
+    does not give it: the alias becomes a role of its own (the spec the import would have
+    made of it, ``ImportedRoster.alias_specs``), leaves ``skipped`` and ``aliases``, and
+    one warning names both files. An alias with no entry of its own, or the same entry as
+    its target (or as an alias already separated from that target), stays an alias of
+    that one. Specs stay in roster order. ``rosterd roster import`` prints the import
+    itself, unchanged; ``plan`` and ``up`` plan and serve this.
+    """
+    specs = list(roster.specs)
+    ids = {s.spec.role for s in specs}
+    aliases = dict(roster.aliases)
+    separated: dict[str, list[tuple[str, ModelSource]]] = {}  # target -> split-off aliases
+    warnings: list[str] = []
+    for alias, target in roster.aliases.items():
+        own = roster.alias_specs.get(alias)
+        first = roster.get(target)
+        if own is None or first is None or alias in ids:
+            continue
+        source = fleet.entry_of(alias, own.spec.model)
+        target_source = fleet.entry_of(target, first.spec.model)
+        if source is None or source == target_source:
+            continue
+        same = next((r for r, s in separated.get(target, ()) if s == source), None)
+        if same is not None:
+            aliases[alias] = same
+            continue
+        separated.setdefault(target, []).append((alias, source))
+        del aliases[alias]
+        ids.add(alias)
+        specs.append(own)
+        other = (
+            "the same file with other settings"
+            if target_source is not None and target_source.path == source.path
+            else "other weights"
+        )
+        warnings.append(
+            f"roster entry {alias!r} (line {own.line}): the roster import makes it an alias "
+            f"of {target!r} (same backend, port and repo), but the fleet's models: gives it "
+            f"{other} ({_source_words(alias, source)}; {_source_words(target, target_source)}"
+            f"); rosterd plans and serves {alias!r} as a role of its own on {source.path}"
+        )
+    if not warnings:
+        return roster
+    split = {alias for group in separated.values() for alias, _ in group}
+    return replace(
+        roster,
+        specs=tuple(sorted(specs, key=lambda s: s.line)),
+        skipped=tuple((i, why) for i, why in roster.skipped if i not in split),
+        warnings=(*roster.warnings, *warnings),
+        aliases=MappingProxyType(aliases),
+        alias_specs=MappingProxyType(
+            {a: s for a, s in roster.alias_specs.items() if a not in split}
+        ),
+    )

@@ -203,6 +203,12 @@ class Adapter(Protocol):
         Messages and Responses to chat completions for a backend without them."""
         ...
 
+    def dialects_for(self, source: WeightsSource | None) -> frozenset[str]:
+        """The :attr:`native_dialects` a role served from ``source`` (its resolved weights,
+        or its fleet ``models:`` entry when they are not on this machine; ``None``: neither)
+        answers: llama-server serves ``rerank`` for a reranker only. Pure."""
+        ...
+
     @property
     def serves_ollama_api(self) -> bool:
         """Whether the backend answers Ollama's own ``/api/chat``, ``/api/generate`` and
@@ -288,6 +294,10 @@ class OpenAICompatible:
     def native_dialects(self) -> frozenset[str]:
         """None by default: chat completions only (mlx_lm.server's API, for one)."""
         return frozenset()
+
+    def dialects_for(self, source: WeightsSource | None) -> frozenset[str]:
+        """:attr:`native_dialects`, whatever the weights."""
+        return self.native_dialects
 
     @property
     def serves_ollama_api(self) -> bool:

@@ -20,6 +20,14 @@ without it restores "successfully" and changes nothing (measured: ``prompt_n`` 3
 changes nothing. ``--slot-save-path`` comes from the backends boundary, which owns the
 folder (:class:`LlamaServerSlots`, llama.cpp's ``tools/server`` slot API).
 
+A reranker role (the weights' ``reranking``: the fleet's ``reranking: true``, or a GGUF
+whose pooling type is rank; ``rosterd.weights.serves_rerank``) is launched with
+``--reranking``, once even when ``extra_args`` has it too: without it llama-server
+answers ``/v1/rerank`` with 501 "This server does not support reranking", whatever the
+GGUF says (``tools/server/server-context.cpp``). Only such a role serves the ``rerank``
+dialect (:meth:`LlamaCppAdapter.dialects_for`); the router refuses the others' rerank
+requests before loading them.
+
 Flags are chosen from the built binary's ``--help``; memory-locking flags
 changed between llama.cpp versions, so none are passed (operators add theirs
 through ``extra_args``). The binary comes from ``scripts/build-llama-server``
@@ -46,6 +54,7 @@ from rosterd.adapters.base import (
 )
 from rosterd.adapters.llamacpp_slots import LlamaServerSlots
 from rosterd.errors import AdapterError
+from rosterd.fleet.model import RERANKING_FLAGS
 from rosterd.memory.estimate import MemoryEstimate, estimate_llamacpp, parse_llamacpp_settings
 from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferenceSpec, InferFlavor
@@ -71,6 +80,12 @@ LlamaCppMode = Literal["llama-server", "llama-cpp-python"]
 #: ``/v1/messages/count_tokens``, ``/v1/responses``, ``/v1/rerank``, checked on the
 #: build ``scripts/build-llama-server`` makes).
 LLAMA_SERVER_DIALECTS: Final[frozenset[str]] = frozenset({"messages", "responses", "rerank"})
+
+
+def reranking_args(*, reranking: bool, extra_args: Sequence[str]) -> tuple[str, ...]:
+    """``("--reranking",)`` for a reranker role whose ``extra_args`` do not pass it (or its
+    alias ``--rerank``) already, else nothing."""
+    return ("--reranking",) if reranking and not RERANKING_FLAGS & set(extra_args) else ()
 
 
 def kept_kv_args(*, keep_kv: bool, cache_ram_mb: int | None) -> tuple[str, ...]:
@@ -183,11 +198,23 @@ class LlamaCppAdapter(OpenAICompatible):
     @property
     def native_dialects(self) -> frozenset[str]:
         """llama-server's own routes: ``/v1/messages`` (and ``count_tokens``),
-        ``/v1/responses`` and ``/v1/rerank`` (this build's binary serves all three);
+        ``/v1/responses`` and ``/v1/rerank`` (this build's binary serves all three; rerank
+        only when started with ``--reranking``, see :meth:`dialects_for`);
         llama-cpp-python's server has chat completions only."""
         if self.mode == "llama-server":
             return LLAMA_SERVER_DIALECTS
         return frozenset()
+
+    def dialects_for(self, source: WeightsSource | None) -> frozenset[str]:
+        """The dialects a role served from ``source`` answers: :attr:`native_dialects`,
+        less ``rerank`` unless it is a reranker: its ``reranking`` is true (resolved weights
+        settle it, ``rosterd.weights.serves_rerank``; a fleet entry says so or not) or its
+        ``extra_args`` pass ``--reranking``. ``None`` (nothing known here): no rerank."""
+        if source is not None and (
+            getattr(source, "reranking", None) is True or RERANKING_FLAGS & set(source.extra_args)
+        ):
+            return self.native_dialects
+        return self.native_dialects - {"rerank"}
 
     @property
     def progress_probe(self) -> ProgressProbe | None:
@@ -264,6 +291,10 @@ class LlamaCppAdapter(OpenAICompatible):
                 *kept_kv_args(
                     keep_kv=bool(getattr(source, "keep_kv", True)),
                     cache_ram_mb=getattr(source, "cache_ram_mb", None),
+                ),
+                *reranking_args(
+                    reranking=bool(getattr(source, "reranking", False)),
+                    extra_args=source.extra_args,
                 ),
                 *source.extra_args,
             )

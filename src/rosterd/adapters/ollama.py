@@ -116,6 +116,10 @@ class OllamaAdapter:
         """``messages``: Ollama serves Anthropic's ``/v1/messages`` itself since 0.14."""
         return frozenset({"messages"})
 
+    def dialects_for(self, source: WeightsSource | None) -> frozenset[str]:
+        """:attr:`native_dialects`: ollama's routes do not depend on the model."""
+        return self.native_dialects
+
     def generation_probe(self, served_model: str) -> HttpProbe:
         """``POST /api/generate`` for one token (``num_predict: 1``), expecting ``response``."""
         return HttpProbe(

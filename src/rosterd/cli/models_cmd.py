@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 def model_to_json(memory: RoleMemory) -> dict[str, object]:
     """One role's entry of ``--json``: ``flavor``, ``weights`` (``path``, ``format``,
     ``architecture``, ``parameter_count``, ``quantization``, ``context_length``, or
-    ``None``), ``ctx_size``, ``parallel``, ``declared_bytes``, ``declared_unmeasured``,
-    ``estimate`` (parts, notes, or ``None``) and ``estimate_note``."""
+    ``None``), ``ctx_size``, ``parallel``, ``reranker`` (its backend serves ``/v1/rerank``,
+    ``rosterd.weights.serves_rerank``; ``None`` without weights), ``declared_bytes``,
+    ``declared_unmeasured``, ``estimate`` (parts, notes, or ``None``) and ``estimate_note``."""
     from rosterd.memory.gathering import serving_settings
 
     facts = memory.facts
@@ -52,6 +53,7 @@ def model_to_json(memory: RoleMemory) -> dict[str, object]:
         "ctx_size": ctx if memory.weights is not None else None,
         "parallel": parallel if memory.weights is not None else None,
         "extra_args": list(extra),
+        "reranker": memory.weights.reranking if memory.weights is not None else None,
         "declared_bytes": memory.declared_bytes,
         "declared_unmeasured": memory.declared_unmeasured,
         "estimate": None
@@ -97,9 +99,10 @@ def models_cmd(
     from rosterd.memory.count import show_declared, show_gb
     from rosterd.memory.gathering import gather_memory, serving_settings
     from rosterd.roster.importer import load_roster
+    from rosterd.weights import separate_aliases
 
-    imported = load_roster(roster, overlay)
     nodes = load_fleet(fleet) if fleet is not None else local_fleet()
+    imported = separate_aliases(load_roster(roster, overlay), nodes)
     memory = gather_memory(imported, nodes, None)
     for warning in imported.warnings:
         typer.echo(f"warning: {warning}", err=True)
@@ -122,6 +125,7 @@ def models_cmd(
                 f"{facts.parameter_count / 1e6:.1f} M parameters, {facts.file_type}, "
                 f"trained context {facts.context_length}; served at ctx {ctx_size} "
                 f"x {parallel} slot(s)"
+                + ("; a reranker (/v1/rerank)" if m.weights and m.weights.reranking else "")
             )
         parts = (
             Text(

@@ -213,10 +213,11 @@ def plan_cmd(
     from rosterd.placement import plan
     from rosterd.roster.importer import load_roster
     from rosterd.supervisor import default_state_dir
+    from rosterd.weights import separate_aliases
 
     out = make_console()  # wide and unwrapped when piped
-    imported = load_roster(roster, overlay)
     nodes = load_fleet(fleet) if fleet is not None else local_fleet()
+    imported = separate_aliases(load_roster(roster, overlay), nodes)
     memory = gather_memory(imported, nodes, state_dir or default_state_dir())
     # Warnings go to stderr in both modes, so `--json` keeps stdout one JSON document.
     for warning in [*imported.warnings, *memory.notes, *memory.warnings()]:

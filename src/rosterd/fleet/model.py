@@ -21,7 +21,19 @@ from rosterd.tokens import GB
 
 #: ``Platform`` is re-exported: a node's platform (defined with the flavors' facts in
 #: ``rosterd.flavors``, which say where each flavor runs).
-__all__ = ["Fleet", "ModelSource", "Node", "Platform", "default_reserved_bytes", "normal_ip"]
+__all__ = [
+    "RERANKING_FLAGS",
+    "Fleet",
+    "ModelSource",
+    "Node",
+    "Platform",
+    "default_reserved_bytes",
+    "normal_ip",
+]
+
+#: llama-server's flag that serves ``/v1/rerank`` and its alias (llama.cpp's
+#: ``common/arg.cpp``): in a ``models:`` entry's ``extra_args`` it says ``reranking: true``.
+RERANKING_FLAGS: frozenset[str] = frozenset({"--reranking", "--rerank"})
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,9 @@ class ModelSource:
     ``keep_kv``: save the backend's KV cache when it stops and restore it when it
     starts, where the flavor can (llama.cpp); ``cache_ram_mb``: the backend's RAM
     prompt cache in MiB (llama-server's ``--cache-ram``; ``None``: the adapter's small
-    default), which the role's estimate counts.
+    default), which the role's estimate counts. ``reranking``: the role's backend
+    serves ``/v1/rerank`` (llama-server's ``--reranking``); ``None``: as the GGUF says (its
+    pooling type is rank); ``--reranking`` in ``extra_args`` reranks whatever this says.
     """
 
     path: Path
@@ -75,6 +89,7 @@ class ModelSource:
     replicas: int = 1
     keep_kv: bool = True
     cache_ram_mb: int | None = None
+    reranking: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -100,13 +115,19 @@ class Fleet:
                 return node
         raise KeyError(name)
 
-    def replicas_of(self, role: str, model: str | None = None) -> int:
-        """How many copies of ``role`` to place (>= 1): its ``models:`` entry's ``replicas``,
-        looked up as the weights are (the role id first, then the roster model name)."""
+    def entry_of(self, role: str, model: str | None = None) -> ModelSource | None:
+        """``role``'s ``models:`` entry, looked up as the weights are (the role id first, then
+        the roster model name), or ``None`` when it has none."""
         for key in (role, model):
             if key is not None and key in self.models:
-                return self.models[key].replicas
-        return 1
+                return self.models[key]
+        return None
+
+    def replicas_of(self, role: str, model: str | None = None) -> int:
+        """How many copies of ``role`` to place (>= 1): its ``models:`` entry's ``replicas``
+        (:meth:`entry_of`), else 1."""
+        entry = self.entry_of(role, model)
+        return entry.replicas if entry is not None else 1
 
 
 def default_reserved_bytes(memory_bytes: int) -> int:

@@ -21,6 +21,8 @@ A fleet file is YAML::
                                         # by cached prefix and load (rosterd.replica_choice)
                   keep_kv: true,        # save/restore the KV cache across swaps (default)
                   cache_ram_mb: 256}    # the backend's RAM prompt cache, MiB (small default)
+      bge-reranker: {path: models/reranker.gguf,
+                     reranking: true}   # serves /v1/rerank (default: the GGUF's pooling type)
     model_roots: [models]       # optional: folders searched for weights
 
 The fleet's types are in :mod:`rosterd.fleet.model`; without a fleet file the
@@ -122,6 +124,7 @@ _MODEL_KEYS: Final = (
     "grace_s",
     "keep_kv",
     "cache_ram_mb",
+    "reranking",
     "replicas",
 )
 
@@ -465,6 +468,9 @@ class _FleetReader:
             cache_ram_mb = None
             if "cache_ram_mb" in fields:
                 cache_ram_mb = self.whole_number(fields["cache_ram_mb"][1], f"{path}.cache_ram_mb")
+            reranking = None
+            if "reranking" in fields:
+                reranking = self.boolean(fields["reranking"][1], f"{path}.reranking")
             models[key] = ModelSource(
                 path=source_path,
                 ctx_size=ctx_size,
@@ -474,6 +480,7 @@ class _FleetReader:
                 replicas=replicas,
                 keep_kv=keep_kv,
                 cache_ram_mb=cache_ram_mb,
+                reranking=reranking,
             )
         return models
 

@@ -126,15 +126,19 @@ class ServedConfig:
     """One configuration, read and gathered (files imported, figures gathered, weights
     resolved on this machine): the imported ``roster``, the ``fleet``, the ``memory``
     figures, ``launch`` (role -> what it launches with on this machine, in words: its
-    weights and run fingerprint; a role whose words change restarts once idle) and
+    weights and run fingerprint; a role whose words change restarts once idle),
     ``unavailable_here`` (role -> why this machine cannot use its weights; such a role
-    placed on a node of this machine is served as unavailable)."""
+    placed on a node of this machine is served as unavailable) and ``dialects`` (role ->
+    the dialects its backend answers itself, ``Adapter.dialects_for`` its weights: a
+    llama.cpp role reranks only when they are a reranker; a role not in it: its
+    adapter's for unknown weights)."""
 
     roster: ImportedRoster
     fleet: Fleet
     memory: MemoryFigures
     launch: Mapping[str, str] = field(default_factory=dict)
     unavailable_here: Mapping[str, str] = field(default_factory=dict)
+    dialects: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def first_by_role(self) -> dict[str, ImportedSpec]:
         """Role id -> its first imported entry: the one planned when an id is given twice."""

@@ -70,8 +70,8 @@ def serving_settings(source: WeightsSource | None) -> tuple[int, int, tuple[str,
 
 def run_fingerprint(spec: InferenceSpec, source: WeightsSource | None) -> str:
     """What identifies a run's settings, as 16 hex digits: flavor, model, weights path and
-    size, ``ctx_size``, ``parallel``, ``extra_args``, ``keep_kv`` and ``cache_ram_mb``. A
-    peak measured under another fingerprint is not counted for this one."""
+    size, ``ctx_size``, ``parallel``, ``extra_args``, ``keep_kv``, ``cache_ram_mb`` and
+    ``reranking``. A peak measured under another fingerprint is not counted for this one."""
     ctx, parallel, extra = serving_settings(source)
     size = source.size_bytes if isinstance(source, ResolvedWeights) else 0
     shape = [
@@ -85,6 +85,8 @@ def run_fingerprint(spec: InferenceSpec, source: WeightsSource | None) -> str:
         bool(getattr(source, "keep_kv", True)),
         getattr(source, "cache_ram_mb", None),
     ]
+    if getattr(source, "reranking", False):
+        shape.append("reranking")  # only when set: every other role keeps its measured peaks
     return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
 
 

@@ -18,6 +18,6 @@ import the file readers (mmap, gguf) along with them.
 
 from __future__ import annotations
 
-from rosterd.model_facts.facts import ModelFacts, ModelFormat, TensorFacts
+from rosterd.model_facts.facts import POOLING_TYPE_RANK, ModelFacts, ModelFormat, TensorFacts
 
-__all__ = ["ModelFacts", "ModelFormat", "TensorFacts"]
+__all__ = ["POOLING_TYPE_RANK", "ModelFacts", "ModelFormat", "TensorFacts"]

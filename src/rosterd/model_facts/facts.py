@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 ModelFormat = Literal["gguf", "mlx"]
+
+#: llama.cpp's ``LLAMA_POOLING_TYPE_RANK`` (``include/llama.h``): a GGUF written with it is a
+#: reranker (Qwen3-Reranker's, bge-reranker's), which llama-server serves with ``--reranking``.
+POOLING_TYPE_RANK: Final[int] = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,6 +116,20 @@ def read_gguf_facts(path: Path) -> ModelFacts:
     )
 
 
+def read_gguf_pooling_type(path: Path) -> int:
+    """The GGUF file ``path``'s ``<arch>.pooling_type`` as llama.cpp numbers it
+    (``LLAMA_POOLING_TYPE_*``: 0 none, 1 mean, 2 cls, 3 last, 4 rank, a reranker's,
+    :data:`~rosterd.model_facts.facts.POOLING_TYPE_RANK`), or -1 when it sets none. Reads
+    the header only, as :func:`read_gguf_facts` does.
+
+    Raises:
+        ModelFactsError: not a readable GGUF file.
+    """
+    values, _ = read_gguf_header(path)
+    found = values.get(f"{values.get('general.architecture')}.pooling_type")
+    return found if isinstance(found, int) and not isinstance(found, bool) else -1
+
+
 @dataclass(frozen=True, slots=True)
 class _Skipped:
     """A GGUF string array read past without its items (the vocabulary): only its length."""

@@ -200,12 +200,48 @@ def _backend_warning(file: str | None, index: int, raw: RawEntry) -> str | None:
     )
 
 
+def _spec_of(raw: RawEntry, flavor: InferFlavor, overlay: RosterOverlay) -> ImportedSpec | str:
+    """``raw`` as an imported spec of ``flavor``, or the reference's skip reason
+    (``ram_gb`` missing, or not a valid inference spec)."""
+    weights = ram_bytes(raw.ram_gb)
+    if weights is None:
+        return "ram_gb is missing or not a number"
+    latency = overlay.latency_class.get(raw.id)
+    if latency is None:
+        text = rust_ascii_lowercase(f"{raw.id} {raw.role}")
+        voice = "voice" in text or "realtime" in text
+        latency = LatencyClass.INTERACTIVE if voice else LatencyClass.BATCH
+    spec = InferenceSpec(
+        role=raw.id,
+        flavor=flavor,
+        model=raw.name if valid_token(raw.name, 128) else None,
+        serve=ServeSpec(port=raw.port),
+        memory=MemorySpec(weights_bytes=weights),
+        sticky=overlay.sticky.get(raw.id, True),
+        latency_class=latency,
+        excludes=tuple(overlay.excludes.get(raw.id, ())),
+    )
+    try:
+        spec.validate()
+    except SpecError as err:
+        return f"not a valid inference spec: {err}"
+    return ImportedSpec(
+        spec=spec,
+        repo=raw.repo,
+        status=raw.status,
+        name=raw.name,
+        line=raw.line,
+        ram_gb_unmeasured=is_unmeasured_ram_gb(raw.ram_gb),
+    )
+
+
 def _import_entries(
     raws: list[RawEntry], overlay: RosterOverlay, warnings: list[str], file: str | None
 ) -> ImportedRoster:
     specs: list[ImportedSpec] = []
     skipped: list[tuple[str, str]] = []
     aliases: dict[str, str] = {}
+    alias_specs: dict[str, ImportedSpec] = {}
     # (flavor id, port, repo) -> id of the first imported entry, to spot aliases.
     seen: dict[tuple[str, int | None, str], str] = {}
     # id of each imported entry -> its raw entry, for the alias warning.
@@ -229,33 +265,16 @@ def _import_entries(
         if first is not None:
             skipped.append((raw.id, f"alias of {first} (same server, port and weights)"))
             aliases[raw.id] = first
+            own = _spec_of(raw, flavor, overlay)
+            if isinstance(own, ImportedSpec):
+                alias_specs.setdefault(raw.id, own)
             target = imported_raws[first]
             if raw.name != target.name:
                 warnings.append(_alias_name_warning(index, raw, target))
             continue
-        weights = ram_bytes(raw.ram_gb)
-        if weights is None:
-            skipped.append((raw.id, "ram_gb is missing or not a number"))
-            continue
-        latency = overlay.latency_class.get(raw.id)
-        if latency is None:
-            text = rust_ascii_lowercase(f"{raw.id} {raw.role}")
-            voice = "voice" in text or "realtime" in text
-            latency = LatencyClass.INTERACTIVE if voice else LatencyClass.BATCH
-        spec = InferenceSpec(
-            role=raw.id,
-            flavor=flavor,
-            model=raw.name if valid_token(raw.name, 128) else None,
-            serve=ServeSpec(port=raw.port),
-            memory=MemorySpec(weights_bytes=weights),
-            sticky=overlay.sticky.get(raw.id, True),
-            latency_class=latency,
-            excludes=tuple(overlay.excludes.get(raw.id, ())),
-        )
-        try:
-            spec.validate()
-        except SpecError as err:
-            skipped.append((raw.id, f"not a valid inference spec: {err}"))
+        imported = _spec_of(raw, flavor, overlay)
+        if isinstance(imported, str):
+            skipped.append((raw.id, imported))
             continue
         seen[key] = raw.id
         twice = first_of_id.setdefault(raw.id, raw)
@@ -266,19 +285,11 @@ def _import_entries(
                 f"{twice.line}); rosterd plans and serves the first entry only"
             )
         imported_raws[raw.id] = raw
-        specs.append(
-            ImportedSpec(
-                spec=spec,
-                repo=raw.repo,
-                status=raw.status,
-                name=raw.name,
-                line=raw.line,
-                ram_gb_unmeasured=is_unmeasured_ram_gb(raw.ram_gb),
-            )
-        )
+        specs.append(imported)
     return ImportedRoster(
         specs=tuple(specs),
         skipped=tuple(skipped),
         warnings=tuple(warnings),
         aliases=MappingProxyType(aliases),
+        alias_specs=MappingProxyType(alias_specs),
     )

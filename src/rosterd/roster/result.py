@@ -44,13 +44,17 @@ class ImportedRoster:
     key or no entries, merge keys, overlay settings naming no roster entry,
     overlay roles given twice, aliases whose ``name`` differs from their
     target's), which never change the rest;
-    ``aliases`` maps each id skipped as an alias to the role it aliases.
+    ``aliases`` maps each id skipped as an alias to the role it aliases;
+    ``alias_specs`` (rosterd's, not the reference's; never printed by the import) holds
+    the spec each alias would have been on its own, for the fleet to serve it separately
+    when it gives the alias other weights (``rosterd.weights.separate_aliases``).
     """
 
     specs: tuple[ImportedSpec, ...] = ()
     skipped: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
     aliases: AbcMapping[str, str] = field(default_factory=dict)
+    alias_specs: AbcMapping[str, ImportedSpec] = field(default_factory=dict)
 
     def get(self, id: str) -> ImportedSpec | None:
         """The imported spec whose role is ``id`` (the first, if several), else ``None``."""

@@ -160,8 +160,8 @@ _ENABLE_HINTS: Mapping[str, str] = MappingProxyType(
             "type), then run rosterd reload"
         ),
         "rerank": (
-            "to enable it, add --reranking to extra_args of the role's model in the fleet "
-            "file's models: section (the GGUF must be a reranker), then run rosterd reload"
+            "to enable it, set reranking: true on the role's entry of the fleet file's "
+            "models: section (the GGUF must be a reranker), then run rosterd reload"
         ),
     }
 )

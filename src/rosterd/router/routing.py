@@ -46,8 +46,11 @@ class RoleRoute:
     served_model)`` (default: only ``model`` is set to the served name);
     ``info``: extra JSON for ``/v1/models`` (node, latency class, …);
     ``flavor``: the adapter's flavor (named in errors); ``native``: the dialects of
-    :data:`DIALECT_PATHS` its backend serves itself (the adapter's ``native_dialects``;
-    the router translates the others to chat completions where it can).
+    :data:`DIALECT_PATHS` its backend serves itself (the adapter's ``dialects_for`` its
+    weights; the router translates the others to chat completions where it can);
+    ``flavor_dialects``: those its flavor's backend serves when set up for them (the
+    adapter's ``native_dialects``: llama-server reranks when started as a reranker), so
+    that a refusal can say what to set.
     ``ollama_api``: its backend answers Ollama's own API (``Adapter.serves_ollama_api``),
     so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated;
     ``progress``: how its backend says how far a quiet request has come
@@ -60,6 +63,7 @@ class RoleRoute:
     info: Mapping[str, object] = field(default_factory=dict)
     flavor: str = ""
     native: frozenset[str] = frozenset()
+    flavor_dialects: frozenset[str] = frozenset()
     ollama_api: bool = False
     progress: ProgressProbe | None = None
 

@@ -28,17 +28,20 @@ from rosterd.roster import ImportedRoster
 from rosterd.roster.importer import load_roster
 from rosterd.spec import InferFlavor
 from rosterd.up.options import UpOptions
+from rosterd.weights import WeightsSource, separate_aliases
 
 
 def read_files(options: UpOptions) -> tuple[ImportedRoster, Fleet]:
-    """Import the roster (with its overlay) and read the fleet of ``options``.
+    """Import the roster (with its overlay) and read the fleet of ``options``; an alias the
+    fleet gives other weights than its target is served as a role of its own
+    (``rosterd.weights.separate_aliases``).
 
     Raises:
         RosterError, FleetError: a file is rejected (file, line and column named).
     """
     roster = load_roster(options.roster_path, options.overlay_path)
     fleet = load_fleet(options.fleet_path) if options.fleet_path is not None else local_fleet()
-    return roster, fleet
+    return separate_aliases(roster, fleet), fleet
 
 
 def serving_facts(config: ServedConfig) -> ServingFacts:
@@ -49,25 +52,32 @@ def serving_facts(config: ServedConfig) -> ServingFacts:
 def gather(roster: ImportedRoster, fleet: Fleet, state_dir: Path | None) -> ServedConfig:
     """``roster`` on ``fleet`` as the fleet scheduler takes it: every role's memory figures
     (``gather_memory``: ``ram_gb``, the estimate from its weights, the peaks measured
-    in ``state_dir``), what it launches with on this machine and why this machine
-    cannot use its weights, for each role that has any (blocking: call it in a thread
-    while serving)."""
+    in ``state_dir``), what it launches with on this machine, why this machine
+    cannot use its weights, for each role that has any, and the dialects its backend
+    answers (``Adapter.dialects_for`` its weights, or its fleet ``models:`` entry when
+    they are not here) (blocking: call it in a thread while serving)."""
     memory = gather_memory(roster, fleet, state_dir)
     config = ServedConfig(roster, fleet, memory)
     resolve = weights_resolver(serving_facts(config))
     fingerprints = memory.fingerprints()
     launch: dict[str, str] = {}
     unavailable: dict[str, str] = {}
+    dialects: dict[str, frozenset[str]] = {}
     for role, imported in config.first_by_role().items():
         words = "its flavor keeps its own weights"
-        if adapter_for(imported.spec.flavor).shared_server is None:
+        adapter = adapter_for(imported.spec.flavor)
+        source: WeightsSource | None = None
+        if adapter.shared_server is None:
             try:
-                words = repr(resolve(imported.spec))
+                source = resolve(imported.spec)
+                words = repr(source)
             except RosterdError as exc:
                 unavailable[role] = str(exc)
                 words = "no weights"
+                source = fleet.entry_of(role, imported.spec.model)
         launch[role] = f"{words} {fingerprints.get(role, '')}"
-    return ServedConfig(roster, fleet, memory, launch, unavailable)
+        dialects[role] = adapter.dialects_for(source)
+    return ServedConfig(roster, fleet, memory, launch, unavailable, dialects)
 
 
 def connections(fleet: Fleet, cluster: RayCluster | None) -> dict[str, Connection]:

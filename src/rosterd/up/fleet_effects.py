@@ -68,7 +68,8 @@ _LOG_LEVELS = {
 
 def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str, RoleRoute]:
     """Role -> its route, for each role ``placements`` (role -> node) serves: the names a
-    request may give it (model name, aliases), the flavor's request rewrite, and what
+    request may give it (model name, aliases), the flavor's request rewrite, the dialects
+    its backend answers (``config.dialects``: rerank for a reranker only), and what
     ``/v1/models`` says of it."""
     by_role = config.first_by_role()
     aliases: dict[str, list[str]] = {}
@@ -85,7 +86,8 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
             names=tuple(dict.fromkeys(names)),
             rewrite=adapter.rewrite_request,
             flavor=s.spec.flavor.value,
-            native=adapter.native_dialects,
+            native=config.dialects.get(role, adapter.dialects_for(None)),
+            flavor_dialects=adapter.native_dialects,
             ollama_api=adapter.serves_ollama_api,
             progress=adapter.progress_probe,
             info={

@@ -8,6 +8,7 @@ backend that does not serve them natively.
 - ``translated``: forwarding a dialect's request to a backend's ``/v1/chat/completions``
   and its answer back.
 
-Which dialects a backend serves natively is its adapter's ``native_dialects``; the proxy
+Which dialects a role's backend serves natively is its adapter's ``dialects_for`` its
+weights (``RoleRoute.native``: llama-server reranks only a reranker); the proxy
 translates only for the others.
 """

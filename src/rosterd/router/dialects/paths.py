@@ -31,6 +31,24 @@ def _who(route: RoleRoute) -> str:
     return f"role {route.role!r} (flavor {route.flavor or 'unknown'})"
 
 
+def cannot_rerank(route: RoleRoute) -> str:
+    """Why ``route``'s role cannot answer ``/v1/rerank``, and what to set: a role whose
+    flavor can rerank (llama.cpp) is not served as a reranker (its fleet ``models:`` entry
+    does not say ``reranking: true`` and its GGUF's pooling type is not rank); another
+    flavor's backend has no rerank at all."""
+    if "rerank" in route.flavor_dialects:  # llama-server, started with --reranking
+        return (
+            f"{_who(route)} cannot rerank: it is not served as a reranker; set reranking: "
+            "true on its entry of the fleet file's models: section (its GGUF must be a "
+            "reranker, such as bge-reranker or Qwen3-Reranker), then run rosterd reload"
+        )
+    return (
+        f"{_who(route)} cannot rerank: its backend has no rerank endpoint; serve a reranker "
+        "GGUF as a llama.cpp role, with reranking: true on its entry of the fleet file's "
+        "models: section"
+    )
+
+
 def check_dialect(path: str, route: RoleRoute, payload: Mapping[str, Any]) -> None:
     """Raise the answer to a request on dialect ``path`` that ``route``'s backend cannot
     take: 400 ``not_supported`` for rerank on a backend without it (naming the role and
@@ -41,12 +59,7 @@ def check_dialect(path: str, route: RoleRoute, payload: Mapping[str, Any]) -> No
     if dialect in route.native:
         return
     if dialect == "rerank":
-        raise RouterError(
-            "not_supported",
-            f"{_who(route)} cannot rerank: its backend has no rerank endpoint; serve a "
-            "reranker GGUF as a llama.cpp role with extra_args: [--reranking] on its entry of "
-            "the fleet file's models: section",
-        )
+        raise RouterError("not_supported", cannot_rerank(route))
     translation = TRANSLATIONS.get(path)
     if translation is None:
         raise RouterError(

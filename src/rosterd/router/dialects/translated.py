@@ -1,7 +1,7 @@
 """A dialect's request served through a backend's chat completions (DESIGN.md layer 7).
 
-For a role whose backend does not serve a dialect natively (its adapter's
-``native_dialects``), the proxy hands the request here: the dialect's
+For a role whose backend does not serve a dialect natively (``RoleRoute.native``, its
+adapter's ``dialects_for`` its weights), the proxy hands the request here: the dialect's
 :class:`Translation` turns it into a ``POST /v1/chat/completions``, and the answer back,
 a plain one whole, a stream event by event as its chunks arrive (each chat chunk makes
 its own events at once: nothing is held back). A backend's 4xx comes back with its
