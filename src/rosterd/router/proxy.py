@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
 from rosterd.metrics import RosterdMetrics
@@ -55,7 +55,13 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body, send_whole, wait_disconnect
+from rosterd.router.passthrough import (
+    ANSWER_TAIL_BYTES,
+    ClientAnswer,
+    pass_body,
+    send_whole,
+    wait_disconnect,
+)
 from rosterd.router.progress import watched
 from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.routing import (
@@ -91,7 +97,7 @@ _END = {"type": "http.response.body", "body": b"", "more_body": False}
 class ProxyContext:
     """What every proxied path shares: the scheduler that grants leases, the routes and
     names, the limits, the metrics, the upstream client, the charts' history and the
-    checks of restored KV caches (the first answer after each restore)."""
+    checks of restored KV caches (``restore_check``: the first answer after each)."""
 
     scheduler: Scheduler
     routes: Mapping[str, RoleRoute]
@@ -101,38 +107,6 @@ class ProxyContext:
     upstream: Upstream
     history: History
     restores: RestoreChecks = field(default_factory=RestoreChecks)
-
-
-class _Answer:
-    """The client's side of one request: ``send``, remembering what was sent.
-
-    ``status``: the status sent (0: none yet); ``stream``: the answer is an
-    event stream; ``sse_open``: an event stream started and has not ended;
-    ``done``: the last body message was sent; ``tokens``: what the backend said it
-    generated (0: it did not say).
-    """
-
-    __slots__ = ("_send", "done", "sse_open", "status", "stream", "tokens")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.status = 0
-        self.stream = False
-        self.sse_open = False
-        self.done = False
-        self.tokens = 0
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = int(message["status"])
-            self.stream = self.sse_open = any(
-                k == b"content-type" and v.startswith(b"text/event-stream")
-                for k, v in message.get("headers", ())
-            )
-        elif not message.get("more_body", False):
-            self.sse_open = False
-            self.done = True
-        await self._send(message)
 
 
 class _Cut:
@@ -147,7 +121,7 @@ class _Cut:
 
     __slots__ = ("answer", "armed", "task", "why")
 
-    def __init__(self, task: asyncio.Task[Any], answer: _Answer) -> None:
+    def __init__(self, task: asyncio.Task[Any], answer: ClientAnswer) -> None:
         self.task = task
         self.answer = answer
         self.why: str | Revocation | None = None
@@ -193,7 +167,7 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         role = "-"
-        answer = _Answer(send)
+        answer = ClientAnswer(send)
         try:
             config = self.ctx.config
             body = await read_body(
@@ -246,7 +220,7 @@ class Proxy:
                 self.ctx.history.request_done(role, answer.tokens)
 
     async def _serve(
-        self, role: str, payload: dict[str, Any], receive: Receive, answer: _Answer
+        self, role: str, payload: dict[str, Any], receive: Receive, answer: ClientAnswer
     ) -> None:
         """Serve the request (:meth:`_serve_leased`); cut it at once if the client leaves
         (:class:`ClientGoneError`) or the scheduler revokes its lease (:meth:`_after_cut`)."""
@@ -279,7 +253,7 @@ class Proxy:
             watcher.cancel()
 
     async def _serve_leased(
-        self, role: str, payload: dict[str, Any], answer: _Answer, cut: _Cut
+        self, role: str, payload: dict[str, Any], answer: ClientAnswer, cut: _Cut
     ) -> None:
         """Take a lease, forward, give the lease back; when the backend could not be reached
         and nothing was sent yet, send the request once to another ready copy of the role
@@ -331,7 +305,12 @@ class Proxy:
         )
 
     async def _forward_unless_revoked(
-        self, lease: Lease, payload: dict[str, Any], answer: _Answer, cut: _Cut, asked_at: float
+        self,
+        lease: Lease,
+        payload: dict[str, Any],
+        answer: ClientAnswer,
+        cut: _Cut,
+        asked_at: float,
     ) -> None:
         """Forward under the liveness deadlines, cut at once if the scheduler revokes the lease.
 
@@ -382,7 +361,7 @@ class Proxy:
             if revoked is not None:
                 revoked.remove_done_callback(cut.revoked)
 
-    async def _after_cut(self, role: str, why: str | Revocation, answer: _Answer) -> None:
+    async def _after_cut(self, role: str, why: str | Revocation, answer: ClientAnswer) -> None:
         if not isinstance(why, Revocation):
             log.info("client left a %s request to %s; upstream closed", self.label, role)
             raise ClientGoneError(f"the client left its {self.label} request to {role}")
@@ -400,7 +379,7 @@ class Proxy:
         lease: Lease,
         payload: dict[str, Any],
         send: Send,
-        answer: _Answer,
+        answer: ClientAnswer,
         told: list[tuple[bytes, bytes]],
     ) -> None:
         """Send the request to ``lease``'s backend and pass its answer through to ``send``
@@ -443,8 +422,7 @@ class Proxy:
                 with upstream_errors(role):
                     whole = await upstream.read()
                 answer.tokens = generated_tokens(whole[-ANSWER_TAIL_BYTES:])
-                if upstream.status < 300 and self.ctx.restores.wants(lease):
-                    self.ctx.restores.check(lease, whole[-ANSWER_TAIL_BYTES:])
+                self.ctx.restores.answered(lease, upstream.status, whole[-ANSWER_TAIL_BYTES:])
                 await send_whole(send, upstream.status, content_type, whole, told)
                 return
             headers_out = [(b"content-type", content_type.encode()), *told]
@@ -472,8 +450,7 @@ class Proxy:
                 )
                 await send(self.envelope.sse_event(cut))
                 return
-            if upstream.status < 300 and self.ctx.restores.wants(lease):
-                self.ctx.restores.check(lease, tail)
+            self.ctx.restores.answered(lease, upstream.status, tail)
             await send(_END)
         finally:
             # Back to the pool when the answer was read to its end; on a cut (the client
@@ -502,7 +479,7 @@ class Proxy:
         return await upstream.post(base_url, path, body, accept, fresh=True)
 
 
-def _may_resend(why: str | Revocation, answer: _Answer) -> bool:
+def _may_resend(why: str | Revocation, answer: ClientAnswer) -> bool:
     """Whether a request cut for ``why`` may be sent again: its revocation allows it and no
     byte of its answer was sent."""
     return isinstance(why, Revocation) and why.resend and not answer.status

@@ -117,8 +117,8 @@ class RestoreChecks:
     """The restore checks of one router: per copy (node, role), the backend start it
     judged and what it found; which roles were warned about.
 
-    Use: :meth:`wants` on every answered lease (cheap), :meth:`check` on the answer's
-    tail when it says yes; :meth:`annotate` the ``/status`` roles."""
+    Use: :meth:`answered` for every answer (cheap: it reads the tail only when
+    :meth:`wants` says so, then :meth:`check`); :meth:`annotate` the ``/status`` roles."""
 
     def __init__(self) -> None:
         # (node, role) -> (the backend's base URL, the lease generation judged, the check)
@@ -131,6 +131,13 @@ class RestoreChecks:
             return False
         done = self._checks.get((lease.node, lease.role))
         return done is None or done[1] != lease.generation or done[0] != lease.endpoint.base_url
+
+    def answered(self, lease: Lease, status: int, tail: bytes) -> None:
+        """``lease``'s backend answered with ``status`` and an answer ending in ``tail``:
+        judge its restore if this is the first successful answer after it (:meth:`check`);
+        any other answer costs an attribute check."""
+        if lease.endpoint.restored_tokens and status < 300 and self.wants(lease):
+            self.check(lease, tail)
 
     def check(self, lease: Lease, tail: bytes) -> RestoreCheck | None:
         """Judge the restore from the answer ending in ``tail`` (see :func:`restore_verdict`)
