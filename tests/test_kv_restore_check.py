@@ -139,7 +139,7 @@ def test_status_shows_the_kept_kv_and_the_last_restore_in_one_cell() -> None:
         "last_restore": "restored",
         "last_restore_detail": "role chat: KV of slot 0 restored ...",
     }
-    info: dict[str, object] = {"base_url": served.endpoint.base_url, "kv": dict(kv)}
+    info: dict[str, object] = {"base_url": served.endpoint.base_url, "pid": 1, "kv": dict(kv)}
     checks.annotate("box", "chat", info)
     assert info["kv_summary"] == "3,713 tok · 18 MiB · restored"
     checks.check(served, plain_answer(cache_n=2, prompt_n=3716))
@@ -150,10 +150,14 @@ def test_status_shows_the_kept_kv_and_the_last_restore_in_one_cell() -> None:
     assert shown["last_restore_check"] == "not reused"
     assert shown["last_restore_prefilled"] == 3716
     assert "did not serve" in str(shown["last_restore_check_detail"])
-    # A later backend of the role (another base URL) is not judged by that answer.
-    later: dict[str, object] = {"base_url": "http://127.0.0.1:10", "kv": dict(kv)}
+    # A later backend of the role (another process) is not judged by that answer.
+    later: dict[str, object] = {"base_url": served.endpoint.base_url, "pid": 2, "kv": dict(kv)}
     checks.annotate("box", "chat", later)
     assert later["kv_summary"] == "3,713 tok · 18 MiB · restored"
+    # Stopped (evicted), the role's last restore is still that one.
+    stopped: dict[str, object] = {"base_url": None, "pid": None, "kv": dict(kv)}
+    checks.annotate("box", "chat", stopped)
+    assert stopped["kv_summary"] == "3,713 tok · 18 MiB · restored, not reused"
     nothing: dict[str, object] = {"kv": None}
     checks.annotate("box", "voice", nothing)
     assert nothing["kv_summary"] == "—"

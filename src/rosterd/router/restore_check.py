@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from rosterd.backends.values import Endpoint
 from rosterd.scheduler.lease import Lease
 
 log = logging.getLogger("rosterd.kv")
@@ -121,8 +122,8 @@ class RestoreChecks:
     :meth:`wants` says so, then :meth:`check`); :meth:`annotate` the ``/status`` roles."""
 
     def __init__(self) -> None:
-        # (node, role) -> (the backend's base URL, the lease generation judged, the check)
-        self._checks: dict[tuple[str, str], tuple[str, int, RestoreCheck | None]] = {}
+        # (node, role) -> the backend start judged last (endpoint, generation) and its check
+        self._checks: dict[tuple[str, str], tuple[Endpoint, int, RestoreCheck | None]] = {}
         self._warned: set[str] = set()
 
     def wants(self, lease: Lease) -> bool:
@@ -130,7 +131,7 @@ class RestoreChecks:
         if not lease.endpoint.restored_tokens:
             return False
         done = self._checks.get((lease.node, lease.role))
-        return done is None or done[1] != lease.generation or done[0] != lease.endpoint.base_url
+        return done is None or (done[0], done[1]) != (lease.endpoint, lease.generation)
 
     def answered(self, lease: Lease, status: int, tail: bytes) -> None:
         """``lease``'s backend answered with ``status`` and an answer ending in ``tail``:
@@ -145,7 +146,7 @@ class RestoreChecks:
         the first time for its role. Called once per backend start (:meth:`wants`)."""
         endpoint = lease.endpoint
         verdict = restore_verdict(lease.role, endpoint.restored_tokens, tail)
-        self._checks[(lease.node, lease.role)] = (endpoint.base_url, lease.generation, verdict)
+        self._checks[(lease.node, lease.role)] = (endpoint, lease.generation, verdict)
         if verdict is None:
             return None
         if verdict.effective:
@@ -158,13 +159,16 @@ class RestoreChecks:
         return verdict
 
     def annotate(self, node: str, role: str, info: dict[str, object]) -> None:
-        """Add the check of the role's current backend (same base URL) to its ``kv``
-        (``info["kv"]``, left as is when it is not a dict), and the KV summary
+        """Add the last check of the role to its ``kv`` (``info["kv"]``, left as is when it
+        is not a dict), while the role runs the backend it judged (same ``base_url`` and
+        ``pid``) or runs none (stopped: its last restore was that one); and the KV summary
         (:func:`kv_summary`) as ``kv_summary``."""
         kv = info.get("kv")
-        if isinstance(kv, dict):
-            done = self._checks.get((node, role))
-            if done is not None and done[2] is not None and done[0] == info.get("base_url"):
+        done = self._checks.get((node, role))
+        if isinstance(kv, dict) and done is not None and done[2] is not None:
+            running = info.get("base_url")
+            judged = (done[0].base_url, done[0].pid)
+            if running is None or (running, info.get("pid")) == judged:
                 kv.update(done[2].as_json())
         info["kv_summary"] = kv_summary(kv if isinstance(kv, dict) else None)
 
