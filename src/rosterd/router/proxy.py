@@ -39,7 +39,7 @@ from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamC
 from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import CopyState, prefix_key
 from rosterd.router.body import parse_json_object, read_body, requested_model
-from rosterd.router.dialects.envelope import STREAM_ENDS, envelope_for
+from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.liveness import (
@@ -435,6 +435,14 @@ class Proxy:
                 raise upstream_status_error(role, upstream.status, text, endpoint=self.served_label)
             stream = content_type.startswith("text/event-stream")
             length = upstream.content_length
+            if upstream.status >= 400 and not stream:
+                # The backend's own refusal (llama-server's envelope has an integer code and
+                # no param), in the shape the path's clients read, its status kept.
+                with upstream_errors(role):
+                    raw = await upstream.read()
+                whole = self.envelope.status_body(upstream.status, backend_error_text(raw))
+                await send_whole(send, upstream.status, "application/json", whole, told)
+                return
             if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
                 with upstream_errors(role):
                     whole = await upstream.read()
