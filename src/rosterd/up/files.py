@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 from rosterd.errors import InputError, RosterdError
+from rosterd.roster import ImportedRoster
 from rosterd.up.options import UpOptions
 
 #: How often ``--watch`` looks at the roster, overlay and fleet files, seconds.
@@ -106,12 +107,13 @@ class ConfigFiles:
         """A reload applied ``change`` at ``at`` (seconds since the epoch)."""
         self.last_reload_at, self.last_change, self.last_error = at, change, None
 
-    def refused(
-        self, exc: RosterdError, at: float, place: tuple[str, int | None] | None = None
-    ) -> None:
-        """A reload was refused at ``at`` (seconds since the epoch), for ``exc``; ``place``:
-        the file and line it points at when ``exc`` names none (:func:`roster_place`)."""
-        file, line = place if place is not None else (None, None)
+    def refused(self, exc: RosterdError, at: float, roster: ImportedRoster | None = None) -> None:
+        """A reload was refused at ``at`` (seconds since the epoch), for ``exc``; where
+        ``exc`` names no place and the new ``roster`` imported no role, the roster is why,
+        and ``/status`` points at it (:func:`roster_place`)."""
+        file, line = None, None
+        if roster is not None and not roster.specs:
+            file, line = roster_place(str(self.options.roster_path), roster.warnings)
         self.last_error = error_json(exc, at, file=file, line=line)
 
     def status(self) -> dict[str, object]:

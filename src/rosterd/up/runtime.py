@@ -58,7 +58,7 @@ from rosterd.router.streams import LiveStreams
 from rosterd.supervisor import BackendEvent, default_state_dir
 from rosterd.up import config as up_config
 from rosterd.up.chat_templates import missing_template_warnings
-from rosterd.up.files import ConfigFiles, roster_place
+from rosterd.up.files import ConfigFiles
 from rosterd.up.fleet_effects import UpFleetEffects
 from rosterd.up.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
 from rosterd.up.listen import (
@@ -385,10 +385,7 @@ class UpRun:
             conns = await asyncio.to_thread(up_config.connections, fleet_file, self._cluster)
             change = await fleet.change(config, conns, force=force)
         except RosterdError as exc:
-            place = None
-            if roster is not None and not roster.specs:  # the roster is why: point at it
-                place = roster_place(str(self.options.roster_path), roster.warnings)
-            files.refused(exc, time.time(), place)
+            files.refused(exc, time.time(), roster)
             if not isinstance(exc, ReloadRefusedError | NothingToServeError):  # said already
                 log.error("reload refused, the running configuration stays: %s", exc)
             raise
