@@ -1,49 +1,15 @@
 """A backend's body passed through to the client chunk by chunk (DESIGN.md layer 7), for
 :mod:`~rosterd.router.proxy`: what it sends and what it learns of the stream's end; a
-plain answer sent whole; the client's side of a request (:class:`ClientAnswer`, what
-was sent to it); the watch for a client that leaves."""
+plain answer sent whole; the watch for a client that leaves."""
 
 from __future__ import annotations
 
-from starlette.types import Message, Receive, Send
+from starlette.types import Receive, Send
 
 from rosterd.router.upstream import UpstreamResponse
 
 #: The bytes of an answer's end kept to read the usage the backend reports (the proxy's).
 ANSWER_TAIL_BYTES = 2048
-
-
-class ClientAnswer:
-    """The client's side of one proxied request: ``send``, remembering what was sent.
-
-    ``status``: the status sent (0: none yet); ``stream``: the answer is an
-    event stream; ``sse_open``: an event stream started and has not ended;
-    ``done``: the last body message was sent; ``tokens``: what the backend said it
-    generated (0: it did not say).
-    """
-
-    __slots__ = ("_send", "done", "sse_open", "status", "stream", "tokens")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.status = 0
-        self.stream = False
-        self.sse_open = False
-        self.done = False
-        self.tokens = 0
-
-    async def send(self, message: Message) -> None:
-        """Send ASGI ``message`` to the client, noting what it says of the answer."""
-        if message["type"] == "http.response.start":
-            self.status = int(message["status"])
-            self.stream = self.sse_open = any(
-                k == b"content-type" and v.startswith(b"text/event-stream")
-                for k, v in message.get("headers", ())
-            )
-        elif not message.get("more_body", False):
-            self.sse_open = False
-            self.done = True
-        await self._send(message)
 
 
 async def pass_body(

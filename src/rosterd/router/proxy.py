@@ -13,7 +13,7 @@ A backend that stalls (no byte within a deadline) or cannot be reached is
 handled by :mod:`~rosterd.router.liveness`: the request ends with 504 and the
 role is probed, or the request waits for the restarted backend.
 
-Both cuts cancel the request's own task (``_Cut``) rather than racing it against a second
+Both cuts cancel the request's own task (``RequestCut``) rather than racing it against a second
 task with ``asyncio.wait``: a request costs one helper task (the disconnect watcher) and no
 extra scheduling round, which keeps the router's added latency a fraction of a millisecond.
 
@@ -39,7 +39,7 @@ from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamC
 from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import CopyState, prefix_key
 from rosterd.router.body import parse_json_object, read_body, requested_model
-from rosterd.router.dialects.envelope import STREAM_ENDS, envelope_for
+from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.liveness import (
@@ -55,14 +55,9 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.passthrough import (
-    ANSWER_TAIL_BYTES,
-    ClientAnswer,
-    pass_body,
-    send_whole,
-    wait_disconnect,
-)
+from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body, send_whole, wait_disconnect
 from rosterd.router.progress import watched
+from rosterd.router.request_cut import ClientAnswer, RequestCut, may_resend
 from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.routing import (
     DIALECT_PATHS,
@@ -107,38 +102,6 @@ class ProxyContext:
     upstream: Upstream
     history: History
     restores: RestoreChecks = field(default_factory=RestoreChecks)
-
-
-class _Cut:
-    """Cancels the request's task, once, when the client leaves or the lease is revoked.
-
-    ``why`` is ``None`` until then; then ``"client_left"`` or the
-    :class:`Revocation`. Disarmed once the request is over, so a callback
-    already scheduled for a later loop turn cannot cancel what runs after. A
-    disconnect once the whole answer was sent cuts nothing (uvicorn's
-    ``receive`` says ``http.disconnect`` as soon as the response is complete).
-    """
-
-    __slots__ = ("answer", "armed", "task", "why")
-
-    def __init__(self, task: asyncio.Task[Any], answer: ClientAnswer) -> None:
-        self.task = task
-        self.answer = answer
-        self.why: str | Revocation | None = None
-        self.armed = True
-
-    def _cut(self, why: str | Revocation) -> None:
-        if self.armed and self.why is None:
-            self.why = why
-            self.task.cancel()
-
-    def client_left(self, watcher: asyncio.Task[None]) -> None:
-        if not watcher.cancelled() and watcher.exception() is None and not self.answer.done:
-            self._cut("client_left")
-
-    def revoked(self, revoked: asyncio.Future[Revocation]) -> None:
-        if not revoked.cancelled():
-            self._cut(revoked.result())
 
 
 class Proxy:
@@ -226,7 +189,7 @@ class Proxy:
         (:class:`ClientGoneError`) or the scheduler revokes its lease (:meth:`_after_cut`)."""
         task = asyncio.current_task()
         assert task is not None
-        cut = _Cut(task, answer)
+        cut = RequestCut(task, answer)
         watcher = asyncio.get_running_loop().create_task(wait_disconnect(receive))
         watcher.add_done_callback(cut.client_left)
         try:
@@ -239,7 +202,7 @@ class Proxy:
                         raise  # not ours: uvicorn's, at the end of the drain time
                     task.uncancel()
                     why = cut.why
-                    if _may_resend(why, answer) and resends < MAX_RESENDS:
+                    if may_resend(why, answer) and resends < MAX_RESENDS:
                         # Its backend vanished with its node before answering a byte: the
                         # request ran nowhere to its end; send it where the role is now.
                         log.info("resending a %s request to %s: %s", self.label, role, why)
@@ -253,7 +216,7 @@ class Proxy:
             watcher.cancel()
 
     async def _serve_leased(
-        self, role: str, payload: dict[str, Any], answer: ClientAnswer, cut: _Cut
+        self, role: str, payload: dict[str, Any], answer: ClientAnswer, cut: RequestCut
     ) -> None:
         """Take a lease, forward, give the lease back; when the backend could not be reached
         and nothing was sent yet, send the request once to another ready copy of the role
@@ -309,7 +272,7 @@ class Proxy:
         lease: Lease,
         payload: dict[str, Any],
         answer: ClientAnswer,
-        cut: _Cut,
+        cut: RequestCut,
         asked_at: float,
     ) -> None:
         """Forward under the liveness deadlines, cut at once if the scheduler revokes the lease.
@@ -418,6 +381,14 @@ class Proxy:
                 raise upstream_status_error(role, upstream.status, text, endpoint=self.served_label)
             stream = content_type.startswith("text/event-stream")
             length = upstream.content_length
+            if upstream.status >= 400 and not stream:
+                # The backend's own refusal (llama-server's envelope has an integer code and
+                # no param), in the shape the path's clients read, its status kept.
+                with upstream_errors(role):
+                    raw = await upstream.read()
+                whole = self.envelope.status_body(upstream.status, backend_error_text(raw))
+                await send_whole(send, upstream.status, "application/json", whole, told)
+                return
             if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
                 with upstream_errors(role):
                     whole = await upstream.read()
@@ -477,9 +448,3 @@ class Proxy:
         except UpstreamClosedError as exc:
             log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
         return await upstream.post(base_url, path, body, accept, fresh=True)
-
-
-def _may_resend(why: str | Revocation, answer: ClientAnswer) -> bool:
-    """Whether a request cut for ``why`` may be sent again: its revocation allows it and no
-    byte of its answer was sent."""
-    return isinstance(why, Revocation) and why.resend and not answer.status
