@@ -160,12 +160,13 @@ class RestoreChecks:
 
     def annotate(self, node: str, role: str, info: dict[str, object]) -> None:
         """Add the last check of the role to its ``kv`` (``info["kv"]``, left as is when it
-        is not a dict), while the role runs the backend it judged (same ``base_url`` and
-        ``pid``) or runs none (stopped: its last restore was that one); and the KV summary
+        is not a dict, or its last start restored nothing), while the role runs the backend
+        it judged (same ``base_url`` and ``pid``) or none (stopped); and the KV summary
         (:func:`kv_summary`) as ``kv_summary``."""
         kv = info.get("kv")
         done = self._checks.get((node, role))
-        if isinstance(kv, dict) and done is not None and done[2] is not None:
+        restored = isinstance(kv, dict) and kv.get("last_restore") == "restored"
+        if isinstance(kv, dict) and restored and done is not None and done[2] is not None:
             running = info.get("base_url")
             judged = (done[0].base_url, done[0].pid)
             if running is None or (running, info.get("pid")) == judged:
