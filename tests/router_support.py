@@ -54,11 +54,13 @@ async def serve(
     capacity_bytes: int = 100 * MIB,
     excludes: dict[str, tuple[str, ...]] | None = None,
     limits: SchedulerLimits | None = None,
+    native: frozenset[str] = frozenset(),
 ) -> AsyncIterator[Served]:
     """Serve :data:`ROLES` (model names ``<role>-m``, 1 MiB each) with logs in
     ``tmp_path/logs``, on one node ``n1`` of ``capacity_bytes`` whose roles
     ``backends`` start (default :class:`NoBackends`); ``excludes``: role -> the
-    roles it excludes; ``limits``: the node's (default ``SchedulerLimits()``)."""
+    roles it excludes; ``limits``: the node's (default ``SchedulerLimits()``); ``native``: the
+    dialects every role's backend serves itself (``RoleRoute.native``)."""
     specs = {
         r: InferenceSpec(
             role=r,
@@ -76,7 +78,7 @@ async def serve(
     streams = LiveStreams()
     app = create_app(
         scheduler,
-        {r: RoleRoute(r, names=(f"{r}-m",)) for r in ROLES},
+        {r: RoleRoute(r, names=(f"{r}-m",), native=native) for r in ROLES},
         config=config,
         log_path=lambda role: logs / f"{role}.log",
         streams=streams,

@@ -172,3 +172,13 @@ def test_whole_answers_in_ollamas_shapes() -> None:
     assert whole_answer("embeddings", embeddings, model="e", now_s=0, total_ns=1) == {
         "embedding": [1.0]
     }
+
+
+def test_a_misspelt_model_gets_the_closest_served_name() -> None:
+    names = ModelNames({"chat-small": RoleRoute("chat-small", names=("gemma-3-270m",))})
+    with pytest.raises(RouterError, match=r"\(did you mean 'chat-small'\?\); known") as err:
+        names.resolve("chat-smal")
+    assert err.value.status == 404
+    with pytest.raises(RouterError) as far:
+        names.resolve("whisper")
+    assert "did you mean" not in str(far.value)

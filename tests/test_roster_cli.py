@@ -167,7 +167,7 @@ def test_misspelt_roster_key_warns_in_the_tables(tmp_path: Path) -> None:
     code, out, _ = run(str(path))
     assert code == 0
     assert "Imported specs (0)" in out
-    assert "warning: the file has no `roster:` key" in " ".join(out.split())
+    assert f"warning: {path}:1: the file has no `roster:` key" in "".join(out.split("\n"))
 
 
 # --- the import's warnings in `rosterd plan` and `rosterd up` ----------------------------

@@ -18,6 +18,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -132,6 +133,42 @@ async def test_a_backend_501_is_a_400_the_openai_client_does_not_retry(tmp_path:
             assert failed.value.status_code == 502
             assert failed.value.code == "backend_error"
             assert "answered 500" in failed.value.message
+
+
+#: llama-server's own 400 (its envelope: an integer ``code``, no ``param``).
+LLAMA_400 = (
+    b'{"error":{"code":400,"message":"unsupported content[].type","type":"invalid_request_error"}}'
+)
+
+
+async def test_a_backends_own_400_comes_in_the_envelope_of_the_path(tmp_path: Path) -> None:
+    """The backend's refusal keeps its status and message, in OpenAI's shape on the OpenAI
+    paths and Anthropic's on ``/v1/messages`` passed through, as each SDK reads it."""
+    async with StatusServer(400, LLAMA_400) as refusing:
+        backends = ToPorts({"chat": refusing.port})
+        async with serve(tmp_path, backends=backends, native=frozenset({"messages"})) as up:
+            async with httpx.AsyncClient(base_url=up.url, trust_env=False) as client:
+                plain = await client.post("/v1/chat/completions", json=chat("chat"))
+            assert plain.status_code == 400
+            assert plain.json() == {
+                "error": {
+                    "message": "unsupported content[].type",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            async with anthropic.AsyncAnthropic(
+                base_url=up.url, api_key="unused", max_retries=0
+            ) as claude:
+                with pytest.raises(anthropic.BadRequestError) as refused:
+                    await claude.messages.create(
+                        model="chat", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+                    )
+            assert refused.value.body == {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "unsupported content[].type"},
+            }
 
 
 def test_embeddings_on_a_real_llama_server_without_the_flag_say_how_to_enable_them(

@@ -62,7 +62,10 @@ async def test_a_typo_that_imports_nothing_is_refused_and_said_unless_forced(
         assert "--force" in said
         status = (await client.get("/status")).json()
         assert list(status["nodes"]["box"]["roles"]) == ["tiny"]  # still served
-        assert status["config"]["last_error"]["message"].startswith("the new configuration")
+        error = status["config"]["last_error"]
+        assert error["message"].startswith("the new configuration")
+        assert (error["file"], error["line"]) == (str(roster), 2)  # where "rooster" is
+        assert f"{roster}:2: the file has no `roster:` key" in said
         forced = await asyncio.to_thread(runner.invoke, app, ["reload", "--force", *url])
         assert forced.exit_code == 0, forced.output
         assert "rooster" in forced.output  # the warning, on a reload that worked too

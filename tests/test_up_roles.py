@@ -102,6 +102,7 @@ def test_up_routes_the_first_entry_and_says_why_others_are_not_served(tmp_path: 
         assert up.stop(signal.SIGINT) == 0
     said = " ".join(up.output().split())
     assert "scratch-a │ llamacpp │ tiny-a" in said
+    assert "│ yes │ on demand, evicted last │" in said  # sticky by default
     assert "tiny-b" not in said.split("unplaced roles")[0]  # the plan table shows tiny-a
 
 

@@ -108,11 +108,17 @@ def lost_weights_refusal(lost: Mapping[str, str]) -> str:
 
 
 def empty_lab_refusal(config: ServedConfig) -> str:
-    """Why a configuration that serves no role is refused, with the import's warnings."""
+    """Why a configuration that serves no role is refused: the roster's own warnings (the
+    cause: no ``roster:`` key, no entries, ...) in full, the overlay's settings that now
+    name no entry (a consequence) only counted."""
     said = "the new configuration serves no role"
-    if config.roster.warnings:
-        said += " (" + "; ".join(config.roster.warnings) + ")"
+    causes = [w for w in config.roster.warnings if not w.startswith("overlay")]
+    consequences = len(config.roster.warnings) - len(causes)
+    if consequences:
+        causes.append(f"and {consequences} overlay warnings of settings that name no entry")
+    if causes:
+        said += ": " + "; ".join(causes)
     return (
-        f"{said}; the running configuration stays. To serve nothing on purpose, "
+        f"{said}. The running configuration stays; to serve nothing on purpose, "
         "reload with --force (rosterd reload --force, or POST /rosterd/reload?force=true)"
     )

@@ -74,7 +74,7 @@ def read_roster(
             raise LocatedError("`roster` is given twice; expected it once", "roster", key_mark(key))
         roster_item = value
     if roster_item is None:
-        return [], [_no_roster_key_warning(other_keys)]
+        return [], [_no_roster_key_warning(other_keys, file)]
     try:
         items = reader.read_seq(roster_item, "a list of entries")
     except ReadError as err:
@@ -100,8 +100,10 @@ _NO_ENTRIES: Final = "the roster lists no entries; nothing is imported"
 _MAX_KEYS_SHOWN: Final = 8
 
 
-def _no_roster_key_warning(keys: list[tuple[str, int]]) -> str:
-    """The warning for a file without a ``roster`` key, naming the keys it has.
+def _no_roster_key_warning(keys: list[tuple[str, int]], file: str | None = None) -> str:
+    """The warning for a file without a ``roster`` key, naming the keys it has, led by
+    ``FILE:LINE: `` (the line of the key that looks like a misspelt ``roster``, else of
+    the first key) when ``file`` is known, as the entries' warnings (:func:`entry_where`).
 
     ``keys`` is ``(key text, 1-based line)`` per top-level key, in file order.
     """
@@ -112,11 +114,14 @@ def _no_roster_key_warning(keys: list[tuple[str, int]]) -> str:
     if len(names) > _MAX_KEYS_SHOWN:
         shown += f" and {len(names) - _MAX_KEYS_SHOWN} more"
     hint = ""
+    line = keys[0][1]
     close = difflib.get_close_matches("roster", names[:_MAX_KEYS_SHOWN], n=1, cutoff=0.6)
     if close:
         hint = f" ({rust_debug_str(close[0])} looks like a misspelt `roster`)"
+        line = next(at for name, at in keys if name == close[0])
+    at = "" if file is None else f"{file}:{line}: "
     return (
-        f"the file has no `roster:` key (top-level keys: {shown}, line {keys[0][1]}); "
+        f"{at}the file has no `roster:` key (top-level keys: {shown}, line {keys[0][1]}); "
         f"a roster is a mapping with a `roster:` list of entries, so nothing is imported{hint}"
     )
 

@@ -13,7 +13,7 @@ A backend that stalls (no byte within a deadline) or cannot be reached is
 handled by :mod:`~rosterd.router.liveness`: the request ends with 504 and the
 role is probed, or the request waits for the restarted backend.
 
-Both cuts cancel the request's own task (``_Cut``) rather than racing it against a second
+Both cuts cancel the request's own task (``RequestCut``) rather than racing it against a second
 task with ``asyncio.wait``: a request costs one helper task (the disconnect watcher) and no
 extra scheduling round, which keeps the router's added latency a fraction of a millisecond.
 
@@ -33,13 +33,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
 from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import CopyState, prefix_key
 from rosterd.router.body import parse_json_object, read_body, requested_model
-from rosterd.router.dialects.envelope import STREAM_ENDS, envelope_for
+from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.liveness import (
@@ -57,6 +57,7 @@ from rosterd.router.openai_errors import (
 )
 from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body, send_whole, wait_disconnect
 from rosterd.router.progress import watched
+from rosterd.router.request_cut import ClientAnswer, RequestCut, may_resend
 from rosterd.router.routing import (
     DIALECT_PATHS,
     PROXIED_PATHS,
@@ -100,70 +101,6 @@ class ProxyContext:
     history: History
 
 
-class _Answer:
-    """The client's side of one request: ``send``, remembering what was sent.
-
-    ``status``: the status sent (0: none yet); ``stream``: the answer is an
-    event stream; ``sse_open``: an event stream started and has not ended;
-    ``done``: the last body message was sent; ``tokens``: what the backend said it
-    generated (0: it did not say).
-    """
-
-    __slots__ = ("_send", "done", "sse_open", "status", "stream", "tokens")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.status = 0
-        self.stream = False
-        self.sse_open = False
-        self.done = False
-        self.tokens = 0
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = int(message["status"])
-            self.stream = self.sse_open = any(
-                k == b"content-type" and v.startswith(b"text/event-stream")
-                for k, v in message.get("headers", ())
-            )
-        elif not message.get("more_body", False):
-            self.sse_open = False
-            self.done = True
-        await self._send(message)
-
-
-class _Cut:
-    """Cancels the request's task, once, when the client leaves or the lease is revoked.
-
-    ``why`` is ``None`` until then; then ``"client_left"`` or the
-    :class:`Revocation`. Disarmed once the request is over, so a callback
-    already scheduled for a later loop turn cannot cancel what runs after. A
-    disconnect once the whole answer was sent cuts nothing (uvicorn's
-    ``receive`` says ``http.disconnect`` as soon as the response is complete).
-    """
-
-    __slots__ = ("answer", "armed", "task", "why")
-
-    def __init__(self, task: asyncio.Task[Any], answer: _Answer) -> None:
-        self.task = task
-        self.answer = answer
-        self.why: str | Revocation | None = None
-        self.armed = True
-
-    def _cut(self, why: str | Revocation) -> None:
-        if self.armed and self.why is None:
-            self.why = why
-            self.task.cancel()
-
-    def client_left(self, watcher: asyncio.Task[None]) -> None:
-        if not watcher.cancelled() and watcher.exception() is None and not self.answer.done:
-            self._cut("client_left")
-
-    def revoked(self, revoked: asyncio.Future[Revocation]) -> None:
-        if not revoked.cancelled():
-            self._cut(revoked.result())
-
-
 class Proxy:
     """The raw ASGI app behind one proxied path: the body goes to the backend's ``path``.
 
@@ -190,7 +127,7 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         role = "-"
-        answer = _Answer(send)
+        answer = ClientAnswer(send)
         try:
             config = self.ctx.config
             body = await read_body(
@@ -243,13 +180,13 @@ class Proxy:
                 self.ctx.history.request_done(role, answer.tokens)
 
     async def _serve(
-        self, role: str, payload: dict[str, Any], receive: Receive, answer: _Answer
+        self, role: str, payload: dict[str, Any], receive: Receive, answer: ClientAnswer
     ) -> None:
         """Serve the request (:meth:`_serve_leased`); cut it at once if the client leaves
         (:class:`ClientGoneError`) or the scheduler revokes its lease (:meth:`_after_cut`)."""
         task = asyncio.current_task()
         assert task is not None
-        cut = _Cut(task, answer)
+        cut = RequestCut(task, answer)
         watcher = asyncio.get_running_loop().create_task(wait_disconnect(receive))
         watcher.add_done_callback(cut.client_left)
         try:
@@ -262,7 +199,7 @@ class Proxy:
                         raise  # not ours: uvicorn's, at the end of the drain time
                     task.uncancel()
                     why = cut.why
-                    if _may_resend(why, answer) and resends < MAX_RESENDS:
+                    if may_resend(why, answer) and resends < MAX_RESENDS:
                         # Its backend vanished with its node before answering a byte: the
                         # request ran nowhere to its end; send it where the role is now.
                         log.info("resending a %s request to %s: %s", self.label, role, why)
@@ -276,7 +213,7 @@ class Proxy:
             watcher.cancel()
 
     async def _serve_leased(
-        self, role: str, payload: dict[str, Any], answer: _Answer, cut: _Cut
+        self, role: str, payload: dict[str, Any], answer: ClientAnswer, cut: RequestCut
     ) -> None:
         """Take a lease, forward, give the lease back; when the backend could not be reached
         and nothing was sent yet, send the request once to another ready copy of the role
@@ -328,7 +265,12 @@ class Proxy:
         )
 
     async def _forward_unless_revoked(
-        self, lease: Lease, payload: dict[str, Any], answer: _Answer, cut: _Cut, asked_at: float
+        self,
+        lease: Lease,
+        payload: dict[str, Any],
+        answer: ClientAnswer,
+        cut: RequestCut,
+        asked_at: float,
     ) -> None:
         """Forward under the liveness deadlines, cut at once if the scheduler revokes the lease.
 
@@ -379,7 +321,7 @@ class Proxy:
             if revoked is not None:
                 revoked.remove_done_callback(cut.revoked)
 
-    async def _after_cut(self, role: str, why: str | Revocation, answer: _Answer) -> None:
+    async def _after_cut(self, role: str, why: str | Revocation, answer: ClientAnswer) -> None:
         if not isinstance(why, Revocation):
             log.info("client left a %s request to %s; upstream closed", self.label, role)
             raise ClientGoneError(f"the client left its {self.label} request to {role}")
@@ -397,7 +339,7 @@ class Proxy:
         lease: Lease,
         payload: dict[str, Any],
         send: Send,
-        answer: _Answer,
+        answer: ClientAnswer,
         told: list[tuple[bytes, bytes]],
     ) -> None:
         """Send the request to ``lease``'s backend and pass its answer through to ``send``
@@ -435,6 +377,14 @@ class Proxy:
                 raise upstream_status_error(role, upstream.status, text, endpoint=self.served_label)
             stream = content_type.startswith("text/event-stream")
             length = upstream.content_length
+            if upstream.status >= 400 and not stream:
+                # The backend's own refusal (llama-server's envelope has an integer code and
+                # no param), in the shape the path's clients read, its status kept.
+                with upstream_errors(role):
+                    raw = await upstream.read()
+                whole = self.envelope.status_body(upstream.status, backend_error_text(raw))
+                await send_whole(send, upstream.status, "application/json", whole, told)
+                return
             if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
                 with upstream_errors(role):
                     whole = await upstream.read()
@@ -492,9 +442,3 @@ class Proxy:
         except UpstreamClosedError as exc:
             log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
         return await upstream.post(base_url, path, body, accept, fresh=True)
-
-
-def _may_resend(why: str | Revocation, answer: _Answer) -> bool:
-    """Whether a request cut for ``why`` may be sent again: its revocation allows it and no
-    byte of its answer was sent."""
-    return isinstance(why, Revocation) and why.resend and not answer.status

@@ -5,6 +5,7 @@ them, and its limits. Plain frozen values, and the two tables the app and the pr
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -140,16 +141,20 @@ class ModelNames:
 
     def resolve(self, model: str) -> str:
         """The role serving ``model``; raises :class:`RouterError` 404 ``model_not_found``
-        naming the known models (and why ``model`` is not served here, when known)."""
+        naming the known models (and why ``model`` is not served here, when known, else the
+        closest served name, as ``difflib`` finds it: a typo such as ``chat-smal``)."""
         try:
             return self.by_name[model]
         except KeyError:
             known = ", ".join(sorted(set(self.by_name.values())))
             why = self.unserved.get(model)
             detail = f" ({why})" if why else ""
+            close = [] if why else difflib.get_close_matches(model[:200], self.by_name, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise RouterError(
                 "model_not_found",
-                f"model {shown_name(model)} is not served here{detail}; known models: {known}",
+                f"model {shown_name(model)} is not served here{detail}{hint}; "
+                f"known models: {known}",
             ) from None
 
 

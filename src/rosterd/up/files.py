@@ -22,24 +22,40 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 from rosterd.errors import InputError, RosterdError
+from rosterd.roster import ImportedRoster
 from rosterd.up.options import UpOptions
 
 #: How often ``--watch`` looks at the roster, overlay and fleet files, seconds.
 WATCH_INTERVAL_S = 1.0
 
 
-def error_json(exc: RosterdError, at: float) -> dict[str, object]:
+def error_json(
+    exc: RosterdError, at: float, *, file: str | None = None, line: int | None = None
+) -> dict[str, object]:
     """A refused reload as ``/status`` shows it: ``{"message", "file", "line", "column",
-    "at"}`` (``file``/``line``/``column`` ``None`` when the error names no place;
-    ``at``: seconds since the epoch)."""
+    "at"}``: where an ``InputError`` names, else ``file`` and ``line`` as given (the
+    roster's place a refusal points at, :func:`roster_place`), else ``None``; ``at``:
+    seconds since the epoch."""
     where = exc if isinstance(exc, InputError) else None
     return {
         "message": str(exc),
-        "file": where.file if where else None,
-        "line": where.line if where else None,
+        "file": where.file if where else file,
+        "line": where.line if where else line,
         "column": where.column if where else None,
         "at": at,
     }
+
+
+def roster_place(roster_file: str, warnings: Iterable[str]) -> tuple[str, int | None]:
+    """Where a configuration that imports no role went wrong: ``roster_file`` and the line
+    of its first warning that names one (``FILE:LINE: ...``, as the import's warnings are
+    led), else ``None`` for the line."""
+    lead = f"{roster_file}:"
+    for warning in warnings:
+        number = warning.removeprefix(lead).partition(":")[0]
+        if warning.startswith(lead) and number.isdigit():
+            return roster_file, int(number)
+    return roster_file, None
 
 
 def _marks(paths: Iterable[Path]) -> tuple[object, ...]:
@@ -91,9 +107,14 @@ class ConfigFiles:
         """A reload applied ``change`` at ``at`` (seconds since the epoch)."""
         self.last_reload_at, self.last_change, self.last_error = at, change, None
 
-    def refused(self, exc: RosterdError, at: float) -> None:
-        """A reload was refused at ``at`` (seconds since the epoch), for ``exc``."""
-        self.last_error = error_json(exc, at)
+    def refused(self, exc: RosterdError, at: float, roster: ImportedRoster | None = None) -> None:
+        """A reload was refused at ``at`` (seconds since the epoch), for ``exc``; where
+        ``exc`` names no place and the new ``roster`` imported no role, the roster is why,
+        and ``/status`` points at it (:func:`roster_place`)."""
+        file, line = None, None
+        if roster is not None and not roster.specs:
+            file, line = roster_place(str(self.options.roster_path), roster.warnings)
+        self.last_error = error_json(exc, at, file=file, line=line)
 
     def status(self) -> dict[str, object]:
         """``/status``'s ``config``: ``{"files": {"roster", "overlay", "fleet"} (paths or

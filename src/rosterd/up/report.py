@@ -20,7 +20,7 @@ class PlanRow:
     """One role of the printed plan: its ``role``, ``flavor``, ``model`` (``-`` for
     none), the roster's ``ram_gb`` (``~`` for an unmeasured guess), the ``gib`` that
     counts on its node, its latency ``latency_class``, ``sticky`` (``yes``/``no``) and
-    ``residency`` (``always`` or ``on demand``)."""
+    ``residency`` (``always``, ``on demand, evicted last`` for a sticky role, or ``on demand``)."""
 
     role: str
     flavor: str
@@ -108,7 +108,7 @@ def plan_table(shown: ShowPlan) -> PlanTable:
                     _gib(counted),
                     s.latency_class.value,
                     "yes" if s.sticky else "no",
-                    "always" if role in always else "on demand",
+                    _residency(role in always, s.sticky),
                 )
             )
         title = (
@@ -117,6 +117,15 @@ def plan_table(shown: ShowPlan) -> PlanTable:
         caption = "~: the roster's guess (unmeasured); GiB: what counts" if guessed else None
         tables.append(NodeTable(title, tuple(rows), caption))
     return PlanTable(tuple(tables), tuple(result.unplaced), len(config.roster.skipped))
+
+
+def _residency(always: bool, sticky: bool) -> str:
+    """The plan table's residency: ``always`` for an interactive role, else loaded on demand
+    and, sticky (DESIGN.md), evicted only after every non-sticky candidate: a sticky batch
+    role shown as plain "on demand" read as if stickiness had not been applied."""
+    if always:
+        return "always"
+    return "on demand, evicted last" if sticky else "on demand"
 
 
 def backend_event_text(event: BackendEvent) -> str | None:

@@ -50,6 +50,7 @@ from rosterd.fleet_scheduler.values import Connection, ServedConfig
 from rosterd.fleet_scheduler.views import fleet_status, node_views
 from rosterd.metrics import RosterdMetrics
 from rosterd.ray_cluster import RayCluster, disconnect, join_async
+from rosterd.roster import ImportedRoster
 from rosterd.router import create_app
 from rosterd.router.streams import LiveStreams
 from rosterd.supervisor import BackendEvent, default_state_dir
@@ -351,13 +352,14 @@ class UpRun:
         if fleet is None or files is None or state_dir is None:
             raise EndedBeforeServingError("rosterd up is not serving yet")
         files.reading()
+        roster: ImportedRoster | None = None
         try:
             roster, fleet_file = up_config.read_files(self.options)
             config = await asyncio.to_thread(up_config.gather, roster, fleet_file, state_dir)
             conns = await asyncio.to_thread(up_config.connections, fleet_file, self._cluster)
             change = await fleet.change(config, conns, force=force)
         except RosterdError as exc:
-            files.refused(exc, time.time())
+            files.refused(exc, time.time(), roster)
             if not isinstance(exc, ReloadRefusedError | NothingToServeError):  # said already
                 log.error("reload refused, the running configuration stays: %s", exc)
             raise

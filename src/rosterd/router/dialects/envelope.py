@@ -12,6 +12,7 @@ out (503) is retried and a bad request (400) is not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -71,6 +72,21 @@ def anthropic_error_body(status: int, message: str) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode()
 
 
+def backend_error_text(raw: bytes) -> str:
+    """The message of a backend's error body (``{"error": {"message": ...}}``, as
+    llama-server and OpenAI write it, or Ollama's ``{"error": "..."}``), else its text; cut
+    at 500 characters."""
+    text = raw.decode(errors="replace")
+    with contextlib.suppress(ValueError):
+        data = json.loads(text)
+        error = data.get("error") if isinstance(data, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])[:500]
+        if isinstance(error, str):
+            return error[:500]
+    return text[:500]
+
+
 class ErrorEnvelope:
     """OpenAI's error shape: :meth:`response` (an ASGI app) and :meth:`sse_event` (the last
     body message of a cut stream). :class:`AnthropicEnvelope` overrides both."""
@@ -87,7 +103,14 @@ class ErrorEnvelope:
         """The body of an error answer of ``status`` relayed from a backend (``message``: its
         text), in this shape."""
         return json.dumps(
-            {"error": {"message": message, "type": "invalid_request_error", "code": None}}
+            {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
         ).encode()
 
 

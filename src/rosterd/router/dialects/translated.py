@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from starlette.types import Send
 
 from rosterd.errors import RouterError
-from rosterd.router.dialects.envelope import ErrorEnvelope
+from rosterd.router.dialects.envelope import ErrorEnvelope, backend_error_text
 from rosterd.router.openai_errors import upstream_errors, upstream_status_error
 from rosterd.router.upstream import UpstreamResponse
 
@@ -70,17 +70,6 @@ async def _send_json(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _backend_error_text(raw: bytes) -> str:
-    """The message of a backend's error body (OpenAI's shape), else its text, cut at 500."""
-    text = raw.decode(errors="replace")
-    with contextlib.suppress(ValueError):
-        data = json.loads(text)
-        error = data.get("error") if isinstance(data, dict) else None
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])[:500]
-    return text[:500]
-
-
 async def forward_translated(
     translation: Translation,
     chat_request: Mapping[str, Any],
@@ -109,7 +98,7 @@ async def forward_translated(
         if upstream.status >= 400:
             with upstream_errors(role):
                 raw = await upstream.read()
-            body = envelope.status_body(upstream.status, _backend_error_text(raw))
+            body = envelope.status_body(upstream.status, backend_error_text(raw))
             await _send_json(send, upstream.status, body)
             return
         content_type = upstream.content_type or ""
