@@ -14,18 +14,34 @@ not a model):
   (``ROSTERD_LLAMA_SERVER`` points at a stand-in that starts it on the host
   and port rosterd picks), so rosterd supervises and routes to it;
 - ``nginx``: nginx ``proxy_pass`` to the same upstream with a keep-alive
-  upstream pool, where ``nginx`` is installed (skipped, and said so, if not).
+  upstream pool, where ``nginx`` is installed (skipped, and said so, if not);
+- ``msg-pass`` and ``msg-xlat``: the same Anthropic Messages request
+  (``POST /v1/messages``, one short user message, ``max_tokens`` 4) through the
+  router app served as ``rosterd up`` serves it (``create_app``, uvicorn configured
+  by ``rosterd.up.listen.server_config`` on ``bind_listener``'s socket, the run's
+  ``RouterConfig``, ``--max-concurrency 64``), in a child process of this script
+  with two roles over the same upstream: ``msg-pass`` is a llama.cpp role, whose
+  backend serves Messages itself, so the request passes through; ``msg-xlat`` is
+  an mlx_lm role (no native dialect), so the router translates it to chat
+  completions and the answer back. mlx_lm.server needs Apple hardware, so the
+  translated path is measured on this stand-in role; the difference of the two
+  rows is what the translation costs.
 
 The upstream is nginx ``return 200`` where nginx is installed, else a small
 asyncio server (then ``direct`` may be slower than nginx would be; it says so).
+It answers ``/v1/chat/completions`` with a fixed small ``chat.completion``,
+``/v1/messages`` with a fixed small Anthropic message, any other path with the
+completion.
 Every server here runs one worker process; nginx runs from a temporary prefix
 with its own config, pid file and loopback ports, and is stopped by its pid.
 
-Each side gets the same ``POST /v1/completions`` with 1 and 32 connections
-for ``--duration`` seconds, sides rotating over ``--rounds`` rounds because the
-load of a shared machine drifts; the figures are the medians of the rounds:
-req/s, p50 and p99 in milliseconds, the latency rosterd adds at p50 over
-direct, and rosterd's req/s as a share of direct's and nginx's. The load
+Each side gets the same ``POST /v1/completions`` (the ``msg-*`` sides their
+Messages request) with 1 and 32 connections for ``--duration`` seconds, sides
+rotating over ``--rounds`` rounds because the load of a shared machine drifts;
+the figures are the medians of the rounds: req/s, p50 and p99 in milliseconds,
+the latency rosterd adds at p50 over direct, rosterd's req/s as a share of
+direct's and nginx's, and the latency the Messages translation adds at p50
+over the passthrough (``msg-xlat`` less ``msg-pass``). The load
 comes from ``wrk`` (one thread) where it is installed, else from an asyncio
 load generator in this process (uvloop where installed) whose ceiling is the
 ``direct`` row: a side far below it is not limited by the generator.
@@ -50,10 +66,21 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import httptools
 import httpx
+
+from rosterd.adapters import adapter_for
+from rosterd.backends.values import Endpoint, ProbeResult
+from rosterd.metrics import RosterdMetrics
+from rosterd.router import RoleRoute, create_app
+from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.scheduler.values import NodeConcurrency, SchedulerLimits
+from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from rosterd.up.listen import NoSignalServer, bind_listener, server_config
+from rosterd.up.options import UpOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +90,27 @@ ANSWER_BODY = (
     b'{"id":"cmpl-bench","object":"text_completion","model":"tiny-bench",'
     b'"choices":[{"index":0,"text":" Hi","finish_reason":"length"}]}'
 )
+#: The Messages request of the ``msg-*`` sides (``%s``: the role, whose id is the model).
+MESSAGES_BODY = b'{"model":"%s","max_tokens":4,"messages":[{"role":"user","content":"Hello"}]}'
+#: The upstream's fixed answer to ``POST /v1/chat/completions`` (what ``msg-xlat`` becomes).
+CHAT_ANSWER_BODY = (
+    b'{"id":"chatcmpl-bench","object":"chat.completion","model":"tiny-bench",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},'
+    b'"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":1,'
+    b'"total_tokens":6}}'
+)
+#: The upstream's fixed answer to ``POST /v1/messages`` (what ``msg-pass`` passes through).
+MESSAGE_ANSWER_BODY = (
+    b'{"id":"msg_bench","type":"message","role":"assistant","model":"tiny-bench",'
+    b'"content":[{"type":"text","text":"Hi"}],"stop_reason":"max_tokens",'
+    b'"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}'
+)
+#: The upstream's answer by request path (any other path: ``ANSWER_BODY``).
+ANSWERS = {b"/v1/chat/completions": CHAT_ANSWER_BODY, b"/v1/messages": MESSAGE_ANSWER_BODY}
+
+#: The router child's roles over the upstream: the passthrough (llama.cpp serves Messages
+#: itself) and the translation (mlx_lm serves chat completions only).
+MESSAGE_ROLES = {"msg-pass": InferFlavor.LLAMACPP, "msg-xlat": InferFlavor.MLX_LM}
 
 UPSTREAM_CONF = """
 worker_processes 1;
@@ -76,6 +124,8 @@ http {{
         listen {host}:{port} reuseport;
         default_type application/json;
         location / {{ return 200 '{answer}'; }}
+        location = /v1/chat/completions {{ return 200 '{chat}'; }}
+        location = /v1/messages {{ return 200 '{message}'; }}
     }}
 }}
 """
@@ -137,16 +187,23 @@ def write_tiny_gguf(path: Path) -> Path:
 # ---- the upstream --------------------------------------------------------------------------
 
 
+def _http_answer(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
 class FixedAnswer(asyncio.Protocol):
-    """The upstream without nginx: answers every HTTP/1.1 request with ``ANSWER_BODY``."""
+    """The upstream without nginx: answers every HTTP/1.1 request with its path's fixed
+    answer (``ANSWERS``, else ``ANSWER_BODY``)."""
+
+    answers: ClassVar[dict[bytes, bytes]] = {p: _http_answer(b) for p, b in ANSWERS.items()}
+    default = _http_answer(ANSWER_BODY)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.buffer = b""
-        self.answer = (
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(ANSWER_BODY), ANSWER_BODY)
-        )
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -155,14 +212,16 @@ class FixedAnswer(asyncio.Protocol):
             if end < 0:
                 return
             length = 0
-            for line in self.buffer[:end].split(b"\r\n")[1:]:
+            request_line, *headers = self.buffer[:end].split(b"\r\n")
+            path = request_line.split(b" ")[1] if request_line.count(b" ") >= 2 else b""
+            for line in headers:
                 name, _, value = line.partition(b":")
                 if name.strip().lower() == b"content-length":
                     length = int(value)
             if len(self.buffer) < end + 4 + length:
                 return
             self.buffer = self.buffer[end + 4 + length :]
-            self.transport.write(self.answer)
+            self.transport.write(self.answers.get(path, self.default))
 
 
 def run_python_upstream(host: str, port: int) -> None:
@@ -189,8 +248,16 @@ def upstream_child(argv: list[str]) -> None:
         return
     prefix = Path(os.environ["BENCH_PREFIX"])
     conf = prefix / "upstream.conf"
-    answer = ANSWER_BODY.decode()
-    conf.write_text(UPSTREAM_CONF.format(prefix=prefix, host=host, port=port, answer=answer))
+    conf.write_text(
+        UPSTREAM_CONF.format(
+            prefix=prefix,
+            host=host,
+            port=port,
+            answer=ANSWER_BODY.decode(),
+            chat=CHAT_ANSWER_BODY.decode(),
+            message=MESSAGE_ANSWER_BODY.decode(),
+        )
+    )
     os.execv(
         nginx, [nginx, "-e", "stderr", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
     )
@@ -306,7 +373,130 @@ def nginx_proxy(nginx: str, work: Path, upstream: str) -> Iterator[str]:
             proc.wait()
 
 
+class StandInBackends:
+    """The router child's backends: every role "starts" at once at the upstream's URL
+    (``Endpoint``, served model ``tiny-bench``); no process, so every probe passes and a
+    restart is refused (``RuntimeError``)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+
+    async def start(self, role: str) -> Endpoint:
+        return Endpoint(self.upstream, "tiny-bench")
+
+    async def stop(self, role: str) -> None:
+        return None
+
+    async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
+        return ProbeResult(True, 200)
+
+    async def restart(self, role: str) -> None:
+        raise RuntimeError(f"the stand-in backend of {role} has no process to restart")
+
+
+def router_child(argv: list[str]) -> None:
+    """``router --port P --upstream URL``: the router app with ``MESSAGE_ROLES`` over the
+    upstream at ``URL``, on 127.0.0.1:P, served as ``rosterd up --max-concurrency 64``
+    serves it (its ``RouterConfig``, metrics, uvicorn configuration and listener, on the
+    plain asyncio event loop), until SIGTERM."""
+    port, upstream = int(argv[argv.index("--port") + 1]), argv[argv.index("--upstream") + 1]
+    options = UpOptions(Path("roster.yaml"), port=port, limits=SchedulerLimits(max_concurrency=64))
+    specs, routes = {}, {}
+    for role, flavor in MESSAGE_ROLES.items():
+        specs[role] = InferenceSpec(
+            role=role, flavor=flavor, model="tiny-bench", memory=MemorySpec(2**20)
+        )
+        adapter = adapter_for(flavor)
+        routes[role] = RoleRoute(
+            role=role,
+            rewrite=adapter.rewrite_request,
+            flavor=flavor.value,
+            native=adapter.dialects_for(None) if flavor is InferFlavor.LLAMACPP else frozenset(),
+            flavor_dialects=adapter.native_dialects,
+            ollama_api=adapter.serves_ollama_api,
+            progress=adapter.progress_probe,
+        )
+    assert "messages" in routes["msg-pass"].native, "llama.cpp serves Messages itself"
+
+    async def serve() -> None:
+        metrics = RosterdMetrics()
+        node = NodeScheduler(
+            "box",
+            2**30,
+            specs,
+            StandInBackends(upstream),
+            limits=options.limits,
+            metrics=metrics,
+            concurrency=NodeConcurrency(None, {}),
+        )
+        scheduler = Scheduler({"box": node})
+        app = create_app(scheduler, routes, config=options.router_config(), metrics=metrics)
+        sock = bind_listener(options.host, options.port)
+        server = NoSignalServer(server_config(app, options))
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGTERM, lambda: setattr(server, "should_exit", True)
+        )
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            await scheduler.shutdown()
+            sock.close()
+
+    asyncio.run(serve())  # rosterd up runs on asyncio's own loop, not uvloop
+
+
+def start_router(work: Path, port: int, upstream: str) -> subprocess.Popen[bytes]:
+    """This script's ``router`` child on ``port`` over ``upstream`` (``http://host:port``)."""
+    argv = ["router", "--port", str(port), "--upstream", upstream]
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), *argv],
+        stdout=(work / "router.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, NO_COLOR="1"),
+    )
+
+
+async def wait_router(router: str, proc: subprocess.Popen[bytes]) -> None:
+    """Wait for the router child's ``/health``, then load its roles (``SystemExit`` if it
+    exits first)."""
+    async with httpx.AsyncClient(trust_env=False, timeout=60) as client:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise SystemExit(f"the router child exited with {proc.returncode}")
+            try:
+                if (await client.get(router + "/health")).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                await asyncio.sleep(0.1)
+        for role in MESSAGE_ROLES:
+            (await client.post(f"{router}/rosterd/load/{role}")).raise_for_status()
+
+
+def stop(proc: subprocess.Popen[bytes], sig: signal.Signals, timeout_s: float) -> None:
+    """Send ``sig`` to ``proc``, wait ``timeout_s`` for it, then kill it."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 # ---- the load ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one side is sent: its base URL (``http://host:port``), the path, the JSON body."""
+
+    url: str
+    path: str = "/v1/completions"
+    body: bytes = REQUEST_BODY
+
+
+def messages_target(router: str, role: str) -> Target:
+    """The Messages request of role ``role`` (``MESSAGE_ROLES``) on the router child."""
+    return Target(router, "/v1/messages", MESSAGES_BODY % role.encode())
 
 
 @dataclass(frozen=True)
@@ -320,6 +510,7 @@ class Run:
 
 
 def wrk_run(wrk: str, script: Path, url: str, connections: int, duration_s: float) -> Run:
+    """One ``wrk`` run of ``script`` against ``url`` (the whole URL, path included)."""
     out = subprocess.run(
         [
             wrk,
@@ -330,7 +521,7 @@ def wrk_run(wrk: str, script: Path, url: str, connections: int, duration_s: floa
             "10s",
             "-s",
             str(script),
-            url + "/v1/completions",
+            url,
         ],
         capture_output=True,
         text=True,
@@ -379,11 +570,12 @@ class _LoadConnection(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def python_load(url: str, connections: int, duration_s: float) -> Run:
-    host, port = url.removeprefix("http://").split(":")
+async def python_load(target: Target, connections: int, duration_s: float) -> Run:
+    host, port = target.url.removeprefix("http://").split(":")
     request = (
-        b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(REQUEST_BODY), REQUEST_BODY)
+        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s"
+        % (target.path.encode(), host.encode(), len(target.body), target.body)
     )
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
@@ -426,31 +618,34 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 def measure(
-    sides: dict[str, str], args: argparse.Namespace, wrk: str | None, work: Path
+    sides: dict[str, Target], args: argparse.Namespace, wrk: str | None, work: Path
 ) -> dict[tuple[str, int], list[Run]]:
-    script = work / "bench.lua"
-    script.write_text(WRK_SCRIPT.format(body=REQUEST_BODY.decode()))
+    scripts: dict[str, Path] = {}
+    for name, target in sides.items():
+        scripts[name] = work / f"bench-{name}.lua"
+        scripts[name].write_text(WRK_SCRIPT.format(body=target.body.decode()))
 
-    def once(url: str, c: int, duration_s: float) -> Run:
+    def once(name: str, c: int, duration_s: float) -> Run:
+        target = sides[name]
         if wrk:
-            return wrk_run(wrk, script, url, c, duration_s)
+            return wrk_run(wrk, scripts[name], target.url + target.path, c, duration_s)
         result: list[Run] = []
 
         async def go() -> None:
-            result.append(await python_load(url, c, duration_s))
+            result.append(await python_load(target, c, duration_s))
 
         run(go())
         return result[0]
 
-    for url in sides.values():  # warm every path (connections, caches)
-        once(url, 8, 1.0)
+    for name in sides:  # warm every path (connections, caches)
+        once(name, 8, 1.0)
     runs: dict[tuple[str, int], list[Run]] = {}
     names = list(sides)
     for round_no in range(args.rounds):
         for c in args.connections:
             shift = round_no % len(names)
             for name in names[shift:] + names[:shift]:
-                result = once(sides[name], c, args.duration)
+                result = once(name, c, args.duration)
                 runs.setdefault((name, c), []).append(result)
                 print(
                     f"  round {round_no + 1} c={c:<3} {name:8} {result.rps:9.0f} req/s "
@@ -484,11 +679,20 @@ def report(runs: dict[tuple[str, int], list[Run]], args: argparse.Namespace, how
         if "nginx" in names:
             line += f", {med('rosterd', c, 'rps') / med('nginx', c, 'rps'):.1%} of nginx proxy_pass"
         print(line)
+    for c in args.connections:
+        added = med("msg-xlat", c, "p50_ms") - med("msg-pass", c, "p50_ms")
+        print(
+            f"c={c}: the Messages translation adds {added:+.2f} ms at p50 over the passthrough "
+            f"(req/s {med('msg-xlat', c, 'rps') / med('msg-pass', c, 'rps'):.1%} of it)"
+        )
 
 
 def main() -> None:
     if sys.argv[1:2] == ["upstream"]:
         upstream_child(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["router"]:
+        router_child(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
@@ -528,21 +732,25 @@ def main() -> None:
 
             asyncio.run(ready())
             direct = holder[0]
-            sides = {"direct": direct, "rosterd": router}
+            sides = {"direct": Target(direct), "rosterd": Target(router)}
             with contextlib.ExitStack() as stack:
                 if nginx:
                     upstream = direct.removeprefix("http://")
-                    sides["nginx"] = stack.enter_context(nginx_proxy(nginx, work, upstream))
+                    proxy = stack.enter_context(nginx_proxy(nginx, work, upstream))
+                    sides["nginx"] = Target(proxy)
                 else:
                     print("nginx is not installed: no proxy_pass row (apt-get install -y nginx)")
+                child_port = free_port()
+                child = start_router(work, child_port, direct)
+                stack.callback(stop, child, signal.SIGTERM, 30)
+                child_url = f"http://127.0.0.1:{child_port}"
+                asyncio.run(wait_router(child_url, child))
+                for role in MESSAGE_ROLES:
+                    sides[role] = messages_target(child_url, role)
                 runs = measure(sides, args, wrk, work)
             report(runs, args, how)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc, signal.SIGINT, 60)
 
 
 if __name__ == "__main__":

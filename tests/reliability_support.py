@@ -43,7 +43,7 @@ def budget(long: bool) -> Budget:
     """CI's bounded sizes, or the long ones (``--long-reliability``); env overrides either."""
     base = Budget(soak_s=1800.0, chaos_s=900.0, fuzz_inputs=1_000_000, idle_connections=5000)
     if not long:
-        base = Budget(soak_s=150.0, chaos_s=120.0, fuzz_inputs=30_000, idle_connections=5000)
+        base = Budget(soak_s=90.0, chaos_s=80.0, fuzz_inputs=30_000, idle_connections=5000)
     env = os.environ
     return Budget(
         soak_s=float(env.get("ROSTERD_SOAK_S", base.soak_s)),

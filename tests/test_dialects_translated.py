@@ -353,3 +353,14 @@ async def responses_round_trips(client: openai.AsyncOpenAI, seen: list[dict[str,
     assert "role 'mlx-chat' (flavor mlx_lm)" in refused.value.message
     assert "tools[0].type='web_search_preview'" in refused.value.message
     assert len(seen) == asked
+
+
+async def test_a_translated_answer_carries_rosterds_headers_as_a_passed_through_one() -> None:
+    async with router_over_stand_in() as (url, _), httpx.AsyncClient(base_url=url) as client:
+        body = {"model": "mlx-m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        plain = await client.post("/v1/messages", json=body)
+        streamed = await client.post("/v1/messages", json={**body, "stream": True})
+    for answer in (plain, streamed):
+        assert answer.status_code == 200
+        assert answer.headers["x-rosterd-role"] == "mlx-chat"
+        assert "x-rosterd-queue-wait-s" in answer.headers

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
 from rosterd.metrics import RosterdMetrics
@@ -362,8 +362,14 @@ class Proxy:
             async def post(path: str, body: bytes, accept: str) -> UpstreamResponse:
                 return await self._send_upstream(base_url, body, accept, role, path=path)
 
+            async def send_told(message: Message) -> None:
+                # The translated answer carries rosterd's headers (role, node, wait) too.
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", ()), *told]}
+                await send(message)
+
             await forward_in_dialect(
-                self.path, route, payload, lease.endpoint.served_model, post, send, self.label
+                self.path, route, payload, lease.endpoint.served_model, post, send_told, self.label
             )
             return
         upstream_body = route.rewrite(payload, lease.endpoint.served_model)

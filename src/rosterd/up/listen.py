@@ -4,7 +4,8 @@ serves on it, and the open-files limit its connections need.
 :func:`bind_listener` binds the socket before uvicorn starts (so a port in use is a
 :class:`~rosterd.errors.ListenError` naming the port, and the backlog is rosterd's);
 :class:`NoSignalServer` is uvicorn's server without its own signal capture
-(``rosterd up`` handles signals itself); :func:`open_files_wanted` and
+(``rosterd up`` handles signals itself), configured by :func:`server_config`;
+:func:`open_files_wanted` and
 :func:`raise_open_files_limit` size ``RLIMIT_NOFILE`` for the requests admitted.
 uvicorn serves the ASGI router (a well-kept server; rosterd only hands it a socket).
 """
@@ -18,9 +19,12 @@ import socket
 from collections.abc import Generator
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from rosterd.errors import ListenError
 from rosterd.scheduler.values import SchedulerLimits
+from rosterd.up.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
+from rosterd.up.options import UpOptions
 
 #: The router's listen backlog: connections the kernel accepts before rosterd does (Linux
 #: caps it at ``net.core.somaxconn``, 4096 by default since 5.4). Both
@@ -76,6 +80,25 @@ class NoSignalServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+def server_config(app: ASGIApp, options: UpOptions) -> uvicorn.Config:
+    """The uvicorn configuration ``rosterd up`` serves the router ``app`` with, for a run of
+    ``options``: no access log, the app's lifespan, ``options.limits.drain_s`` (at least
+    1 s) for the graceful shutdown, ``LISTEN_BACKLOG``, and :mod:`rosterd.up.http_protocol`'s
+    deadlines for slow clients (headers within ``HEADER_TIMEOUT_S``, or
+    ``options.request_read_timeout_s`` when that is shorter). Serve it on the socket of
+    :func:`bind_listener` (``Server.serve(sockets=[sock])``)."""
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, int(options.limits.drain_s)),
+        # uvicorn listens again on the socket it is given, with its own backlog.
+        backlog=LISTEN_BACKLOG,
+        http=bounded_http_protocol(min(HEADER_TIMEOUT_S, options.request_read_timeout_s)),
+    )
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rosterd.router.progress import ProgressCheck
+from rosterd.router.routing import RouterConfig
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
@@ -60,3 +61,18 @@ class UpOptions:
     request_read_timeout_s: float = 30.0
     kv_disk_bytes: int = 10 * 2**30
     history_interval_s: float = 10.0
+
+    def router_config(self) -> RouterConfig:
+        """The router's limits for this run: API keys, body size, CORS origins, the
+        request deadlines, the progress check and the charts' interval from these
+        options; the upstream timeouts are :class:`RouterConfig`'s defaults."""
+        return RouterConfig(
+            api_keys=self.api_keys,
+            max_body_bytes=self.max_body_bytes,
+            cors_origins=self.cors_origins,
+            first_byte_timeout_s=self.first_byte_timeout_s,
+            progress_check=self.progress_check,
+            chunk_timeout_s=self.chunk_timeout_s,
+            request_read_timeout_s=self.request_read_timeout_s,
+            history_interval_s=self.history_interval_s,
+        )

@@ -33,8 +33,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import uvicorn
-
 from rosterd.backends.node_host import NodeHost
 from rosterd.errors import (
     EndedBeforeServingError,
@@ -53,21 +51,20 @@ from rosterd.fleet_scheduler.views import fleet_status, node_views
 from rosterd.metrics import RosterdMetrics
 from rosterd.ray_cluster import RayCluster, disconnect, join_async
 from rosterd.roster import ImportedRoster
-from rosterd.router import RouterConfig, create_app
+from rosterd.router import create_app
 from rosterd.router.streams import LiveStreams
 from rosterd.supervisor import BackendEvent, default_state_dir
 from rosterd.up import config as up_config
 from rosterd.up.chat_templates import missing_template_warnings
 from rosterd.up.files import ConfigFiles
 from rosterd.up.fleet_effects import UpFleetEffects
-from rosterd.up.http_protocol import HEADER_TIMEOUT_S, bounded_http_protocol
 from rosterd.up.listen import (
-    LISTEN_BACKLOG,
     NoSignalServer,
     bind_listener,
     is_loopback_host,
     open_files_wanted,
     raise_open_files_limit,
+    server_config,
 )
 from rosterd.up.options import UpOptions
 from rosterd.up.report import Reporter, open_listener_text, serving_text
@@ -281,16 +278,7 @@ class UpRun:
             router = create_app(
                 effects.scheduler,
                 effects.routes,
-                config=RouterConfig(
-                    api_keys=options.api_keys,
-                    max_body_bytes=options.max_body_bytes,
-                    cors_origins=options.cors_origins,
-                    first_byte_timeout_s=options.first_byte_timeout_s,
-                    progress_check=options.progress_check,
-                    chunk_timeout_s=options.chunk_timeout_s,
-                    request_read_timeout_s=options.request_read_timeout_s,
-                    history_interval_s=options.history_interval_s,
-                ),
+                config=options.router_config(),
                 metrics=effects.metrics,
                 status_extra=lambda: {**fleet_status(machine), "config": files.status()},
                 reload=self.reload,
@@ -298,21 +286,7 @@ class UpRun:
                 streams=streams,
                 node_views=(lambda: node_views(machine)) if self._cluster is not None else None,
             )
-            server = self._server = NoSignalServer(
-                uvicorn.Config(
-                    router,
-                    log_level="warning",
-                    access_log=False,
-                    lifespan="on",
-                    timeout_graceful_shutdown=max(1, int(options.limits.drain_s)),
-                    # uvicorn listens again on the socket it is given, with its own backlog.
-                    backlog=LISTEN_BACKLOG,
-                    # deadlines for slow clients (its module says why)
-                    http=bounded_http_protocol(
-                        min(HEADER_TIMEOUT_S, options.request_read_timeout_s)
-                    ),
-                )
-            )
+            server = self._server = NoSignalServer(server_config(router, options))
             if self._stop.is_set():
                 return
             serving = asyncio.create_task(server.serve(sockets=[sock]), name="rosterd-http")
