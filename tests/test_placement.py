@@ -336,3 +336,23 @@ def test_every_placed_batch_role_can_be_loaded_on_its_node(
         )
         decision = decide(state, target)
         assert isinstance(decision, Load), decision
+
+
+def test_greedy_places_two_small_interactive_roles_rather_than_one_big_one() -> None:
+    """A node that lost its neighbour: keeping the 2 GiB interactive ``d`` and the sticky
+    ``a`` places more than moving the lost node's 3 GiB interactive ``f`` in; the greedy
+    fallback took the biggest interactive role first (or, all roles by size, the 3 GiB
+    batch ``e``) and placed one role fewer."""
+    specs = [
+        spec("a", 2),
+        spec("b", 0.5, sticky=False),
+        spec("d", 2, interactive=True, sticky=False),
+        spec("e", 3, sticky=False),
+        spec("f", 3, interactive=True, sticky=False),
+    ]
+    box = fleet(node("n2", 4))
+    previous = greedy_plan(specs[:3], box)
+    assert set(previous.placements) == {"a", "b", "d"}
+    result = greedy_plan(specs, box, previous)
+    assert set(result.placements) == {"a", "b", "d"}
+    assert score(specs, box, result).key() >= score(specs, box, plan(specs, box, previous)).key()

@@ -222,16 +222,25 @@ def no_flavor_reason(s: InferenceSpec, nodes: Iterable[Node]) -> str:
     return f"no node runs flavor {s.flavor.value} (nodes run: {runs})"
 
 
-def greedy_order(problem: Problem, *, by_class: bool = True) -> list[InferenceSpec]:
+def greedy_order(
+    problem: Problem, *, by_class: bool = True, small_interactive: bool = False
+) -> list[InferenceSpec]:
     """(``by_class``) interactive before batch, then sticky roles with a previous node,
-    then biggest first, then role id."""
+    then biggest first (``small_interactive``: the interactive roles smallest first, which
+    places the most of them when the biggest would take a node's room alone), then role
+    id."""
     placeable = [problem.spec[r] for r in problem.eligible]
+
+    def size(s: InferenceSpec) -> int:
+        bytes_ = s.memory.resident_bytes
+        return bytes_ if small_interactive and s.interactive else -bytes_
+
     return sorted(
         placeable,
         key=lambda s: (
             0 if s.interactive or not by_class else 1,
             0 if s.role in problem.previous else 1,
-            -s.memory.resident_bytes,
+            size(s),
             0 if s.interactive else 1,
             s.role,
         ),
