@@ -40,6 +40,7 @@ import httpx
 
 from rosterd.adapters import Launch, SlotKeeping
 from rosterd.errors import AdapterError
+from rosterd.supervisor.backend_http import backend_client
 from rosterd.tokens import GB
 
 log = logging.getLogger("rosterd.kv")
@@ -140,7 +141,7 @@ class KvKeeper:
         file ``weights``): restore what was kept into the same slot ids, before it serves.
         Never raises: a failure is logged, its files removed, and the result says so."""
         slots = int(keeping.identity(launch).get("slots", "1") or 1)
-        async with httpx.AsyncClient(base_url=base_url) as client:
+        async with backend_client(base_url=base_url) as client:
             try:
                 version = await keeping.version(client, timeout_s=30.0)
             except AdapterError as exc:
@@ -167,7 +168,7 @@ class KvKeeper:
         if running is None:
             return
         folder = self.folder(role)
-        async with httpx.AsyncClient(base_url=running.base_url) as client:
+        async with backend_client(base_url=running.base_url) as client:
             for slot in range(running.slots):
                 await self._save_slot(role, folder, slot, running, client)
         self.prune()

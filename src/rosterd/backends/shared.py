@@ -26,6 +26,7 @@ from rosterd.backends.interface import Endpoint
 from rosterd.errors import AdapterError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import Backend, Supervisor, free_port, ready_timeout_for
+from rosterd.supervisor.backend_http import backend_client
 
 #: How long an unload waits for a shared server to answer, seconds.
 SHARED_UNLOAD_S = 30.0
@@ -106,7 +107,7 @@ class SharedServers:
         """
         server = await self._server(spec, shared)
         timeout = self.ready_timeout_s or ready_timeout_for(spec.memory.weights_bytes)
-        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+        async with backend_client(base_url=server.base_url) as client:
             await shared.load(client, model, timeout_s=timeout)
             resident = await self._resident_or_none(client, shared)
         return Endpoint(server.base_url, model, None), listed_size(resident, model)
@@ -126,7 +127,7 @@ class SharedServers:
         if server is None:
             return 0  # no server: nothing is loaded
         size = 0
-        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+        async with backend_client(base_url=server.base_url) as client:
             if measure:  # its figure, before the memory is given back
                 size = listed_size(await self._resident_or_none(client, shared), model)
             await shared.unload(client, model, timeout_s=SHARED_UNLOAD_S)
@@ -146,7 +147,7 @@ class SharedServers:
         server = self.supervisor.backend(self.server_name(flavor))
         if server is None:
             return {}
-        async with httpx.AsyncClient(base_url=server.base_url, trust_env=False) as client:
+        async with backend_client(base_url=server.base_url) as client:
             resident = await self._resident_or_none(client, shared)
         if resident is None:
             return {}

@@ -33,6 +33,7 @@ import httpx
 from starlette.types import Message, Send
 
 from rosterd.adapters.base import ProgressProbe
+from rosterd.supervisor.backend_http import backend_client
 
 log = logging.getLogger("rosterd.router")
 
@@ -65,7 +66,7 @@ async def wedged_verdict(
     loop = asyncio.get_running_loop()
     seen: tuple[int, ...] | None = None
     changed_at = 0.0
-    async with httpx.AsyncClient(trust_env=False, timeout=check.answer_s) as client:
+    async with backend_client(timeout_s=check.answer_s) as client:
         while True:
             quiet_s = loop.time() - quiet_since()
             if quiet_s < check.after_s:

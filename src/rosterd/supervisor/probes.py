@@ -8,18 +8,15 @@ is asked for, or a deadline that grows with the weights' size
 ``READY_POLL_S``: a small model is ready within tens of milliseconds, and a
 fixed 200 ms poll made every cold swap wait for the next poll.
 
-Library choice: httpx, the project's HTTP client. Its clients here share one
-TLS context and read no proxy settings: backends are on the lab's nodes, and
-building httpx's default TLS context took ~85 ms per client, paid on every
-start and probe.
+Library choice: httpx, the project's HTTP client, through
+:func:`rosterd.supervisor.backend_http.backend_client` (one TLS context, no proxy
+settings from the environment).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +27,7 @@ import httpx
 from rosterd.adapters.base import HttpProbe, Launch
 from rosterd.backends.values import ProbeResult
 from rosterd.errors import BackendNotReadyError, BackendStartError, BackendStoppedError
+from rosterd.supervisor.backend_http import backend_client
 from rosterd.supervisor.process import describe_exit, failure_reason, output_tail
 from rosterd.tokens import GB
 
@@ -43,18 +41,6 @@ READY_MAX_S: Final[float] = 3600.0
 READY_POLL_S: Final[float] = 0.2
 #: The first pause between readiness polls (seconds); it doubles up to ``READY_POLL_S``.
 READY_FIRST_POLL_S: Final[float] = 0.01
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    return ssl.create_default_context()
-
-
-def backend_client() -> httpx.AsyncClient:
-    """An httpx client for talking to backends: no proxies from the environment, and the
-    one TLS context of the process rather than a new one per client (see the module
-    docstring)."""
-    return httpx.AsyncClient(verify=_tls_context(), trust_env=False)
 
 
 def ready_timeout_for(weights_bytes: int) -> float:
