@@ -8,12 +8,17 @@ past Starlette's router. Modules:
 
 - ``app``: :func:`create_app`, every route and the lifespan;
 - ``routing``: :class:`RoleRoute`, :class:`RouterConfig`, the ``model`` names;
-- ``proxy``: forwarding, streaming pass-through, disconnects, revocation, the
-  one retry on a pooled connection the backend closed;
+- ``proxy``: one request top to bottom: lease, forwarding, the answer by its kind;
+- ``client_side``: what is sent to the client, the cut when it leaves or the lease is
+  revoked, a body passed through chunk by chunk;
+- ``retries``: every retry of a request in one table, in the order they nest;
+- ``deadlines``: a request's deadlines (first byte, between chunks);
+- ``progress``: a quiet request asks its backend how far it has come;
+- ``wait_report``: the ``X-Rosterd-*`` headers of what a request waited for;
+- ``restore_check``: the first answer after a KV restore, judged;
 - ``upstream``: the client towards backends (pool, timeouts, typed errors);
 - ``openai_errors``: the error table, the OpenAI error body, the SSE error
   event, ``Retry-After``, and the mapping of scheduler and upstream errors;
-- ``liveness``: the per-request deadlines and the wait for a restarted backend;
 - ``auth``: the API-key gate; ``body``: the request body (size limit, strict JSON);
 - ``ollama``: Ollama's API (``/api/*``), a package of its own;
 - ``ui``: the live web page and its event stream; ``logs``: a role's backend

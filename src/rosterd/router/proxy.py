@@ -1,24 +1,34 @@
 """The proxy (DESIGN.md layer 7): one raw ASGI app per OpenAI path, forwarding to a backend.
 
-:class:`~rosterd.router.upstream.Upstream` (keep-alive HTTP/1.1 on httptools)
-sends the upstream request; the answer comes back unbuffered when it is an event stream, in one
-piece when it is a plain answer that declares its length. The proxy is a raw
-ASGI app rather than a Starlette endpoint because it watches the client's
-``http.disconnect`` while it serves: a client that leaves cancels the request
-at once, which closes the upstream connection (so llama-server stops
-generating and frees its slot) and gives the lease back. It also ends a
-request at once when the scheduler revokes its lease, and sends a request once
-more on a fresh connection when the backend closed the pooled one unanswered.
-A backend that stalls (no byte within a deadline) or cannot be reached is
-handled by :mod:`~rosterd.router.liveness`: the request ends with 504 and the
-role is probed, or the request waits for the restarted backend.
+One request, top to bottom, is :class:`Proxy`, each step a method below its caller:
 
-Both cuts cancel the request's own task (``RequestCut``) rather than racing it against a second
-task with ``asyncio.wait``: a request costs one helper task (the disconnect watcher) and no
-extra scheduling round, which keeps the router's added latency a fraction of a millisecond.
+1. ``__call__``: read the body, resolve the role, answer errors in the path's envelope,
+   count the request;
+2. ``_serve``: cut the request's task at once when the client leaves or the lease is
+   revoked (``RequestCut``); send it where its role is now when its node was lost before
+   any byte (retry 4 of :mod:`~rosterd.router.retries`);
+3. ``_serve_leased``: take a lease; a backend that could not be reached: another ready
+   copy, or its restart (retries 2 and 3);
+4. ``_forward_unless_revoked``: under the deadlines (:mod:`~rosterd.router.deadlines`,
+   504 on a stall) and the progress check (:mod:`~rosterd.router.progress`);
+5. ``_forward``: send (``_send_upstream``, once more on a fresh connection when the
+   backend closed the pooled one unanswered: retry 1) and answer by kind: translated
+   (``_forward_translated``), the backend's failure or refusal (``_backend_failed``,
+   ``_backend_refused``), a plain answer whole (``_send_whole_answer``), or passed
+   through chunk by chunk (``_pass_through``).
 
-Errors are :class:`RouterError` values from ``openai_errors``; the scheduler's
-and the upstream client's errors are mapped there, at the ``with`` blocks around their calls.
+What goes to the client is :mod:`~rosterd.router.client_side`'s; the ``X-Rosterd-*``
+headers :mod:`~rosterd.router.wait_report`'s; the first answer after a KV restore is
+judged by :mod:`~rosterd.router.restore_check`. The upstream client is
+:class:`~rosterd.router.upstream.Upstream` (keep-alive HTTP/1.1 on httptools).
+
+A raw ASGI app rather than a Starlette endpoint, because it watches the client's
+``http.disconnect`` while it serves: a client that leaves cancels the request at once,
+which closes the upstream connection (llama-server stops generating and frees its slot)
+and gives the lease back. Both cuts cancel the request's own task rather than racing it
+against a second task with ``asyncio.wait``: one helper task per request and no extra
+scheduling round keep the router's added latency a fraction of a millisecond. Errors are
+:class:`RouterError` values, mapped in ``openai_errors`` at the ``with`` blocks.
 """
 
 from __future__ import annotations
@@ -39,26 +49,28 @@ from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamC
 from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import CopyState, prefix_key
 from rosterd.router.body import parse_json_object, read_body, requested_model
+from rosterd.router.client_side import (
+    ANSWER_TAIL_BYTES,
+    END_OF_BODY,
+    ClientAnswer,
+    RequestCut,
+    pass_body,
+    send_whole,
+    wait_disconnect,
+)
+from rosterd.router.deadlines import Deadlines, forward_within_deadlines, stalled_error
 from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
-from rosterd.router.liveness import (
-    MAX_RESTART_WAITS,
-    Deadlines,
-    backend_unreachable,
-    end_stalled,
-    forward_within_deadlines,
-)
 from rosterd.router.openai_errors import (
     revoked_error,
     scheduler_errors,
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.passthrough import ANSWER_TAIL_BYTES, pass_body, send_whole, wait_disconnect
 from rosterd.router.progress import watched
-from rosterd.router.request_cut import ClientAnswer, RequestCut, may_resend
 from rosterd.router.restore_check import RestoreChecks
+from rosterd.router.retries import RETRIES, backend_unreachable, may_resend
 from rosterd.router.routing import (
     DIALECT_PATHS,
     PROXIED_PATHS,
@@ -74,9 +86,6 @@ from rosterd.scheduler.values import Revocation
 
 log = logging.getLogger("rosterd.router")
 
-#: How many times one request is sent again after its node was lost under it.
-MAX_RESENDS = 2
-
 #: nginx's "client closed request": the status counted in metrics for a client that left.
 CLIENT_CLOSED_STATUS = 499
 
@@ -85,7 +94,8 @@ CLIENT_CLOSED_STATUS = 499
 #: without a length, is passed through chunk by chunk.
 WHOLE_ANSWER_MAX_BYTES = 8 * 2**20
 
-_END = {"type": "http.response.body", "body": b"", "more_body": False}
+#: The headers rosterd adds to an answer (``wait_report``), as ASGI pairs.
+Told = list[tuple[bytes, bytes]]
 
 
 @dataclass(frozen=True)
@@ -202,7 +212,7 @@ class Proxy:
                         raise  # not ours: uvicorn's, at the end of the drain time
                     task.uncancel()
                     why = cut.why
-                    if may_resend(why, answer) and resends < MAX_RESENDS:
+                    if may_resend(why, answer.status) and resends < RETRIES.resends:
                         # Its backend vanished with its node before answering a byte: the
                         # request ran nowhere to its end; send it where the role is now.
                         log.info("resending a %s request to %s: %s", self.label, role, why)
@@ -219,9 +229,9 @@ class Proxy:
         self, role: str, payload: dict[str, Any], answer: ClientAnswer, cut: RequestCut
     ) -> None:
         """Take a lease, forward, give the lease back; when the backend could not be reached
-        and nothing was sent yet, send the request once to another ready copy of the role
-        (replicas), else wait for its restart (a lease of a newer generation) and forward
-        again, at most ``MAX_RESTART_WAITS`` times.
+        and nothing was sent yet, send the request to another ready copy of the role
+        (replicas, ``RETRIES.other_copy`` times), else wait for its restart (a lease of a
+        newer generation) and forward again, ``RETRIES.restart_waits`` times.
 
         The copy is chosen by the request's prefix (``rosterd.replica_choice``), so the
         turns of one conversation find their KV cache."""
@@ -232,25 +242,27 @@ class Proxy:
             lease = await scheduler.acquire(role, prefix=prefix)
         self.ctx.history.request_granted(role, lease.waited_s)
         self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
-        waits = 0
-        failed_over = failover = False
+        waits = other_copies = 0
+        failover = False
         while True:
             try:
                 await self._forward_unless_revoked(lease, payload, answer, cut, asked_at)
                 return
             except RouterError as err:
-                if waits >= MAX_RESTART_WAITS or not backend_unreachable(err):
+                if waits >= RETRIES.restart_waits or not backend_unreachable(err):
                     raise
                 # Nothing was sent to the client and the backend never answered: wait for
                 # the supervisor's restart (a newer generation) rather than a dead port.
                 waits += 1
-                failover = not failed_over and self._other_copy_ready(role, lease.node)
+                failover = other_copies < RETRIES.other_copy and self._other_copy_ready(
+                    role, lease.node
+                )
                 then = "sent to another copy" if failover else "waiting for its restart"
                 log.info("backend of %s on %s unreachable (%s); %s", role, lease.node, err, then)
             finally:
                 scheduler.release(lease)
             if failover:
-                failed_over = True  # once: a second dead copy means waiting for a restart
+                other_copies += 1  # then a dead copy again means waiting for a restart
                 with scheduler_errors():
                     lease = await scheduler.acquire(role, prefix=prefix, avoid={lease.node})
                 self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
@@ -275,7 +287,7 @@ class Proxy:
         cut: RequestCut,
         asked_at: float,
     ) -> None:
-        """Forward under the liveness deadlines, cut at once if the scheduler revokes the lease.
+        """Forward under the deadlines, cut at once if the scheduler revokes the lease.
 
         The scheduler revokes the leases of a role it stops with requests still in
         flight (evicted after ``--drain``, unloaded, shutdown, found unhealthy):
@@ -313,13 +325,7 @@ class Proxy:
         except StalledError as stall:
             log.warning("ended a %s request to %s: %s", self.label, lease.role, stall)
             self.ctx.scheduler.suspect(lease, str(stall))
-            await end_stalled(
-                stall,
-                started=bool(answer.status),
-                stream=answer.stream,
-                send=answer.send,
-                event=self.envelope.sse_event,
-            )
+            await answer.end_with(stalled_error(stall), self.envelope.sse_event)
         finally:
             if revoked is not None:
                 revoked.remove_done_callback(cut.revoked)
@@ -330,12 +336,7 @@ class Proxy:
             raise ClientGoneError(f"the client left its {self.label} request to {role}")
         err = revoked_error(why)
         log.info("ended a %s request to %s: %s", self.label, role, err.message)
-        if not answer.status:
-            raise err
-        if answer.stream:
-            await answer.send(self.envelope.sse_event(err))
-        else:
-            await answer.send(_END)
+        await answer.end_with(err, self.envelope.sse_event)
 
     async def _forward(
         self,
@@ -343,12 +344,11 @@ class Proxy:
         payload: dict[str, Any],
         send: Send,
         answer: ClientAnswer,
-        told: list[tuple[bytes, bytes]],
+        told: Told,
     ) -> None:
         """Send the request to ``lease``'s backend and pass its answer through to ``send``
-        with the ``told`` headers added (``wait_report``); ``answer.tokens`` gets what the
-        backend says it generated. The first whole answer after a restore of the
-        backend's KV cache is judged from its end (``restore_check``).
+        with the ``told`` headers added (``wait_report``), by kind of answer (the module's
+        step 5); ``answer.tokens`` gets what the backend says it generated.
 
         Raises :class:`RouterError` 502 ``backend_error`` while nothing was
         sent to the client yet; once the answer started, a failure or a stream
@@ -357,20 +357,7 @@ class Proxy:
         role = lease.role
         route = self.ctx.routes[role]
         if self.dialect is not None and self.dialect not in route.native:
-            base_url = lease.endpoint.base_url
-
-            async def post(path: str, body: bytes, accept: str) -> UpstreamResponse:
-                return await self._send_upstream(base_url, body, accept, role, path=path)
-
-            async def send_told(message: Message) -> None:
-                # The translated answer carries rosterd's headers (role, node, wait) too.
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*message.get("headers", ()), *told]}
-                await send(message)
-
-            await forward_in_dialect(
-                self.path, route, payload, lease.endpoint.served_model, post, send_told, self.label
-            )
+            await self._forward_translated(lease, payload, send, told)
             return
         upstream_body = route.rewrite(payload, lease.endpoint.served_model)
         body = json.dumps(
@@ -380,59 +367,108 @@ class Proxy:
         with upstream_errors(role):
             upstream = await self._send_upstream(lease.endpoint.base_url, body, accept, role)
         try:
-            content_type = upstream.content_type or "application/json"
-            if upstream.status >= 500:
-                with upstream_errors(role):
-                    text = (await upstream.read()).decode(errors="replace")
-                raise upstream_status_error(role, upstream.status, text, endpoint=self.served_label)
-            stream = content_type.startswith("text/event-stream")
+            stream = _content_type(upstream).startswith("text/event-stream")
             length = upstream.content_length
-            if upstream.status >= 400 and not stream:
-                # The backend's own refusal (llama-server's envelope has an integer code and
-                # no param), in the shape the path's clients read, its status kept.
-                with upstream_errors(role):
-                    raw = await upstream.read()
-                whole = self.envelope.status_body(upstream.status, backend_error_text(raw))
-                await send_whole(send, upstream.status, "application/json", whole, told)
-                return
-            if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
-                with upstream_errors(role):
-                    whole = await upstream.read()
-                answer.tokens = generated_tokens(whole[-ANSWER_TAIL_BYTES:])
-                self.ctx.restores.answered(lease, upstream.status, whole[-ANSWER_TAIL_BYTES:])
-                await send_whole(send, upstream.status, content_type, whole, told)
-                return
-            headers_out = [(b"content-type", content_type.encode()), *told]
-            if stream:
-                headers_out += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-            await send(
-                {"type": "http.response.start", "status": upstream.status, "headers": headers_out}
-            )
-            try:
-                with upstream_errors(role, mid_stream=True):
-                    finished, tail = await pass_body(upstream, send, self.stream_ends)
-                    answer.tokens = generated_tokens(tail)
-            except RouterError as err:
-                # Headers are out: end the answer with an SSE error event the client can see.
-                with contextlib.suppress(Exception):
-                    await send(self.envelope.sse_event(err))
-                return
-            if stream and not finished:
-                # The backend closed the stream without its final event: it was
-                # stopped (evicted after the drain time, or it died) mid-generation.
-                cut = RouterError(
-                    "backend_error",
-                    f"the stream from role {role!r} ended before it finished: "
-                    "its backend stopped (evicted after the drain time, or it exited)",
-                )
-                await send(self.envelope.sse_event(cut))
-                return
-            self.ctx.restores.answered(lease, upstream.status, tail)
-            await send(_END)
+            if upstream.status >= 500:
+                await self._backend_failed(role, upstream)
+            elif upstream.status >= 400 and not stream:
+                await self._backend_refused(role, upstream, send, told)
+            elif not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
+                await self._send_whole_answer(lease, upstream, send, answer, told)
+            else:
+                await self._pass_through(lease, upstream, send, answer, told)
         finally:
             # Back to the pool when the answer was read to its end; on a cut (the client
             # left, the lease was revoked) or a failure the connection is closed.
             upstream.close()
+
+    async def _forward_translated(
+        self, lease: Lease, payload: dict[str, Any], send: Send, told: Told
+    ) -> None:
+        """A request in a dialect the role's backend does not speak: translated to its chat
+        route and back (``rosterd.router.dialects``), with rosterd's ``told`` headers."""
+        role = lease.role
+        base_url = lease.endpoint.base_url
+
+        async def post(path: str, body: bytes, accept: str) -> UpstreamResponse:
+            return await self._send_upstream(base_url, body, accept, role, path=path)
+
+        async def send_told(message: Message) -> None:
+            # The translated answer carries rosterd's headers (role, node, wait) too.
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *told]}
+            await send(message)
+
+        route, model = self.ctx.routes[role], lease.endpoint.served_model
+        await forward_in_dialect(self.path, route, payload, model, post, send_told, self.label)
+
+    async def _backend_failed(self, role: str, upstream: UpstreamResponse) -> None:
+        """The backend answered 5xx: its text, as the path's 502 (or the 5xx it maps to).
+
+        Raises:
+            RouterError: always (``upstream_status_error``).
+        """
+        with upstream_errors(role):
+            text = (await upstream.read()).decode(errors="replace")
+        raise upstream_status_error(role, upstream.status, text, endpoint=self.served_label)
+
+    async def _backend_refused(
+        self, role: str, upstream: UpstreamResponse, send: Send, told: Told
+    ) -> None:
+        """The backend's own refusal (4xx, not a stream; llama-server's envelope has an
+        integer code and no param), in the shape the path's clients read, its status kept."""
+        with upstream_errors(role):
+            raw = await upstream.read()
+        whole = self.envelope.status_body(upstream.status, backend_error_text(raw))
+        await send_whole(send, upstream.status, "application/json", whole, told)
+
+    async def _send_whole_answer(
+        self, lease: Lease, upstream: UpstreamResponse, send: Send, answer: ClientAnswer, told: Told
+    ) -> None:
+        """A plain answer that declares a length up to ``WHOLE_ANSWER_MAX_BYTES``: read
+        whole, sent in one message; its end is judged after a KV restore."""
+        with upstream_errors(lease.role):
+            whole = await upstream.read()
+        answer.tokens = generated_tokens(whole[-ANSWER_TAIL_BYTES:])
+        self.ctx.restores.answered(lease, upstream.status, whole[-ANSWER_TAIL_BYTES:])
+        await send_whole(send, upstream.status, _content_type(upstream), whole, told)
+
+    async def _pass_through(
+        self, lease: Lease, upstream: UpstreamResponse, send: Send, answer: ClientAnswer, told: Told
+    ) -> None:
+        """An event stream, or a plain answer too big or without a length: passed on chunk
+        by chunk. A failure once the headers are out, or a stream that ends without its
+        final event, ends it with the path's SSE error event."""
+        role = lease.role
+        content_type = _content_type(upstream)
+        stream = content_type.startswith("text/event-stream")
+        headers_out = [(b"content-type", content_type.encode()), *told]
+        if stream:
+            headers_out += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        await send(
+            {"type": "http.response.start", "status": upstream.status, "headers": headers_out}
+        )
+        try:
+            with upstream_errors(role, mid_stream=True):
+                finished, tail = await pass_body(upstream, send, self.stream_ends)
+                answer.tokens = generated_tokens(tail)
+        except RouterError as err:
+            # Headers are out: end the answer with an SSE error event the client can see.
+            with contextlib.suppress(Exception):
+                await send(self.envelope.sse_event(err))
+            return
+        if stream and not finished:
+            # The backend closed the stream without its final event: it was
+            # stopped (evicted after the drain time, or it died) mid-generation.
+            cut = RouterError(
+                "backend_error",
+                f"the stream from role {role!r} ended before it finished: "
+                "its backend stopped (evicted after the drain time, or it exited)",
+            )
+            await send(self.envelope.sse_event(cut))
+            return
+        self.ctx.restores.answered(lease, upstream.status, tail)
+        await send(END_OF_BODY)
 
     async def _send_upstream(
         self, base_url: str, body: bytes, accept: str, role: str, *, path: str | None = None
@@ -452,5 +488,12 @@ class Proxy:
         try:
             return await upstream.post(base_url, path, body, accept)
         except UpstreamClosedError as exc:
+            if not RETRIES.fresh_connection:
+                raise
             log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
         return await upstream.post(base_url, path, body, accept, fresh=True)
+
+
+def _content_type(upstream: UpstreamResponse) -> str:
+    """The answer's content type (a backend that names none answers JSON)."""
+    return upstream.content_type or "application/json"
