@@ -6,7 +6,9 @@ and towards the backends a small keep-alive HTTP/1.1 client on httptools
 most of its time). A ``POST`` to a proxied path goes straight to its proxy,
 past Starlette's router. Modules:
 
-- ``app``: :func:`create_app`, every route and the lifespan;
+- ``app``: :func:`create_app`, the wiring of every route;
+- ``endpoints``: the plain endpoints (``/status``, ``/v1/models``, the admin paths)
+  and the lifespan;
 - ``routing``: :class:`RoleRoute`, :class:`RouterConfig`, the ``model`` names;
 - ``proxy``: one request top to bottom: lease, forwarding, the answer by its kind;
 - ``client_side``: what is sent to the client, the cut when it leaves or the lease is

@@ -1,6 +1,7 @@
-"""The router's ASGI app (DESIGN.md layer 7): every route, and its lifespan.
+"""The router's ASGI app (DESIGN.md layer 7): the wiring of every route and its lifespan.
 
-Starlette routes the plain endpoints (JSON in, JSON out); the OpenAI paths
+Starlette routes the plain endpoints (JSON in, JSON out: ``endpoints.Endpoints``, which
+also holds the lifespan); the OpenAI paths
 routed by ``model`` are :class:`~rosterd.router.proxy.Proxy` apps, and a
 ``POST`` to one goes straight to its proxy, past Starlette's router
 (:class:`ProxyFirst`); the whole app sits behind the API-key gate, and, with
@@ -10,49 +11,29 @@ preflight requests). uvicorn serves it (``rosterd up``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rosterd.errors import RosterdError, RouterError
-from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.auth import ApiKeyGate
-from rosterd.router.history import History, sample_forever
-from rosterd.router.logs import LogPath, log_response
+from rosterd.router.endpoints import Endpoints
+from rosterd.router.history import History
+from rosterd.router.logs import LogPath
 from rosterd.router.ollama.generation import send_ollama_error
 from rosterd.router.ollama.routes import OLLAMA_PREFIX, ollama_routes
-from rosterd.router.openai_errors import error_response, scheduler_errors
 from rosterd.router.openapi import openapi_endpoint
 from rosterd.router.proxy import Proxy, ProxyContext
-from rosterd.router.routing import (
-    PROXIED_PATHS,
-    RoleRoute,
-    RouterConfig,
-    RouteTable,
-    shown_name,
-)
+from rosterd.router.routing import PROXIED_PATHS, RoleRoute, RouterConfig, RouteTable
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
-from rosterd.router.wait_report import WAIT_HEADERS, evicted_for
+from rosterd.router.wait_report import WAIT_HEADERS
 from rosterd.scheduler.fleet import Scheduler
-from rosterd.tokens import valid_token
-
-log = logging.getLogger("rosterd.router")
-
-#: The longest ``{role}`` of the ``/rosterd/*`` admin paths, bytes.
-ADMIN_ROLE_MAX_BYTES = 64
 
 
 def create_app(
@@ -102,7 +83,7 @@ def create_app(
     metrics = metrics or RosterdMetrics()
     upstream = Upstream(
         connect_s=config.upstream_connect_s,
-        # The liveness deadlines (first byte, between chunks) come first; the client's
+        # The deadlines (first byte, between chunks) come first; the client's
         # read timeout is only the backstop above them.
         read_s=max(config.upstream_read_s, config.first_byte_timeout_s, config.chunk_timeout_s)
         + 1.0,
@@ -110,203 +91,61 @@ def create_app(
     )
     if not isinstance(routes, RouteTable):
         routes = RouteTable(routes, unserved)
-    names = routes.names
-    extra = status_extra or dict
     live = streams or LiveStreams()
     history = history or History(config.history_interval_s)
     started_at = time.time()
     ctx = ProxyContext(
         scheduler=scheduler,
         routes=routes,
-        names=names,
+        names=routes.names,
         config=config,
         metrics=metrics,
         upstream=upstream,
         history=history,
     )
-
-    async def health(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    def model_entry(role: str) -> dict[str, object]:
-        route = routes.get(role, RoleRoute(role))
-        entry: dict[str, object] = {
-            "id": role,
-            "object": "model",
-            "created": int(started_at),
-            "owned_by": "rosterd",
-            "aliases": sorted(set(route.names)),
-        }
-        entry.update(route.info)
-        return entry
-
-    async def models(_: Request) -> Response:
-        return JSONResponse(
-            {"object": "list", "data": [model_entry(role) for role in scheduler.roles]}
-        )
-
-    async def model(request: Request) -> Response:
-        """OpenAI's retrieve: one model by role id, model name or alias (404 if unknown)."""
-        try:
-            role = names.resolve(request.path_params["model"])
-        except RouterError as err:
-            return error_response(err)
-        return JSONResponse(model_entry(role))
-
-    async def ps_data() -> dict[str, object]:
-        snap = scheduler.snapshot()
-        nodes = snap["nodes"]
-        assert isinstance(nodes, dict)
-        measured = await scheduler.measured_bytes()
-        for name, node in nodes.items():
-            for role, info in node["roles"].items():
-                info["measured_rss_bytes"] = measured.get(name, {}).get(role)
-                ctx.restores.annotate(name, role, info)
-        if node_views is not None:
-            views = node_views()
-            ordered = {name: {**nodes.get(name, {}), **view} for name, view in views.items()}
-            snap["nodes"] = ordered | {n: v for n, v in nodes.items() if n not in ordered}
-        return snap
-
-    async def status_data() -> dict[str, object]:
-        data: dict[str, object] = dict(await ps_data())
-        data["uptime_s"] = round(time.time() - started_at, 3)
-        data.update(extra())
-        return data
-
-    async def status(_: Request) -> Response:
-        return JSONResponse(await status_data())
-
-    async def ps(_: Request) -> Response:
-        return JSONResponse(await ps_data())
-
-    async def history_endpoint(_: Request) -> Response:
-        return JSONResponse(history.as_json())
-
-    async def events(_: Request) -> Response:
-        return JSONResponse({"events": [e.as_json() for e in scheduler.events()]})
-
-    async def metrics_endpoint(_: Request) -> Response:
-        nodes = (await ps_data())["nodes"]
-        assert isinstance(nodes, dict)
-        metrics.observe_nodes(nodes)
-        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
-
-    def admin_role(request: Request) -> str:
-        """The role ``{role}`` names; raises :class:`RouterError` 400 ``invalid_role`` for a
-        name that is not a plain token (at most 64 bytes), 404 for an unknown one."""
-        name = request.path_params["role"]
-        if not valid_token(name, ADMIN_ROLE_MAX_BYTES):
-            raise RouterError(
-                "invalid_role",
-                f"role {shown_name(name)} is not a plain token (1 to 64 ASCII letters, digits, "
-                "'.', '_' or '-', starting with a letter or digit); give a role id, an alias id "
-                "or a model name that is one",
-            )
-        return names.resolve(name)
-
-    async def load(request: Request) -> Response:
-        try:
-            with scheduler_errors():
-                role = admin_role(request)
-                before = scheduler.events()
-                lease = await scheduler.load(role)
-                specs = scheduler.node_of(role).specs
-        except RouterError as err:
-            return error_response(err)
-        evictions = evicted_for(role, lease.node, specs, before, scheduler.events())
-        return JSONResponse(
-            {
-                "role": role,
-                "node": lease.node,
-                "base_url": lease.endpoint.base_url,
-                "ready": True,
-                "evicted": [name for name, _ in evictions],
-                "evictions": [{"role": name, "cause": cause} for name, cause in evictions],
-            }
-        )
-
-    async def unload(request: Request) -> Response:
-        try:
-            with scheduler_errors():
-                role = admin_role(request)
-                await scheduler.unload(role)
-        except RouterError as err:
-            return error_response(err)
-        return JSONResponse({"role": role, "resident": False})
-
-    async def logs(request: Request) -> Response:
-        try:
-            role = admin_role(request)
-            return await log_response(request, role, log_path or (lambda _: None), live)
-        except RouterError as err:
-            return error_response(err)
-
-    async def reload_config(request: Request) -> Response:
-        assert reload is not None
-        force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
-        try:
-            changed = await reload(force)
-        except RosterdError as exc:
-            return error_response(RouterError("invalid_config", str(exc)))
-        return JSONResponse(dict(changed))
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return error_response(
-            RouterError("not_found", f"no route {request.method} {request.url.path}")
-        )
-
-    async def method_not_allowed(request: Request, exc: Exception) -> Response:
-        return error_response(
-            RouterError(
-                "method_not_allowed",
-                f"method {request.method} is not allowed on {request.url.path}",
-            )
-        )
-
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        return error_response(RouterError("internal_error", f"internal error: {exc}"))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> Any:
-        scheduler.start()
-        sampler = asyncio.create_task(sample_forever(history, scheduler, time.time))
-        try:
-            yield
-        finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
-            live.close()
-            await upstream.close()
-            for hook in on_shutdown:
-                await hook()
-
+    served = Endpoints(
+        scheduler=scheduler,
+        routes=routes,
+        metrics=metrics,
+        history=history,
+        live=live,
+        upstream=upstream,
+        restores=ctx.restores,
+        started_at=started_at,
+        status_extra=status_extra or dict,
+        on_shutdown=on_shutdown,
+        log_path=log_path,
+        reload=reload,
+        node_views=node_views,
+    )
     route_list: list[BaseRoute] = [
-        Route("/health", health, methods=["GET"]),
-        Route("/status", status, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/health", served.health, methods=["GET"]),
+        Route("/status", served.status, methods=["GET"]),
+        Route("/metrics", served.metrics_text, methods=["GET"]),
         Route("/openapi.json", openapi_endpoint, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/rosterd/ps", ps, methods=["GET"]),
-        Route("/rosterd/events", events, methods=["GET"]),
-        Route("/rosterd/history", history_endpoint, methods=["GET"]),
-        Route("/rosterd/load/{role}", load, methods=["POST"]),
-        Route("/rosterd/unload/{role}", unload, methods=["POST"]),
-        Route("/rosterd/logs/{role}", logs, methods=["GET"]),
+        Route("/v1/models", served.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", served.model, methods=["GET"]),
+        Route("/rosterd/ps", served.ps, methods=["GET"]),
+        Route("/rosterd/events", served.events, methods=["GET"]),
+        Route("/rosterd/history", served.history_points, methods=["GET"]),
+        Route("/rosterd/load/{role}", served.load, methods=["POST"]),
+        Route("/rosterd/unload/{role}", served.unload, methods=["POST"]),
+        Route("/rosterd/logs/{role}", served.logs, methods=["GET"]),
     ]
-    route_list += page_routes(scheduler, status_data, live, history)
+    route_list += page_routes(scheduler, served.status_data, live, history)
     if reload is not None:
-        route_list.append(Route("/rosterd/reload", reload_config, methods=["POST"]))
+        route_list.append(Route("/rosterd/reload", served.reload_config, methods=["POST"]))
     proxies = {path: Proxy(ctx, path) for path in PROXIED_PATHS}
     route_list += [Route(path, proxy, methods=["POST"]) for path, proxy in proxies.items()]
-    route_list += ollama_routes(ctx, routes, names, started_at)  # Ollama's /api/*
+    route_list += ollama_routes(ctx, routes, routes.names, started_at)  # Ollama's /api/*
     app = Starlette(
         routes=route_list,
-        exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
-        lifespan=lifespan,
+        exception_handlers={
+            404: served.not_found,
+            405: served.method_not_allowed,
+            500: served.server_error,
+        },
+        lifespan=served.lifespan,
     )
     gated = ApiKeyGate(
         ProxyFirst(app, proxies),
