@@ -31,6 +31,7 @@ import signal
 import socket
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rosterd.backends.node_host import NodeHost
@@ -68,6 +69,7 @@ from rosterd.up.listen import (
 )
 from rosterd.up.options import UpOptions
 from rosterd.up.report import Reporter, open_listener_text, serving_text
+from rosterd.up.signals import RunSignals
 
 log = logging.getLogger("rosterd.reload")
 
@@ -86,7 +88,7 @@ def run_up(options: UpOptions, reporter: Reporter) -> None:
     # rosterd's own SIGINT handler from the start, so that asyncio.Runner sets none: its
     # handler cancels the main task, and a Ctrl-C during the plan then landed once
     # serving had begun, as a CancelledError through uvicorn's lifespan and exit 130.
-    previous = signal.signal(signal.SIGINT, run.interrupted)
+    previous = signal.signal(signal.SIGINT, run.signals.interrupted)
     try:
         with asyncio.Runner() as runner:
             runner.run(run.run())
@@ -99,7 +101,13 @@ class UpRun:
     :meth:`stop`; :meth:`serving` waits until it answers HTTP.
 
     ``stop_on_signals``: SIGINT and SIGTERM call :meth:`stop` once the run took its
-    state folder (only in the main thread, and the process's own run: tests leave it off).
+    state folder (only in the main thread, and the process's own run: tests leave it off);
+    :mod:`rosterd.up.signals` says what each signal does when.
+
+    :meth:`run` reads the files and takes the state folder; ``_serve`` is the run's three
+    stages: ``_start_up`` (the fleet scheduler, the first plan, the listener, the
+    router), ``_serve_until_stopped`` (serving, then the drain) and ``_shut_down``
+    (every backend stopped, whatever happened before).
     """
 
     def __init__(self, options: UpOptions, reporter: Reporter, *, stop_on_signals: bool = False):
@@ -118,24 +126,19 @@ class UpRun:
         self._effects: UpFleetEffects | None = None
         self._cluster: RayCluster | None = None
         self._state_dir: Path | None = None
-        self._signals_taken = False
-        self._interrupted = False  # a Ctrl-C before that: see interrupted()
         self._stopping_now = False
-        self._reloads: set[asyncio.Task[None]] = set()
+        #: Who handles SIGINT, SIGTERM and SIGHUP at each stage of the run.
+        self.signals = RunSignals(self, reporter, grace_s=options.grace_s, enabled=stop_on_signals)
 
-    def interrupted(self, signum: int, frame: object) -> None:
-        """The SIGINT handler of the whole process (``signal.signal``), outside the spans
-        where the event loop handles signals itself (:meth:`_set_signal_handlers`).
+    @property
+    def stop_asked(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
 
-        Before that it only notes the interrupt: the run ends (exit 130, one line) before
-        anything starts. Not raising here keeps a Ctrl-C from landing inside an import.
-        After it (the last clean-up, once the loop's handlers are gone) it says that
-        rosterd is stopping and changes nothing.
-        """
-        if self._signals_taken:
-            self._say_stopping()
-        else:
-            self._interrupted = True
+    @property
+    def stopping_now(self) -> bool:
+        """Whether :meth:`stop_now` was called."""
+        return self._stopping_now
 
     def stop(self) -> None:
         """Stop serving: in-flight requests get ``limits.drain_s``, then every backend stops.
@@ -226,6 +229,7 @@ class UpRun:
     async def _serve(
         self, config: ServedConfig, connections: Mapping[str, Connection], host: NodeHost
     ) -> None:
+        """Start up, serve until stopped, shut down (whatever happened before)."""
         options = self.options
         assert self._state_dir is not None
         effects = self._effects = UpFleetEffects(
@@ -235,7 +239,7 @@ class UpRun:
             host=host,
             cluster=self._cluster,
             state_dir=self._state_dir,
-            after_plan=self._signals_again,
+            after_plan=self.signals.again,
             on_lost=self._node_lost,
         )
         machine = FleetMachine(
@@ -244,100 +248,118 @@ class UpRun:
             shared_flavors=up_config.shared_flavors(),
             warm_up=options.warm_up,
         )
-        fleet = self._fleet = FleetLoop(machine, effects)
-        files = self.files = ConfigFiles(options)
-        background: list[asyncio.Task[None]] = []
-        serving: asyncio.Task[None] | None = None
-        sock: socket.socket | None = None
-        loop = asyncio.get_running_loop()
+        self._fleet = FleetLoop(machine, effects)
+        self.files = ConfigFiles(options)
+        serving = _Serving(machine, effects, self._fleet, self.files)
         try:
-            reaped = await host.open()
-            if reaped:
-                said = f"stopped {len(reaped)} backend(s) left by an earlier run: {list(reaped)}"
-                self.reporter.say(Level.INFO, said)
-            effects.scheduler.start()
-            fleet.start()
-            # The plan is shown first; no backend starts before the router serves (the
-            # warm-up waits for it), so a port in use below stops the run with nothing up.
-            await fleet.change(config, connections, start=True)
-            wanted = open_files_wanted(options.limits, len(config.roster.specs))
-            raised = raise_open_files_limit(wanted)
-            if raised is not None:
-                self.reporter.say(Level.INFO, raised)
-            sock = bind_listener(options.host, options.port)
-            if self.stop_on_signals:
-                self._set_signal_handlers()
-                if self._interrupted:  # Ctrl-C before the run took its signals: nothing started
-                    self.reporter.say(
-                        Level.ERROR, "interrupted before serving; nothing was started"
-                    )
-                    raise KeyboardInterrupt
-            if self._cluster is not None:
-                effects.watch_cluster(fleet.cluster_seen)
-            streams = LiveStreams()  # followed logs and the page's stream end as serving stops
-            router = create_app(
-                effects.scheduler,
-                effects.routes,
-                config=options.router_config(),
-                metrics=effects.metrics,
-                status_extra=lambda: {**fleet_status(machine), "config": files.status()},
-                reload=self.reload,
-                log_path=host.supervisor.log_path,
-                streams=streams,
-                node_views=(lambda: node_views(machine)) if self._cluster is not None else None,
-            )
-            server = self._server = NoSignalServer(server_config(router, options))
-            if self._stop.is_set():
-                return
-            serving = asyncio.create_task(server.serve(sockets=[sock]), name="rosterd-http")
-            shown_host = f"[{options.host}]" if ":" in options.host else options.host
-            self.url = f"http://{shown_host}:{options.port}"
-            keyed = bool(options.api_keys)
-            self.reporter.say(
-                Level.INFO, serving_text(effects.scheduler.roles, self.url, keyed=keyed)
-            )
-            self._serving.set()
-            effects.serving_started()
-            if options.watch:
-                background.append(
-                    asyncio.create_task(files.watch(self.reload), name="rosterd-watch")
-                )
-            await self._stop.wait()
-            self.reporter.say(Level.INFO, f"stopping: {self._stopping_what()} …")
-            streams.close()
-            for task in background:
-                task.cancel()
-            server.should_exit = True
-            # The schedulers' shutdown runs beside uvicorn's: waiting requests fail at once
-            # and a load under way is aborted, instead of holding the HTTP drain until a
-            # readiness poll reached its own deadline.
-            stopping = asyncio.create_task(effects.scheduler.shutdown(), name="rosterd-shutdown")
-            if self._stopping_now:
-                effects.scheduler.stop_now()
-            await serving
-            await stopping
+            await self._start_up(serving, config, connections, host)
+            if not self._stop.is_set():
+                await self._serve_until_stopped(serving)
         finally:
-            for task in background:
-                task.cancel()
-            if serving is not None and not serving.done():
-                # Left early (cancelled, or an error): uvicorn ends its lifespan here, not as
-                # a cancelled task once the event loop closes (a traceback per task).
-                if self._server is not None:
-                    self._server.should_exit = self._server.force_exit = True
-                with contextlib.suppress(asyncio.CancelledError):
-                    await serving
-            await fleet.close()
-            await effects.scheduler.shutdown()
-            await effects.close()
-            if sock is not None:
-                sock.close()
-            if self.stop_on_signals and self._signals_taken:
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                    loop.remove_signal_handler(sig)
-                # Not Python's default (KeyboardInterrupt in the last clean-up): this run's
-                # own, which says it is stopping.
-                signal.signal(signal.SIGINT, self.interrupted)
-            self.reporter.say(Level.INFO, "rosterd stopped; no backend left running")
+            await self._shut_down(serving)
+
+    async def _start_up(
+        self,
+        serving: _Serving,
+        config: ServedConfig,
+        connections: Mapping[str, Connection],
+        host: NodeHost,
+    ) -> None:
+        """Reap an earlier run's leftovers, start the schedulers, apply the first plan, bind
+        the listener, take the signals and build the router and its HTTP server.
+
+        Raises:
+            KeyboardInterrupt: a Ctrl-C came before the run took its signals.
+        """
+        options, effects, fleet = self.options, serving.effects, serving.fleet
+        reaped = await host.open()
+        if reaped:
+            said = f"stopped {len(reaped)} backend(s) left by an earlier run: {list(reaped)}"
+            self.reporter.say(Level.INFO, said)
+        effects.scheduler.start()
+        fleet.start()
+        # The plan is shown first; no backend starts before the router serves (the
+        # warm-up waits for it), so a port in use below stops the run with nothing up.
+        await fleet.change(config, connections, start=True)
+        wanted = open_files_wanted(options.limits, len(config.roster.specs))
+        raised = raise_open_files_limit(wanted)
+        if raised is not None:
+            self.reporter.say(Level.INFO, raised)
+        serving.sock = bind_listener(options.host, options.port)
+        self.signals.take()
+        if self.signals.interrupt_noted:  # Ctrl-C before the run took its signals
+            self.reporter.say(Level.ERROR, "interrupted before serving; nothing was started")
+            raise KeyboardInterrupt
+        if self._cluster is not None:
+            effects.watch_cluster(fleet.cluster_seen)
+        machine, files = serving.machine, serving.files
+        router = create_app(
+            effects.scheduler,
+            effects.routes,
+            config=options.router_config(),
+            metrics=effects.metrics,
+            status_extra=lambda: {**fleet_status(machine), "config": files.status()},
+            reload=self.reload,
+            log_path=host.supervisor.log_path,
+            streams=serving.streams,
+            node_views=(lambda: node_views(machine)) if self._cluster is not None else None,
+        )
+        self._server = NoSignalServer(server_config(router, options))
+
+    async def _serve_until_stopped(self, serving: _Serving) -> None:
+        """Serve HTTP until :meth:`stop`, then drain: the router's graceful shutdown beside
+        the schedulers' (waiting requests fail at once, a load under way is aborted)."""
+        options, effects, server = self.options, serving.effects, self._server
+        assert server is not None
+        assert serving.sock is not None
+        serving.http = asyncio.create_task(
+            server.serve(sockets=[serving.sock]), name="rosterd-http"
+        )
+        shown_host = f"[{options.host}]" if ":" in options.host else options.host
+        self.url = f"http://{shown_host}:{options.port}"
+        keyed = bool(options.api_keys)
+        self.reporter.say(Level.INFO, serving_text(effects.scheduler.roles, self.url, keyed=keyed))
+        self._serving.set()
+        effects.serving_started()
+        if options.watch:
+            watch = serving.files.watch(self.reload)
+            serving.background.append(asyncio.create_task(watch, name="rosterd-watch"))
+        await self._stop.wait()
+        self.reporter.say(Level.INFO, f"stopping: {self._stopping_what()} …")
+        serving.streams.close()
+        for task in serving.background:
+            task.cancel()
+        server.should_exit = True
+        # The schedulers' shutdown runs beside uvicorn's: waiting requests fail at once
+        # and a load under way is aborted, instead of holding the HTTP drain until a
+        # readiness poll reached its own deadline.
+        stopping = asyncio.create_task(effects.scheduler.shutdown(), name="rosterd-shutdown")
+        if self._stopping_now:
+            effects.scheduler.stop_now()
+        await serving.http
+        await stopping
+
+    async def _shut_down(self, serving: _Serving) -> None:
+        """Whatever happened before: the HTTP server ended, the fleet and the schedulers
+        closed (every backend stopped), the listener closed, the signals given back."""
+        for task in serving.background:
+            task.cancel()
+        if serving.http is not None and not serving.http.done():
+            # Left early (cancelled, or an error): uvicorn ends its lifespan here, not as
+            # a cancelled task once the event loop closes (a traceback per task).
+            if self._server is not None:
+                self._server.should_exit = self._server.force_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving.http
+        await serving.fleet.close()
+        await serving.effects.scheduler.shutdown()
+        await serving.effects.close()
+        if serving.sock is not None:
+            serving.sock.close()
+        # Not Python's default (KeyboardInterrupt in the last clean-up): this run's own
+        # SIGINT handler, which says it is stopping.
+        self.signals.give_back()
+        self.reporter.say(Level.INFO, "rosterd stopped; no backend left running")
 
     async def reload(self, force: bool = False) -> Mapping[str, object]:
         """Re-read the files and serve them if the fleet scheduler takes them; what changed
@@ -390,21 +412,9 @@ class UpRun:
         joining = asyncio.ensure_future(
             join_async(address, timeout_s=self.options.ray_join_timeout_s)
         )
-        loop = asyncio.get_running_loop()
-        cut: asyncio.Future[None] = loop.create_future()
-        main = self.stop_on_signals  # the process's own run, in its main thread
-        if main:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, _settle, cut)
-        try:
-            if self._interrupted:
-                cut.set_result(None)
+        cut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self.signals.cutting(cut):
             await asyncio.wait((joining, cut), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if main:
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    loop.remove_signal_handler(sig)
-                signal.signal(signal.SIGINT, self.interrupted)  # as before the join
         if joining.done():
             return joining.result()
         joining.cancel()  # Ray's join goes on in its daemon thread, unused, until the exit
@@ -416,56 +426,27 @@ class UpRun:
         )
         raise KeyboardInterrupt
 
-    def _signals_again(self) -> None:
-        """After a plan: the run's signal handlers again, once it took them (no library's
-        handler set while planning outlives the plan)."""
-        if self.stop_on_signals and self._signals_taken:
-            self._set_signal_handlers()
-
-    def _set_signal_handlers(self) -> None:
-        """SIGINT and SIGTERM stop, SIGHUP reloads (set again after each plan, so that no
-        handler a library set while planning outlives it)."""
-        loop = asyncio.get_running_loop()
-        self._signals_taken = True
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._stop_signal)
-        loop.add_signal_handler(signal.SIGHUP, self._reload_soon)
-
-    def _stop_signal(self) -> None:
-        """SIGINT or SIGTERM while serving: stop; again while stopping: stop now (no drain;
-        the backends still stop politely, then firmly)."""
-        if not self._stop.is_set():
-            self.stop()
-        elif not self._stopping_now:
-            self.reporter.say(
-                Level.INFO,
-                "stopping now: requests in flight are cut; every backend stops "
-                f"(SIGTERM, then SIGKILL after --grace {self.options.grace_s:g} s)",
-            )
-            self.stop_now()
-        else:
-            self._say_stopping()
-
     def _stopping_what(self) -> str:
         return (
             f"draining requests (up to --drain {self.options.limits.drain_s:g} s), "
             "then stopping every backend; Ctrl-C again to stop now"
         )
 
-    def _say_stopping(self) -> None:
-        self.reporter.say(Level.INFO, "already stopping: every backend is being stopped")
 
-    def _reload_soon(self) -> None:
-        """SIGHUP: reload in the background (a refusal is logged and kept for /status)."""
-        task = asyncio.get_running_loop().create_task(self.try_reload())
-        self._reloads.add(task)
-        task.add_done_callback(self._reloads.discard)
+@dataclass
+class _Serving:
+    """What the stages of one run's serving share: the fleet's owner and its effects, the
+    run's files, the listener, the endless responses, the HTTP server's task and the
+    background tasks (the files' watch)."""
 
-
-def _settle(future: asyncio.Future[None]) -> None:
-    """Resolve ``future`` unless it is already (a signal handler's, called again)."""
-    if not future.done():
-        future.set_result(None)
+    machine: FleetMachine
+    effects: UpFleetEffects
+    fleet: FleetLoop
+    files: ConfigFiles
+    sock: socket.socket | None = None
+    streams: LiveStreams = field(default_factory=LiveStreams)
+    http: asyncio.Task[None] | None = None
+    background: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 def _os_message(exc: OSError) -> str:
