@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from starlette.types import Message, Receive, Send
 
@@ -29,6 +29,9 @@ from rosterd.scheduler.values import Revocation
 
 #: The bytes of an answer's end kept to read the usage the backend reports.
 ANSWER_TAIL_BYTES: Final[int] = 2048
+
+#: Why a request was cut: its client left, or the scheduler revoked its lease (and why).
+CutReason = Literal["client_left"] | Revocation
 
 #: The last body message of an answer: it ends the response.
 END_OF_BODY: Final[Message] = {"type": "http.response.body", "body": b"", "more_body": False}
@@ -94,10 +97,10 @@ class RequestCut:
     def __init__(self, task: asyncio.Task[Any], answer: ClientAnswer) -> None:
         self.task = task
         self.answer = answer
-        self.why: str | Revocation | None = None
+        self.why: CutReason | None = None
         self.armed = True
 
-    def _cut(self, why: str | Revocation) -> None:
+    def _cut(self, why: CutReason) -> None:
         if self.armed and self.why is None:
             self.why = why
             self.task.cancel()

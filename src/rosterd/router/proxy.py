@@ -53,6 +53,7 @@ from rosterd.router.client_side import (
     ANSWER_TAIL_BYTES,
     END_OF_BODY,
     ClientAnswer,
+    CutReason,
     RequestCut,
     pass_body,
     send_whole,
@@ -330,7 +331,7 @@ class Proxy:
             if revoked is not None:
                 revoked.remove_done_callback(cut.revoked)
 
-    async def _after_cut(self, role: str, why: str | Revocation, answer: ClientAnswer) -> None:
+    async def _after_cut(self, role: str, why: CutReason, answer: ClientAnswer) -> None:
         if not isinstance(why, Revocation):
             log.info("client left a %s request to %s; upstream closed", self.label, role)
             raise ClientGoneError(f"the client left its {self.label} request to {role}")

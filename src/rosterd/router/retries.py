@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from rosterd.errors import RouterError, UpstreamClosedError, UpstreamConnectError
+from rosterd.router.client_side import CutReason
 from rosterd.scheduler.values import Revocation
 
 #: Failures before any response byte that mean "the backend is not there": it could not be
@@ -65,7 +66,7 @@ def backend_unreachable(err: RouterError) -> bool:
     return err.code == "backend_error" and isinstance(err.__cause__, _UNREACHABLE)
 
 
-def may_resend(why: str | Revocation, answer_status: int) -> bool:
+def may_resend(why: CutReason, answer_status: int) -> bool:
     """Whether a request cut for ``why`` may be sent where its role is now (retry 4): its
     revocation allows it (the node was lost) and no status was sent to the client
     (``answer_status`` 0)."""
