@@ -20,6 +20,10 @@ declares :class:`rosterd.adapters.base.SlotKeeping`; :class:`KvKeeper` does the 
   difference, and removed with its file.
 - **budget**: ``disk_budget_bytes`` over every role's files; the least recently used
   (saved or restored) go first.
+- **in memory**: the records are :class:`~rosterd.backends.kv_record.KvRecord` values the
+  keeper keeps; the files are read when it opens (:meth:`KvKeeper.load`), before a
+  restore and before a prune, so what ``/status`` shows (:meth:`KvKeeper.kept`) reads no
+  disk and removes nothing.
 
 The server runs on this machine (its files are local), so a node agent runs its own
 keeper on its node.
@@ -28,7 +32,6 @@ keeper on its node.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -39,6 +42,15 @@ from typing import Final
 import httpx
 
 from rosterd.adapters import Launch, SlotKeeping
+from rosterd.backends.kv_record import (
+    RECORD_VERSION,
+    KvRecord,
+    RestoreOutcome,
+    read_records,
+    record_path,
+    remove,
+    write_record,
+)
 from rosterd.errors import AdapterError
 from rosterd.supervisor.backend_http import backend_client
 from rosterd.tokens import GB
@@ -52,8 +64,6 @@ DEFAULT_KV_DISK_BYTES: Final[int] = 10 * GB
 #: writes about 4 GiB; the server's own time for 18 MiB here was 5 ms).
 SLOT_CALL_TIMEOUT_S: Final[float] = 300.0
 
-_RECORD_VERSION: Final[int] = 1
-
 
 @dataclass(frozen=True, slots=True)
 class RestoreResult:
@@ -62,7 +72,7 @@ class RestoreResult:
     ``failed`` (the server refused the file); ``tokens`` restored in all; ``detail``
     the line that was logged; ``took_s`` the backend's time (seconds)."""
 
-    outcome: str
+    outcome: RestoreOutcome
     tokens: int = 0
     detail: str = ""
     took_s: float = 0.0
@@ -107,6 +117,8 @@ class KvKeeper:
     last_restore: dict[str, RestoreResult] = field(default_factory=dict)
     totals: dict[str, KeptTotals] = field(default_factory=dict)
     _running: dict[str, _Running] = field(default_factory=dict)
+    #: Role -> slot -> its record: what is kept now, as the files said when last read.
+    _kept: dict[str, dict[int, KvRecord]] = field(default_factory=dict)
 
     def _totals(self, role: str) -> KeptTotals:
         return self.totals.setdefault(role, KeptTotals())
@@ -121,13 +133,27 @@ class KvKeeper:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def load(self) -> None:
+        """Read every role's records under ``root`` into memory (see the module), removing
+        those that do not read; blocking file I/O (``rosterd up`` runs it in a thread)."""
+        on_disk = {p.name for p in self.root.glob("*") if p.is_dir()}  # none: no folder
+        for role in sorted({*self._kept, *on_disk}):
+            self._read(role)
+
+    def _read(self, role: str) -> dict[int, KvRecord]:
+        """``role``'s records read from its folder into memory; the dict kept (updated in
+        place: a restore under way holds it while another role's prune reads the files)."""
+        records = self._kept.setdefault(role, {})
+        fresh = read_records(self.root / role, role)
+        records.clear()
+        records.update(fresh)
+        return records
+
     def kept(self, role: str) -> KeptRole:
-        """The tokens and bytes kept for ``role`` now (zero when nothing is)."""
-        tokens = size = 0
-        for record in self._records(role).values():
-            tokens += _int(record.get("tokens"))
-            size += _int(record.get("file_bytes"))
-        return KeptRole(tokens, size)
+        """The tokens and bytes kept for ``role`` now (zero when nothing is), from the
+        records in memory: no disk I/O."""
+        records = self._kept.get(role, {}).values()
+        return KeptRole(sum(r.tokens for r in records), sum(r.file_bytes for r in records))
 
     async def started(
         self,
@@ -181,26 +207,22 @@ class KvKeeper:
     def prune(self) -> list[str]:
         """Remove the least recently used saves until every role's files fit
         ``disk_budget_bytes``; the files removed (``role/file``)."""
-        entries: list[tuple[float, str, int, Path, Path]] = []
-        for folder in sorted(p for p in self.root.glob("*") if p.is_dir()):
-            for slot, record in self._records(folder.name).items():
-                used = record.get("used_at")
-                entries.append(
-                    (
-                        float(used) if isinstance(used, int | float) else 0.0,
-                        folder.name,
-                        _int(record.get("file_bytes")),
-                        folder / f"slot{slot}.json",
-                        folder / str(record.get("file")),
-                    )
-                )
+        self.load()  # the files as they are: the budget counts what is on disk
+        entries = sorted(
+            (record.used_at, role, record.file_bytes, slot, record.file)
+            for role, records in self._kept.items()
+            for slot, record in records.items()
+        )
         total = sum(e[2] for e in entries)
         removed: list[str] = []
-        for _used, role, size, record_path, file_path in sorted(entries):
+        for _used, role, size, slot, name in entries:
             if total <= self.disk_budget_bytes:
                 break
-            _remove(record_path)
-            _remove(file_path)
+            folder = self.root / role
+            file_path = folder / name
+            remove(record_path(folder, slot))
+            remove(file_path)
+            self._kept[role].pop(slot, None)
             total -= size
             self._totals(role).pruned_bytes += size
             removed.append(f"{role}/{file_path.name}")
@@ -223,31 +245,31 @@ class KvKeeper:
             saved = await running.keeping.save(client, slot, name, timeout_s=SLOT_CALL_TIMEOUT_S)
         except AdapterError as exc:
             self._totals(role).failures += 1
-            _remove(folder / name)
+            remove(folder / name)
             log.warning("role %s: KV of slot %d not saved: %s", role, slot, exc)
             return
         if saved.tokens == 0:
-            _remove(folder / name)  # an empty slot: the older save, if any, stays
+            remove(folder / name)  # an empty slot: the older save, if any, stays
             return
         path = folder / name
         _fsync(path)
-        old = self._records(role).get(slot)
+        kept = self._kept.setdefault(role, {})
+        old = kept.get(slot)
         now = time.time()
-        _write_atomically(
-            folder / f"slot{slot}.json",
-            {
-                "version": _RECORD_VERSION,
-                "slot": slot,
-                "file": name,
-                "tokens": saved.tokens,
-                "file_bytes": saved.file_bytes or path.stat().st_size,
-                "saved_at": now,
-                "used_at": now,
-                "identity": running.identity,
-            },
+        record = KvRecord(
+            slot=slot,
+            file=name,
+            tokens=saved.tokens,
+            file_bytes=saved.file_bytes or path.stat().st_size,
+            saved_at=now,
+            used_at=now,
+            identity=running.identity,
+            version=RECORD_VERSION,
         )
-        if old is not None and old.get("file") != name:
-            _remove(folder / str(old.get("file")))
+        write_record(folder, record)
+        kept[slot] = record
+        if old is not None and old.file != name:
+            remove(folder / old.file)
         self._totals(role).saves += 1
         self._totals(role).saved_bytes += saved.file_bytes
         log.info(
@@ -268,19 +290,19 @@ class KvKeeper:
         slots: int,
     ) -> RestoreResult:
         folder = self.folder(role)
-        notes = self._remove_unfinished(role, folder)
-        records = self._records(role)
+        records = self._read(role)  # the files, as they are now
+        notes = self._remove_unfinished(role, folder, records)
         lines: list[str] = []
         tokens = 0
         took = 0.0
-        outcome = "none"
+        outcome: RestoreOutcome = "none"
         for slot, record in sorted(records.items()):
-            record_path = folder / f"slot{slot}.json"
-            file_path = folder / str(record.get("file"))
+            file_path = folder / record.file
             refusal = _refusal(record, identity, slot, slots, file_path)
             if refusal is not None:
-                _remove(record_path)
-                _remove(file_path)
+                remove(record_path(folder, slot))
+                remove(file_path)
+                records.pop(slot, None)
                 self._totals(role).refusals += 1
                 line = f"role {role}: kept KV of slot {slot} refused: {refusal}; removed"
                 log.warning("%s", line)
@@ -292,16 +314,17 @@ class KvKeeper:
                     client, slot, file_path.name, timeout_s=SLOT_CALL_TIMEOUT_S
                 )
             except AdapterError as exc:
-                _remove(record_path)
-                _remove(file_path)
+                remove(record_path(folder, slot))
+                remove(file_path)
+                records.pop(slot, None)
                 self._totals(role).failures += 1
                 line = f"role {role}: kept KV of slot {slot} not restored: {exc}; removed"
                 log.warning("%s", line)
                 lines.append(line)
                 outcome = "failed" if outcome != "restored" else outcome
                 continue
-            record["used_at"] = time.time()
-            _write_atomically(record_path, record)
+            records[slot] = record.used(time.time())
+            write_record(folder, records[slot])
             self._totals(role).restores += 1
             self._totals(role).restored_bytes += back.file_bytes
             tokens += back.tokens
@@ -309,7 +332,7 @@ class KvKeeper:
             outcome = "restored"
             line = (
                 f"role {role}: KV of slot {slot} restored from the save of "
-                f"{_when(record.get('saved_at'))} ({back.tokens} tokens, "
+                f"{_when(record.saved_at)} ({back.tokens} tokens, "
                 f"{_mib(back.file_bytes)}) in {back.took_s * 1000:.0f} ms"
             )
             log.info("%s", line)
@@ -320,21 +343,22 @@ class KvKeeper:
             lines.append(line)
         return RestoreResult(outcome, tokens, "; ".join([*notes, *lines]), took)
 
-    def _remove_unfinished(self, role: str, folder: Path) -> list[str]:
-        """Remove the files a save cut short left (a ``.tmp`` record, a file no record
-        names); one line for each, saying which save remains."""
-        named = {str(r.get("file")) for r in self._records(role).values()}
+    @staticmethod
+    def _remove_unfinished(role: str, folder: Path, records: dict[int, KvRecord]) -> list[str]:
+        """Remove the files a save cut short left in ``folder`` (a ``.tmp`` record, a file
+        none of ``records`` names); one line for each, saying which save remains."""
+        named = {r.file for r in records.values()}
         notes: list[str] = []
         for path in sorted(folder.glob("*.tmp")):
-            _remove(path)
+            remove(path)
         for path in sorted(folder.glob("slot*.bin")):
             if path.name in named:
                 continue
-            _remove(path)
+            remove(path)
             slot = path.name.removeprefix("slot").split("-", 1)[0]
-            kept = self._records(role).get(int(slot)) if slot.isdigit() else None
+            kept = records.get(int(slot)) if slot.isdigit() else None
             remains = (
-                f"the older save of {_when(kept.get('saved_at'))} remains"
+                f"the older save of {_when(kept.saved_at)} remains"
                 if kept is not None
                 else "no older save remains"
             )
@@ -343,38 +367,17 @@ class KvKeeper:
             notes.append(line)
         return notes
 
-    def _records(self, role: str) -> dict[int, dict[str, object]]:
-        """Slot -> its record, for the records of ``role`` that read as JSON objects (one
-        that does not is removed: no save is better than a wrong one)."""
-        out: dict[int, dict[str, object]] = {}
-        folder = self.root / role
-        if not folder.is_dir():
-            return out
-        for path in sorted(folder.glob("slot*.json")):
-            slot = path.stem.removeprefix("slot")
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                record = None
-            if not slot.isdigit() or not isinstance(record, dict):
-                log.warning("role %s: kept KV record %s unreadable; removed", role, path.name)
-                _remove(path)
-                continue
-            out[int(slot)] = record
-        return out
-
 
 def _refusal(
-    record: dict[str, object], identity: dict[str, str], slot: int, slots: int, file_path: Path
+    record: KvRecord, identity: dict[str, str], slot: int, slots: int, file_path: Path
 ) -> str | None:
     """Why ``record`` cannot be restored into slot ``slot`` of a run of ``identity``
     (``None``: it can)."""
-    if record.get("version") != _RECORD_VERSION:
-        return f"its record's format is {record.get('version')!r}, not {_RECORD_VERSION}"
+    if record.version != RECORD_VERSION:
+        return f"its record's format is {record.version!r}, not {RECORD_VERSION}"
     if slot >= slots:
         return f"the role has {slots} slot(s) now"
-    saved = record.get("identity")
-    saved = saved if isinstance(saved, dict) else {}
+    saved = record.identity
     different = [
         f"{key} was {saved.get(key)!r}, is now {value!r}"
         for key, value in identity.items()
@@ -386,8 +389,8 @@ def _refusal(
         size = file_path.stat().st_size
     except OSError:
         return f"its file {file_path.name} is missing"
-    if size != _int(record.get("file_bytes")):
-        said = record.get("file_bytes")
+    if size != record.file_bytes:
+        said = record.file_bytes
         return f"its file {file_path.name} has {size} bytes, its record says {said}"
     return None
 
@@ -401,38 +404,9 @@ def _weights_identity(path: Path) -> str:
     return f"{path} ({stat.st_size} bytes, mtime {stat.st_mtime_ns})"
 
 
-def _write_atomically(path: Path, record: dict[str, object]) -> None:
-    """``record`` as JSON at ``path``: written to ``path.tmp``, fsynced, renamed over."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        json.dump(record, out, sort_keys=True)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    _fsync_folder(path.parent)
-
-
 def _fsync(path: Path) -> None:
     with contextlib.suppress(OSError), path.open("rb") as f:
         os.fsync(f.fileno())
-
-
-def _fsync_folder(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        path.unlink()
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _mib(n: int) -> str:

@@ -10,6 +10,7 @@ both then start, stop, probe and measure backends through the same
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,14 +97,15 @@ class NodeHost:
             self._lock = lock_state_dir(self.state_dir)
 
     async def open(self) -> tuple[int, ...]:
-        """Take the lock (:meth:`lock`) and stop the backends an earlier run left here;
-        their pids.
+        """Take the lock (:meth:`lock`), stop the backends an earlier run left here and read
+        the kept KV records (in a thread: file I/O stays off the event loop); the pids.
 
         Raises:
             StateDirLockedError: another rosterd runs from this folder.
         """
         self.lock()
         self.reaped = tuple(await self.supervisor.reap_leftovers())
+        await asyncio.to_thread(self.kv.load)
         return self.reaped
 
     def backends(
