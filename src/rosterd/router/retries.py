@@ -12,9 +12,11 @@ order  retry                     when                                   how ofte
 2      another copy              the backend could not be reached       ``other_copy``: once, to a
                                  (:func:`backend_unreachable`) and      copy ready now (replicas)
                                  another copy of the role is ready
-3      the restarted backend     the backend could not be reached and   ``restart_waits``: 2, each
-                                 no other copy is ready (or one was     a lease of a newer
-                                 tried)                                 generation on the node
+3      the restarted backend     the backend could not be reached and   ``restart_waits``: 2 sends
+                                 no other copy is ready (or one was     after an unreachable
+                                 tried)                                 backend in all, 2 and 3
+                                                                        together; each a lease of a
+                                                                        newer generation
 4      where the role is now     the node was lost under the request    ``resends``: 2, a new lease
                                  before any answer byte                 wherever the role is
                                  (:func:`may_resend`)
