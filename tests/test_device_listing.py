@@ -68,7 +68,7 @@ def test_vulkan_one_gpu() -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["cpu_only_no_metal.txt"])
+@pytest.mark.parametrize("name", ["cpu_only_no_metal.txt", "cpu_only_this_build.txt"])
 def test_a_cpu_only_build_lists_no_device(name: str) -> None:
     assert parse_list_devices(_read(name)) == ()
 
