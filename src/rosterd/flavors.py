@@ -44,6 +44,17 @@ class WeightsKind(enum.Enum):
     SERVER_STORE = "server_store"
 
 
+class DeviceUse(enum.Enum):
+    """Which of a node's devices a flavor's server runs on (issue 29: each a memory pool)."""
+
+    #: None that rosterd counts: the server sizes its GPU use itself (ollama).
+    NONE = "none"
+    #: Any declared or probed device: a GPU (``--device``) or a Mac's GPU share (llama.cpp).
+    ANY_DEVICE = "any_device"
+    #: Only a Mac's GPU share of unified memory (mlx_lm, which wires its arrays for Metal).
+    GPU_SHARE = "gpu_share"
+
+
 @dataclass(frozen=True, slots=True)
 class FlavorFacts:
     """What the layers below the adapters know of one flavor.
@@ -53,13 +64,15 @@ class FlavorFacts:
     (``roster.rs``); ``platforms``: where it runs; ``weights``: what its server loads;
     ``launched_slots``: its server answers at most the slots rosterd launches it with
     (llama-server's ``--parallel``) and queues the rest inside, where rosterd cannot
-    count or cut them, so rosterd sends a role no more than its slots.
+    count or cut them, so rosterd sends a role no more than its slots. ``devices``: which of
+    a node's devices its server runs on (:class:`DeviceUse`).
     """
 
     roster_backends: tuple[str, ...]
     platforms: frozenset[Platform]
     weights: WeightsKind
     launched_slots: bool = False
+    devices: DeviceUse = DeviceUse.NONE
 
 
 class InferFlavor(enum.Enum):
@@ -87,12 +100,14 @@ FLAVOR_FACTS: Mapping[InferFlavor, FlavorFacts] = MappingProxyType(
             roster_backends=("mlx_lm", "mlx-lm"),
             platforms=frozenset({Platform.MACOS_ARM64}),  # mlx runs on Apple silicon
             weights=WeightsKind.MODEL_FOLDER,
+            devices=DeviceUse.GPU_SHARE,
         ),
         InferFlavor.LLAMACPP: FlavorFacts(
             roster_backends=("llamacpp", "llama.cpp", "llama-server"),
             platforms=frozenset(Platform),
             weights=WeightsKind.GGUF_FILE,
             launched_slots=True,
+            devices=DeviceUse.ANY_DEVICE,
         ),
         InferFlavor.OLLAMA: FlavorFacts(
             roster_backends=("ollama",),

@@ -44,6 +44,9 @@ Rules, in the order they are checked:
    would be → :class:`Wait` naming them. If even evicting every role R may ever
    evict is not enough → :class:`Refuse` with bytes and GiB.
 
+:func:`decide_by_pool` asks the same question of every pool the role uses (host RAM and
+its device's memory, issue 29): each pool that lacks room chooses its own evictions.
+
 :func:`fit_to_capacity` answers the other question, asked when a re-plan shrinks a
 node's budget or grows a resident role: which resident roles must go for the rest to
 fit, idle ones first, in rule 4's eviction order.
@@ -346,4 +349,53 @@ def decide(state: NodeState, role: str) -> Decision:
         f"{role} needs {gib(need)} but at most {gib(free + allowed_bytes)} can be freed "
         f"(capacity {gib(capacity)}; interactive roles {', '.join(protected) or 'none'} "
         f"hold {gib(protected_bytes)} and are never evicted for a batch role)",
+    )
+
+
+def decide_by_pool(host: NodeState, devices: Mapping[str, NodeState], role: str) -> Decision:
+    """:func:`decide` held to every pool ``role`` uses: host RAM and, where the role runs on
+    a device, that device's memory (issue 29: a GPU's memory is a budget of its own).
+
+    ``host`` is the node as :func:`decide` knows it (every role, its whole counted
+    memory); ``devices``: device id -> the same question for that device, whose ``specs``
+    are the roles placed on it with ``memory`` set to what each holds there and whose
+    ``resident`` are those of them resident. The host decides first (its exclusions and
+    its evictions); then the role's device, with the roles the host evicts gone, picks its
+    own evictions: each pool that lacks room chooses what leaves it, by rule 4's order.
+    A refusal or a wait in either pool is the answer, its reason naming the pool; a load
+    evicts what both pools chose (the host's first). A node without devices, or a role on
+    none, gets :func:`decide`'s answer unchanged. Pure and deterministic.
+
+    Raises:
+        ValueError: as :func:`decide`, for either pool.
+    """
+    on_host = decide(host, role)
+    device = next((d for d in sorted(devices) if role in devices[d].specs), None)
+    if device is None or not isinstance(on_host, Load):
+        return on_host
+    pool = devices[device]
+    gone = set(on_host.evict)
+    remaining = frozenset(pool.resident - gone)
+    on_device = decide(
+        NodeState(
+            capacity_bytes=pool.capacity_bytes,
+            specs=pool.specs,
+            resident=remaining,
+            in_flight=pool.in_flight,
+            recency=tuple(r for r in pool.recency if r in remaining),
+            recently_loaded=pool.recently_loaded & remaining,
+        ),
+        role,
+    )
+    if isinstance(on_device, Refuse):
+        return Refuse(role, f"on device {device}: {on_device.reason}")
+    if isinstance(on_device, Wait):
+        return Wait(role, on_device.blocking, f"on device {device}: {on_device.reason}")
+    if isinstance(on_device, AlreadyResident):  # resident on the host is resident
+        return on_host
+    extra = tuple(r for r in on_device.evict if r not in gone)
+    return Load(
+        role,
+        (*on_host.evict, *extra),
+        f"host RAM: {on_host.reason}; device {device}: {on_device.reason}",
     )

@@ -55,7 +55,15 @@ from rosterd.adapters.base import (
 from rosterd.adapters.llamacpp_slots import LlamaServerSlots
 from rosterd.errors import AdapterError
 from rosterd.fleet.model import RERANKING_FLAGS
-from rosterd.memory.estimate import MemoryEstimate, estimate_llamacpp, parse_llamacpp_settings
+from rosterd.memory.estimate import (
+    ALL_LAYERS,
+    LlamaCppSettings,
+    MemoryEstimate,
+    PoolEstimate,
+    estimate_llamacpp,
+    parse_llamacpp_settings,
+    split_llamacpp,
+)
 from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import WeightsSource
@@ -93,6 +101,31 @@ def kept_kv_args(*, keep_kv: bool, cache_ram_mb: int | None) -> tuple[str, ...]:
     a sliding-window model's cache restorable (see the module docstring)."""
     ram = DEFAULT_CACHE_RAM_MB if cache_ram_mb is None else cache_ram_mb
     return ("--cache-ram", str(ram)) + (("--swa-full",) if keep_kv else ())
+
+
+#: llama-server's flag that sizes itself against the free VRAM at load (``--fit on``, its
+#: default; llama.cpp ``common/fit.cpp``): rosterd turns it off where it decided the offload.
+FIT_FLAG: Final[str] = "--fit"
+
+
+def pinned_args(device: str | None, gpu_layers: int | None, *, fit_flag: bool) -> tuple[str, ...]:
+    """The flags that pin what rosterd decided for a role on a node with devices: its device
+    (``--device CUDA0``; ``none``: the CPU alone), its offload (``-ngl``; ``None``: every
+    layer) and, where the build has it (``fit_flag``: ``--fit`` in its ``--help``),
+    ``--fit off``, so llama-server never resizes itself to the free VRAM and spills to the
+    CPU behind rosterd's back (issue 29). Empty pins are never given: on a node without
+    devices rosterd passes none of these, and llama-server runs as before.
+    """
+    layers = 0 if device is None else (ALL_LAYERS if gpu_layers is None else gpu_layers)
+    args = ("--device", device or "none", "-ngl", str(layers))
+    return (*args, FIT_FLAG, "off") if fit_flag else args
+
+
+def help_lists_fit(help_text: str) -> bool:
+    """Whether ``llama-server --help`` output lists ``--fit`` (builds before it have not)."""
+    return any(
+        token.strip(",") == FIT_FLAG for line in help_text.splitlines() for token in line.split()
+    )
 
 
 def slot_counters(answer: object) -> tuple[int, ...]:
@@ -238,16 +271,56 @@ class LlamaCppAdapter(OpenAICompatible):
         flags the launch adds (``kept_kv_args``: the prompt cache's bound, counted whole, and
         ``--swa-full``'s full-size cache when the KV is kept) and the cache types, batch
         sizes and flags that ``extra_args`` set (which win, coming later)."""
+        return estimate_llamacpp(
+            facts, self._settings(ctx_size, parallel, extra_args, keep_kv, cache_ram_mb)
+        )
+
+    def split_memory(
+        self,
+        facts: ModelFacts,
+        *,
+        ctx_size: int,
+        parallel: int,
+        extra_args: Sequence[str],
+        keep_kv: bool = True,
+        cache_ram_mb: int | None = None,
+        gpu_layers: int = ALL_LAYERS,
+    ) -> PoolEstimate:
+        """:meth:`estimate_memory` split between a device and the host for ``-ngl gpu_layers``
+        (``split_llamacpp``), with the same settings."""
+        settings = self._settings(ctx_size, parallel, extra_args, keep_kv, cache_ram_mb)
+        return split_llamacpp(facts, settings, gpu_layers)
+
+    def _settings(
+        self,
+        ctx_size: int,
+        parallel: int,
+        extra_args: Sequence[str],
+        keep_kv: bool,
+        cache_ram_mb: int | None,
+    ) -> LlamaCppSettings:
         args: tuple[str, ...] = ()
         if self.mode == "llama-server":
             args = kept_kv_args(keep_kv=keep_kv, cache_ram_mb=cache_ram_mb)
         settings = parse_llamacpp_settings(ctx_size, parallel, (*args, *extra_args))
         if self.mode != "llama-server":
             settings = replace(settings, cache_ram_mib=0)  # llama-cpp-python keeps none
-        return estimate_llamacpp(facts, settings)
+        return settings
 
-    def launch(self, spec: InferenceSpec, source: WeightsSource, *, host: str, port: int) -> Launch:
+    def launch(
+        self,
+        spec: InferenceSpec,
+        source: WeightsSource,
+        *,
+        host: str,
+        port: int,
+        pins: Sequence[str] = (),
+    ) -> Launch:
         """The launch serving ``source.path`` (a ``.gguf`` file) under the role's model name.
+
+        ``pins``: :func:`pinned_args` for a role placed on a node with devices (empty
+        otherwise, and llama-server's argv is as it always was); they come last, so the
+        device and offload rosterd decided win over ``extra_args``.
 
         The served name (``--alias`` / ``--model_alias``) is ``spec.model`` or,
         without one, the role id. ``ctx_size``/``parallel`` default to
@@ -297,6 +370,7 @@ class LlamaCppAdapter(OpenAICompatible):
                     extra_args=source.extra_args,
                 ),
                 *source.extra_args,
+                *pins,
             )
             readiness = HttpProbe(method="GET", path="/health")
         else:

@@ -8,6 +8,10 @@ beside the roster's ``ram_gb``; a role without readable weights says why. The
 figures come from ``rosterd.memory.gathering`` (no state folder: measured peaks are
 ``plan``'s and ``ps``'s). ``--json`` prints ``{"models": {role: {...}}}``.
 
+On a fleet that declares devices, a llama.cpp role with readable weights also shows its
+estimate by pool with every layer offloaded (``split_llamacpp``): on the device (model,
+KV cache, compute, the GPU runtime) and in host RAM; ``--json`` adds it as ``by_pool``.
+
 The readers (``gguf``'s tables, ``huggingface_hub``) are imported when the command
 runs, not when ``rosterd`` starts.
 """
@@ -24,7 +28,38 @@ from rosterd.cli import app, make_console
 from rosterd.cli.edge import errors_as_json
 
 if TYPE_CHECKING:
+    from rosterd.memory.estimate import PoolEstimate
     from rosterd.memory.gathering import RoleMemory
+
+
+def by_pool(memory: RoleMemory) -> PoolEstimate | None:
+    """``memory``'s estimate split by pool with every layer on a device
+    (``rosterd.memory.by_pool.gguf_split``), or ``None`` (a flavor that splits no GGUF, or
+    no readable weights)."""
+    from rosterd.memory.by_pool import gguf_split
+
+    return gguf_split(memory)
+
+
+def pool_to_json(split: PoolEstimate) -> dict[str, object]:
+    """``by_pool`` of ``--json``: device and host bytes, and their parts."""
+    return {
+        "device_bytes": split.device_bytes,
+        "host_bytes": split.host_bytes,
+        "device": {
+            "model": split.device_model_bytes,
+            "context": split.device_context_bytes,
+            "compute": split.device_compute_bytes,
+            "runtime": split.device_runtime_bytes,
+        },
+        "host": {
+            "model": split.host_model_bytes,
+            "context": split.host_context_bytes,
+            "compute": split.host_compute_bytes,
+            "mapped": split.host_mapped_bytes,
+            "other": split.host_other_bytes,
+        },
+    }
 
 
 def model_to_json(memory: RoleMemory) -> dict[str, object]:
@@ -106,9 +141,15 @@ def models_cmd(
     memory = gather_memory(imported, nodes, None)
     for warning in imported.warnings:
         typer.echo(f"warning: {warning}", err=True)
+    devices = any(n.devices for n in nodes.nodes)
     if as_json:
-        doc = {"models": {role: model_to_json(m) for role, m in memory.roles.items()}}
-        typer.echo(json.dumps(doc, indent=2))
+        models: dict[str, dict[str, object]] = {}
+        for role, m in memory.roles.items():
+            models[role] = model_to_json(m)
+            split = by_pool(m) if devices else None
+            if split is not None:
+                models[role]["by_pool"] = pool_to_json(split)
+        typer.echo(json.dumps({"models": models}, indent=2))
         return
     out = make_console()
     table = Table(title="models", title_justify="left")
@@ -136,6 +177,17 @@ def models_cmd(
             if estimate is not None
             else Text("-")
         )
+        split = by_pool(m) if devices else None
+        if split is not None:
+            parts.append(
+                f"\nby pool, every layer on a device: device {show_gb(split.device_bytes)} "
+                f"(model {show_gb(split.device_model_bytes)}, KV cache "
+                f"{show_gb(split.device_context_bytes)}, compute "
+                f"{show_gb(split.device_compute_bytes)}, GPU runtime "
+                f"{show_gb(split.device_runtime_bytes)}); host {show_gb(split.host_bytes)} "
+                f"(token embeddings {show_gb(split.host_model_bytes)}, the rest of the "
+                f"mapped file, buffers and llama-server)"
+            )
         table.add_row(
             Text(role),
             m.flavor.id,

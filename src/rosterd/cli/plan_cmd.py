@@ -17,6 +17,15 @@ ports are not used). ``--json`` prints ``{"placements": {role: node}, "unplaced"
 ``RoleMemory.as_json``). Measured peaks are read from the state folder ``rosterd up``
 writes them to (``--state-dir``, default ``$XDG_STATE_HOME/rosterd``).
 
+A fleet whose nodes declare devices (``devices:``) is planned by pool
+(``rosterd.placement.devices``): under each such node, one line per device with its
+roles (resident always, or swapped one at a time) and a bar of its peak against its
+capacity, and each partially offloaded role with its layer count; ``--json`` adds
+``"devices": {node: {device: {"capacity_bytes": n, "peak_bytes": n, "always_resident":
+[...], "swappable": [...]}}}`` and ``"device_of": {role: {node: {"device": id or null,
+"gpu_layers": n or null, "layers": n or null, "device_bytes": n}}}``. A fleet without
+devices plans, prints and exits exactly as before.
+
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 when a plan was made (even with
 unplaced roles); 2 on bad input (a clear message naming the file, field and line; with
 ``--json``, ``{"error": ...}``). The solver, the file readers and Rich are imported when
@@ -42,15 +51,18 @@ if TYPE_CHECKING:
     from rosterd.fleet import Fleet
     from rosterd.memory.gathering import RosterMemory
     from rosterd.placement import Plan
+    from rosterd.placement.devices import DevicePlan
     from rosterd.roster import ImportedRoster
     from rosterd.spec import InferenceSpec
 
 _BAR_WIDTH = 30
 
 
-def plan_to_json(result: Plan, memory: RosterMemory | None = None) -> dict[str, object]:
+def plan_to_json(
+    result: Plan, memory: RosterMemory | None = None, devices: DevicePlan | None = None
+) -> dict[str, object]:
     """The ``--json`` document for ``result`` (shape in the module docstring; ``memory``
-    only when given)."""
+    and ``devices`` only when given)."""
     doc: dict[str, object] = {
         "placements": dict(result.placements),
         "unplaced": [[role, reason] for role, reason in result.unplaced],
@@ -67,6 +79,28 @@ def plan_to_json(result: Plan, memory: RosterMemory | None = None) -> dict[str, 
     }
     if memory is not None:
         doc["memory"] = {role: m.as_json() for role, m in memory.roles.items()}
+    if devices is not None:
+        doc["devices"] = {
+            node: {
+                device: {
+                    "capacity_bytes": pool.capacity_bytes,
+                    "peak_bytes": pool.peak_bytes,
+                    "always_resident": list(pool.always_resident),
+                    "swappable": list(pool.swappable),
+                }
+                for device, pool in pools.items()
+            }
+            for node, pools in devices.pools.items()
+        }
+        device_of: dict[str, dict[str, object]] = {}
+        for (role, node), choice in devices.choices.items():
+            device_of.setdefault(role, {})[node] = {
+                "device": choice.device,
+                "gpu_layers": choice.gpu_layers,
+                "layers": choice.layers,
+                "device_bytes": choice.device_bytes,
+            }
+        doc["device_of"] = device_of
     return doc
 
 
@@ -96,6 +130,7 @@ def _render(
     roster: ImportedRoster,
     planned: list[InferenceSpec],
     memory: RosterMemory,
+    devices: DevicePlan | None = None,
 ) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -153,6 +188,8 @@ def _render(
             f"{_gib(largest)} GiB; capacity = {_gib(node.memory_bytes)} - "
             f"{_gib(node.reserved_bytes)} reserved[/]"
         )
+        if devices is not None and node.name in devices.pools:
+            _render_devices(console, node.name, devices)
         console.print()
     if result.unplaced:
         table = Table(title="unplaced roles", title_justify="left")
@@ -169,6 +206,37 @@ def _render(
         )
     for role, reason in result.copies_short:
         console.print(Text(f"{role}: fewer copies than asked: {reason}"))
+
+
+def _render_devices(console: Console, node: str, devices: DevicePlan) -> None:
+    """Under a node's table: each device pool's roles and peak, then partial offloads."""
+    from rich.text import Text
+
+    for device, pool in devices.pools[node].items():
+        always = ", ".join(pool.always_resident) or "none"
+        swapped = ", ".join(pool.swappable)
+        line = Text(f"{device}: ").append(memory_bar(pool.peak_bytes, pool.capacity_bytes))
+        line.append(f"; resident always: {always}")
+        if swapped:
+            line.append(f"; swapped one at a time as room allows: {swapped}")
+        console.print(line)
+    for (role, where), choice in sorted(devices.choices.items()):
+        if where != node:
+            continue
+        if choice.partial:
+            of = f" of {choice.layers}" if choice.layers is not None else ""
+            layers = (choice.gpu_layers or 1) - 1
+            console.print(
+                Text(
+                    f"{role}: partial offload (-ngl {choice.gpu_layers}): the output layer and "
+                    f"{layers}{of} layers on {choice.device}, the rest on the CPU, which bounds "
+                    "its speed"
+                )
+            )
+        elif choice.device is None:
+            console.print(
+                Text(f"{role}: on the CPU alone (offload: partial, and no layer fits a device)")
+            )
 
 
 @app.command("plan")
@@ -223,7 +291,19 @@ def plan_cmd(
     for warning in [*imported.warnings, *memory.notes, *memory.warnings()]:
         typer.echo(f"warning: {warning}", err=True)
     planned = memory.planning_specs(s.spec for s in imported.specs)
-    result = plan(planned, nodes, time_limit_s=time_limit, memory_notes=memory.reason_notes())
+    by_pool = any(n.devices for n in nodes.nodes)
+    needs = None
+    if by_pool:
+        from rosterd.memory.by_pool import device_needs
+
+        needs = device_needs(memory, nodes)
+    result = plan(
+        planned,
+        nodes,
+        time_limit_s=time_limit,
+        memory_notes=memory.reason_notes(),
+        device_needs=needs,
+    )
     from rosterd.fleet.addresses import is_this_machine
 
     here = {n.name for n in nodes.nodes if is_this_machine(n.address)}
@@ -231,6 +311,12 @@ def plan_cmd(
         from rosterd.up.config import check_ports
 
         result = check_ports(result, imported, nodes, router_port=port, router_nodes=here)
+    devices = None
+    if needs is not None:
+        from rosterd.placement.devices import place_on_devices
+
+        devices = place_on_devices(planned, nodes, result, needs)
+        result = devices.plan
     for role, node in result.placements.items():
         note = memory.roles[role].estimate_note if role in memory.roles else ""
         if node in here and note.startswith("no estimate: "):
@@ -238,6 +324,6 @@ def plan_cmd(
             said = note.removeprefix("no estimate: ").removeprefix(f"role {role}: ")
             typer.echo(f"warning: role {role} on node {node}: {said}", err=True)
     if as_json:
-        typer.echo(json.dumps(plan_to_json(result, memory), indent=2))
+        typer.echo(json.dumps(plan_to_json(result, memory, devices), indent=2))
         return
-    _render(out, result, nodes, imported, planned, memory)
+    _render(out, result, nodes, imported, planned, memory, devices)

@@ -3,7 +3,8 @@ value types, no I/O).
 
 A :class:`Fleet` is the node inventory rosterd plans across plus where each
 model's weights are; a :class:`Node` is one machine with its memory budget
-(``capacity_bytes``), :class:`Platform` and flavors. The fleet file reader
+(``capacity_bytes``), :class:`Platform`, flavors and the accelerator devices it
+declares (:class:`DeviceSpec`, each a memory pool of its own). The fleet file reader
 (:mod:`rosterd.fleet.reader`) and the local machine's fleet
 (:mod:`rosterd.fleet.local`) build them.
 """
@@ -22,7 +23,9 @@ from rosterd.tokens import GB
 #: ``Platform`` is re-exported: a node's platform (defined with the flavors' facts in
 #: ``rosterd.flavors``, which say where each flavor runs).
 __all__ = [
+    "OFFLOADS",
     "RERANKING_FLAGS",
+    "DeviceSpec",
     "Fleet",
     "ModelSource",
     "Node",
@@ -36,6 +39,35 @@ __all__ = [
 RERANKING_FLAGS: frozenset[str] = frozenset({"--reranking", "--rerank"})
 
 
+#: A ``models:`` entry's ``offload``: ``full`` (every layer on the role's device, or the
+#: role is unplaced) or ``partial`` (the layers that fit, the rest on the CPU).
+OFFLOADS: tuple[str, ...] = ("full", "partial")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """An accelerator device a node declares in the fleet file (a pool of its own).
+
+    ``id`` is llama.cpp's device name (``CUDA0``, ``ROCm0``, ``Vulkan0``, ``MTL0``), the
+    name ``llama-server --list-devices`` prints and ``--device`` takes.
+    ``memory_bytes``: the device's memory; ``reserved_bytes``: what rosterd leaves free
+    on it (the driver's and other work's); ``capacity_bytes`` is the difference. On a Mac
+    the device is the GPU's share of unified memory: ``memory_bytes`` is the share's cap
+    (Metal's ``recommendedMaxWorkingSetSize``, or ``iogpu.wired_limit_mb`` where raised),
+    declared as ``gpu_share_gb`` or as ``gpu_share`` (a fraction of the node's memory).
+    """
+
+    id: str
+    memory_bytes: int
+    reserved_bytes: int = 0
+    gpu_share: bool = False
+
+    @property
+    def capacity_bytes(self) -> int:
+        """``memory_bytes - reserved_bytes``: the bytes roles may hold on this device."""
+        return self.memory_bytes - self.reserved_bytes
+
+
 @dataclass(frozen=True)
 class Node:
     """One machine of the fleet.
@@ -45,7 +77,8 @@ class Node:
     and placement count against. ``flavors`` are the adapters it runs; ``address`` is
     where its backends are reached from the router. ``max_concurrency`` is how many
     generations the node runs at once across its roles (``None``: the sum of the
-    slots of the roles it holds).
+    slots of the roles it holds). ``devices``: the accelerators it declares (none: host
+    RAM is its only pool, as on a CPU-only machine).
     """
 
     name: str
@@ -57,6 +90,7 @@ class Node:
     max_concurrency: int | None = None
     # Mappings are left out of the hash (a dict is unhashable); equality still compares them.
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    devices: tuple[DeviceSpec, ...] = ()
 
     @property
     def capacity_bytes(self) -> int:
@@ -79,6 +113,9 @@ class ModelSource:
     default), which the role's estimate counts. ``reranking``: the role's backend
     serves ``/v1/rerank`` (llama-server's ``--reranking``); ``None``: as the GGUF says (its
     pooling type is rank); ``--reranking`` in ``extra_args`` reranks whatever this says.
+    ``offload``: on a node with devices, ``full`` (default: all layers on one device, or
+    the role is unplaced with the reason) or ``partial`` (the layers that fit on the
+    device, the rest on the CPU, shown in the plan with the layer count).
     """
 
     path: Path
@@ -90,6 +127,7 @@ class ModelSource:
     keep_kv: bool = True
     cache_ram_mb: int | None = None
     reranking: bool | None = None
+    offload: str = "full"
 
 
 @dataclass(frozen=True)

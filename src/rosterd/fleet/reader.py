@@ -13,12 +13,24 @@ A fleet file is YAML::
         max_concurrency: 4      # generations at once across its roles; default: the sum
                                 # of its resident roles' slots (models: parallel, default 1)
         labels: {room: lab}
+        devices:                # accelerators, each a memory pool of its own (default: none)
+          - {id: CUDA0,         # llama.cpp's device name (llama-server --list-devices)
+             memory_gb: 24,     # the device's memory, GiB
+             reserved_gb: 1}    # kept free on it (default 0)
+      - name: mac
+        memory_gb: 128
+        platform: macos-arm64
+        devices:
+          - {id: MTL0, gpu_share: 0.75}   # the GPU's share of unified memory (Metal's
+                                          # working-set cap): a fraction, or gpu_share_gb
     models:                     # optional: where each model's weights are
       gemma-3-270m: models/gemma.gguf           # key: roster model name or role id
       big-coder: {path: /srv/coder.gguf, ctx_size: 8192, parallel: 2, extra_args: [--mlock],
                   grace_s: 30,  # seconds from SIGTERM to SIGKILL (default: up's --grace)
                   replicas: 2,          # copies on distinct nodes (default 1), balanced
                                         # by cached prefix and load (rosterd.replica_choice)
+                  offload: full,        # on a node with devices: all layers on one device
+                                        # (default) or `partial` (what fits, rest on the CPU)
                   keep_kv: true,        # save/restore the KV cache across swaps (default)
                   cache_ram_mb: 256}    # the backend's RAM prompt cache, MiB (small default)
       bge-reranker: {path: models/reranker.gguf,
@@ -45,7 +57,15 @@ import yaml
 from yaml.constructor import SafeConstructor
 
 from rosterd.errors import FleetError
-from rosterd.fleet.model import Fleet, ModelSource, Node, Platform, default_reserved_bytes
+from rosterd.fleet.model import (
+    OFFLOADS,
+    DeviceSpec,
+    Fleet,
+    ModelSource,
+    Node,
+    Platform,
+    default_reserved_bytes,
+)
 from rosterd.spec import InferFlavor
 from rosterd.tokens import GB, valid_token
 
@@ -115,7 +135,11 @@ _NODE_KEYS: Final = (
     "address",
     "labels",
     "max_concurrency",
+    "devices",
 )
+_DEVICE_KEYS: Final = ("id", "memory_gb", "reserved_gb", "gpu_share_gb", "gpu_share")
+#: At most this many devices on one node.
+MAX_DEVICES: Final[int] = 64
 _MODEL_KEYS: Final = (
     "path",
     "ctx_size",
@@ -126,6 +150,7 @@ _MODEL_KEYS: Final = (
     "cache_ram_mb",
     "reranking",
     "replicas",
+    "offload",
 )
 
 
@@ -366,6 +391,9 @@ class _FleetReader:
         labels: dict[str, str] = {}
         if "labels" in fields:
             labels = self.read_labels(fields["labels"][1], f"{path}.labels")
+        devices: tuple[DeviceSpec, ...] = ()
+        if "devices" in fields:
+            devices = self.read_devices(fields["devices"][1], f"{path}.devices", plat, memory)
         return Node(
             name=name,
             memory_bytes=memory,
@@ -375,7 +403,144 @@ class _FleetReader:
             address=address,
             max_concurrency=max_concurrency,
             labels=labels,
+            devices=devices,
         )
+
+    def read_devices(
+        self, node: yaml.Node, path: str, plat: Platform, node_memory: int
+    ) -> tuple[DeviceSpec, ...]:
+        """A node's ``devices:`` list: each ``id`` a plain token, unique on the node; a GPU's
+        ``memory_gb`` or, on ``macos-arm64`` only, the GPU share (``gpu_share_gb`` or
+        ``gpu_share``, a fraction of the node's memory, never more than it)."""
+        items = self.sequence(node, path, "a list of devices")
+        if len(items) > MAX_DEVICES:
+            raise self.fail(node, path, f"expected at most {MAX_DEVICES} devices")
+        mac = plat is Platform.MACOS_ARM64
+        out: list[DeviceSpec] = []
+        seen: dict[str, int] = {}
+        for i, item in enumerate(items):
+            at = f"{path}[{i}]"
+            fields = self.mapping(item, at, _DEVICE_KEYS, "a device mapping")
+            if "id" not in fields:
+                raise self.fail(
+                    item,
+                    f"{at}.id",
+                    "missing required key 'id' (llama.cpp's device name, as "
+                    "`llama-server --list-devices` prints it: CUDA0, ROCm0, Vulkan0, MTL0)",
+                )
+            id_node = fields["id"][1]
+            ident = self.text(id_node, f"{at}.id", "a device name such as CUDA0")
+            if not valid_token(ident, 64):
+                raise self.fail(
+                    id_node,
+                    f"{at}.id",
+                    f"expected a device name such as CUDA0 (letters, digits, . _ -), "
+                    f"found {ident!r}",
+                )
+            if ident in seen:
+                raise self.fail(
+                    id_node,
+                    f"{at}.id",
+                    f"duplicate device {ident!r} (first at {path}[{seen[ident]}])",
+                )
+            seen[ident] = i
+            share_keys = [k for k in ("gpu_share_gb", "gpu_share") if k in fields]
+            if share_keys and not mac:
+                key = share_keys[0]
+                raise self.fail(
+                    fields[key][0],
+                    f"{at}.{key}",
+                    f"{key} is the GPU's share of a Mac's unified memory; this node's platform "
+                    f"is {plat.value}: give the device's own memory as memory_gb",
+                )
+            if mac and "memory_gb" in fields:
+                raise self.fail(
+                    fields["memory_gb"][0],
+                    f"{at}.memory_gb",
+                    "a Mac's GPU shares the node's memory: give its share as gpu_share_gb "
+                    "(GiB) or gpu_share (a fraction of the node's memory_gb), not memory_gb",
+                )
+            if len(share_keys) > 1:
+                raise self.fail(
+                    fields["gpu_share"][0],
+                    f"{at}.gpu_share",
+                    "give gpu_share_gb or gpu_share, not both",
+                )
+            memory = self.device_memory(item, fields, at, mac, node_memory)
+            reserved = 0
+            if "reserved_gb" in fields:
+                reserved_node = fields["reserved_gb"][1]
+                reserved_gb = self.number(
+                    reserved_node, f"{at}.reserved_gb", minimum_exclusive=None
+                )
+                reserved = round(reserved_gb * GB)
+                if reserved >= memory:
+                    raise self.fail(
+                        reserved_node,
+                        f"{at}.reserved_gb",
+                        f"expected less than the device's {memory / GB:g} GiB, found "
+                        f"{reserved_gb:g}: the device would have no capacity",
+                    )
+            out.append(
+                DeviceSpec(id=ident, memory_bytes=memory, reserved_bytes=reserved, gpu_share=mac)
+            )
+        return tuple(out)
+
+    def device_memory(
+        self,
+        item: yaml.Node,
+        fields: dict[str, tuple[yaml.Node, yaml.Node]],
+        at: str,
+        mac: bool,
+        node_memory: int,
+    ) -> int:
+        """A declared device's memory in bytes (see :meth:`read_devices`)."""
+        if mac:
+            if "gpu_share_gb" in fields:
+                value_node = fields["gpu_share_gb"][1]
+                gb = self.number(value_node, f"{at}.gpu_share_gb", minimum_exclusive=0.0)
+                share = round(gb * GB)
+                key = "gpu_share_gb"
+            elif "gpu_share" in fields:
+                value_node = fields["gpu_share"][1]
+                fraction = self.number(value_node, f"{at}.gpu_share", minimum_exclusive=0.0)
+                if fraction > 1:
+                    raise self.fail(
+                        value_node,
+                        f"{at}.gpu_share",
+                        f"expected a fraction of the node's memory, above 0 and at most 1 "
+                        f"(Metal's cap is about 0.66-0.84), found {fraction:g}",
+                    )
+                share = round(fraction * node_memory)
+                key = "gpu_share"
+            else:
+                raise self.fail(
+                    item,
+                    f"{at}.gpu_share",
+                    "missing the GPU's share of the Mac's memory: gpu_share_gb (GiB) or "
+                    "gpu_share (a fraction of memory_gb; Metal caps it at about 0.66-0.84)",
+                )
+            if share > node_memory:
+                raise self.fail(
+                    value_node,
+                    f"{at}.{key}",
+                    f"the GPU share ({share / GB:g} GiB) is more than the node's memory "
+                    f"({node_memory / GB:g} GiB)",
+                )
+            if share <= 0:
+                raise self.fail(value_node, f"{at}.{key}", "expected at least one byte")
+            return share
+        if "memory_gb" not in fields:
+            raise self.fail(
+                item,
+                f"{at}.memory_gb",
+                "missing required key 'memory_gb' (the device's memory, GiB)",
+            )
+        memory_node = fields["memory_gb"][1]
+        memory = round(self.number(memory_node, f"{at}.memory_gb", minimum_exclusive=0.0) * GB)
+        if memory <= 0:
+            raise self.fail(memory_node, f"{at}.memory_gb", "expected at least one byte")
+        return memory
 
     def read_flavors(self, node: yaml.Node, path: str, plat: Platform) -> frozenset[InferFlavor]:
         allowed = ", ".join(f.value for f in InferFlavor)
@@ -471,6 +636,16 @@ class _FleetReader:
             reranking = None
             if "reranking" in fields:
                 reranking = self.boolean(fields["reranking"][1], f"{path}.reranking")
+            offload = "full"
+            if "offload" in fields:
+                offload_node = fields["offload"][1]
+                offload = self.text(offload_node, f"{path}.offload", "full or partial")
+                if offload not in OFFLOADS:
+                    raise self.fail(
+                        offload_node,
+                        f"{path}.offload",
+                        f"expected one of {', '.join(OFFLOADS)}, found {offload!r}",
+                    )
             models[key] = ModelSource(
                 path=source_path,
                 ctx_size=ctx_size,
@@ -481,6 +656,7 @@ class _FleetReader:
                 keep_kv=keep_kv,
                 cache_ram_mb=cache_ram_mb,
                 reranking=reranking,
+                offload=offload,
             )
         return models
 

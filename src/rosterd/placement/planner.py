@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rosterd.fleet import Fleet
 from rosterd.placement.copies import place_copies
@@ -19,6 +20,9 @@ from rosterd.placement.problem import (
 )
 from rosterd.spec import InferenceSpec
 
+if TYPE_CHECKING:
+    from rosterd.placement.devices import DeviceNeed
+
 
 def plan(
     specs: Sequence[InferenceSpec],
@@ -27,6 +31,7 @@ def plan(
     *,
     time_limit_s: float = 1.5,
     memory_notes: Mapping[str, str] | None = None,
+    device_needs: Mapping[str, DeviceNeed] | None = None,
 ) -> Plan:
     """Place ``specs`` on ``fleet``'s nodes (see the module docstring for the rules).
 
@@ -34,12 +39,14 @@ def plan(
     ``time_limit_s`` bounds the solver's wall time in seconds (greedy and checks add
     a few milliseconds); ``memory_notes`` (role -> words) follow a role's figure in
     its unplaced reason, e.g. that it was counted from a measured peak and what the
-    roster's ``ram_gb`` says. Never raises for unplaceable roles: each is in
-    ``Plan.unplaced`` with its reason.
+    roster's ``ram_gb`` says; ``device_needs`` (role -> what it needs on a device) keep
+    a role off nodes whose devices could never hold it (its device on its node is chosen
+    after, by ``rosterd.placement.devices.place_on_devices``). Never raises for
+    unplaceable roles: each is in ``Plan.unplaced`` with its reason.
     """
     from rosterd.placement import cpsat  # OR-Tools: only when a plan is solved
 
-    problem = Problem(specs, fleet, previous, memory_notes)
+    problem = Problem(specs, fleet, previous, memory_notes, device_needs)
     greedy = best_greedy(problem)
     greedy_score = score_of(problem, greedy)
     if not problem.eligible:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rosterd.fleet import Fleet, Node
 from rosterd.memory.count import UNMEASURED_NOTE
 from rosterd.residency import excludes_each_other, gib
 from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB
+
+if TYPE_CHECKING:
+    from rosterd.placement.devices import DeviceNeed
 
 MIB = 1 << 20
 #: Level 5 resolution: free memory share in permille.
@@ -90,6 +94,8 @@ class Problem:
 
     ``memory_notes``: role -> words that follow the role's figure in its unplaced
     reason (where the counted figure came from and the roster's ``ram_gb``).
+    ``device_needs``: role -> what it needs on a device (``rosterd.placement.devices``):
+    a node whose devices could never hold the role is not eligible for it.
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class Problem:
         fleet: Fleet,
         previous: Plan | None,
         memory_notes: Mapping[str, str] | None = None,
+        device_needs: Mapping[str, DeviceNeed] | None = None,
     ) -> None:
         self.fleet = fleet
         self.memory_notes = dict(memory_notes or {})
@@ -140,6 +147,11 @@ class Problem:
                     f"(node {self.nodes[biggest].name}; capacity = memory - reserved)"
                 )
                 continue
+            if any(n.devices for n in self.nodes):
+                fits, why = _device_eligible(s, [self.nodes[i] for i in fits], fits, device_needs)
+                if not fits:
+                    self.static_unplaced[s.role] = why
+                    continue
             self.eligible[s.role] = fits
         self.conflicts: dict[str, set[str]] = {r: set() for r in self.eligible}
         placeable = [self.spec[r] for r in self.eligible]
@@ -211,6 +223,29 @@ class NodeLoad:
 
     def headroom(self) -> int:
         return self.capacity - self.interactive - self.batch_max
+
+
+def _device_eligible(
+    s: InferenceSpec,
+    nodes: Sequence[Node],
+    indexes: Sequence[int],
+    device_needs: Mapping[str, DeviceNeed] | None,
+) -> tuple[list[int], str]:
+    """The nodes of ``indexes`` whose devices could hold ``s`` alone, and if none, why."""
+    from rosterd.placement.devices import DeviceNeed, device_eligibility
+
+    need = (device_needs or {}).get(s.role) or DeviceNeed(full_bytes=s.memory.resident_bytes)
+    kept: list[int] = []
+    reasons: list[str] = []
+    for node, i in zip(nodes, indexes, strict=True):
+        ok, why = device_eligibility(s, node, need)
+        if ok:
+            kept.append(i)
+        else:
+            reasons.append(why)
+    return kept, "no device could ever hold it: " + "; ".join(reasons[:3]) + (
+        f"; and {len(reasons) - 3} more nodes" if len(reasons) > 3 else ""
+    )
 
 
 def gb_text(n_bytes: int) -> str:

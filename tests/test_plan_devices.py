@@ -1,0 +1,98 @@
+"""``rosterd plan`` on a fleet that declares a GPU: roles placed on the device, held to its
+memory, and the reason for every role it cannot hold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from rosterd.cli import _register, app
+from rosterd.tokens import GB
+
+_register()
+
+
+def _roster(latency: str) -> tuple[str, str]:
+    roster = "roster:\n" + "".join(
+        f"  - id: coder-{i}\n    role: coder\n    name: coder-{i}\n    ram_gb: 14\n"
+        f"    backend: llama.cpp\n    port: {8500 + i}\n    status: ready\n"
+        for i in range(4)
+    )
+    overlay = "latency_class:\n" + "".join(f"  coder-{i}: {latency}\n" for i in range(4))
+    return roster, overlay
+
+
+FLEET = """\
+nodes:
+  - name: gpu-box
+    memory_gb: 128
+    reserved_gb: 8
+    platform: linux-x86_64
+    devices:
+      - {id: CUDA0, memory_gb: 24}
+"""
+
+
+def _plan(tmp_path: Path, latency: str, *extra: str) -> tuple[int, str]:
+    roster_text, overlay_text = _roster(latency)
+    (tmp_path / "roster.yaml").write_text(roster_text)
+    (tmp_path / "overlay.yaml").write_text(overlay_text)
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(tmp_path / "roster.yaml"),
+            "--overlay",
+            str(tmp_path / "overlay.yaml"),
+            "--fleet",
+            str(tmp_path / "fleet.yaml"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--time-limit",
+            "0.2",
+            *extra,
+        ],
+    )
+    return result.exit_code, result.stdout
+
+
+def test_four_14_gib_interactive_roles_one_24_gib_gpu_one_placed_and_why_not_the_rest(
+    tmp_path: Path,
+) -> None:
+    code, out = _plan(tmp_path, "interactive", "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert len(doc["placements"]) == 1
+    (placed,) = doc["placements"]
+    assert doc["devices"]["gpu-box"]["CUDA0"] == {
+        "capacity_bytes": 24 * GB,
+        "peak_bytes": 14 * GB,
+        "always_resident": [placed],
+        "swappable": [],
+    }
+    assert doc["device_of"] == {
+        placed: {
+            "gpu-box": {
+                "device": "CUDA0",
+                "gpu_layers": None,
+                "layers": None,
+                "device_bytes": 14 * GB,
+            }
+        }
+    }
+    assert len(doc["unplaced"]) == 3
+    for _role, reason in doc["unplaced"]:
+        assert "needs 14.00 GiB on one device" in reason
+        assert "CUDA0: 10.00 GiB free of 24.00 GiB" in reason
+
+
+def test_four_14_gib_batch_roles_swap_on_the_gpu_one_at_a_time(tmp_path: Path) -> None:
+    code, out = _plan(tmp_path, "batch")
+    assert code == 0, out
+    assert "CUDA0: [" in out
+    assert "14.0 / 24.0 GiB" in out  # the peak: one 14 GiB role at a time
+    assert "swapped one at a time as room allows: coder-0, coder-1, coder-2, coder-3" in out
+    assert "every role is placed" in out
