@@ -39,6 +39,7 @@ from rosterd.scheduler.events import (
     LogNote,
     ProbeBackend,
     ProbeDone,
+    Reconfigured,
     RecordEvent,
     Release,
     RestartBackend,
@@ -52,7 +53,6 @@ from rosterd.scheduler.events import (
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import Revocation, SchedulerEvent, SchedulerLimits
-from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 
 log = logging.getLogger("rosterd.scheduler")
@@ -63,8 +63,8 @@ _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING}
 class NodeLoop:
     """The loop of one node, applying ``machine``'s effects (see the module).
 
-    ``name``: the node; ``capacity_bytes``: its budget (for the log and the
-    metrics); ``backends``: the backends boundary that starts its roles;
+    ``name``: the node; ``machine``: its pure machine, which alone holds the node's
+    state; ``backends``: the backends boundary that starts its roles;
     ``limits``: the knobs (``tick_s``); ``metrics``, ``clock`` (monotonic
     seconds), ``wall_clock`` (seconds since the epoch, for the event log),
     ``event_log_size`` and ``backend_events`` as :class:`~rosterd.scheduler.node.NodeScheduler`
@@ -74,7 +74,6 @@ class NodeLoop:
     def __init__(
         self,
         name: str,
-        capacity_bytes: int,
         machine: NodeMachine,
         backends: RoleBackends,
         *,
@@ -86,11 +85,9 @@ class NodeLoop:
         backend_events: BackendEventSource | None,
     ) -> None:
         self.name = name
-        self.capacity_bytes = capacity_bytes
         self.limits = limits
         self._backends = backends
         self._started_by: dict[str, RoleBackends] = {}  # a role's stop goes where its start went
-        self._retiring: dict[str, InferenceSpec] = {}  # removed by a re-plan, still draining
         self._backend_events = backend_events
         self._metrics = metrics
         self._clock = clock
@@ -105,8 +102,13 @@ class NodeLoop:
         self.events: deque[SchedulerEvent] = deque(maxlen=event_log_size)
         self.listeners: list[Callable[[SchedulerEvent], None]] = []
         if metrics is not None:
-            metrics.capacity_bytes.labels(node=name).set(capacity_bytes)
+            metrics.capacity_bytes.labels(node=name).set(machine.capacity_bytes)
             metrics.resident_bytes.labels(node=name).set(0)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The node's budget in force, as its machine holds it."""
+        return self._machine.capacity_bytes
 
     def backend_event(self, event: BackendEvent) -> None:
         raise NotImplementedError  # NodeScheduler's: tell the machine what a backend did
@@ -133,17 +135,27 @@ class NodeLoop:
             while not self._inbox.empty():
                 self._handle(self._inbox.get_nowait())
 
-    def _handle(self, event: Event) -> None:
+    def _take_now(self, event: Event) -> list[Effect]:
+        """Hand ``event`` to the machine now, after every event the inbox holds (in order,
+        so nothing overtakes what was posted before it), and apply the effects; they are
+        returned too. Synchronous, on the loop's thread: ``_run`` finds those events gone,
+        and nothing else runs in between, so the machine still has one owner."""
+        while not self._inbox.empty():
+            self._handle(self._inbox.get_nowait())
+        return self._handle(event)
+
+    def _handle(self, event: Event) -> list[Effect]:
         try:
             effects = self._machine.handle(event)
         except Exception:  # a bug here must not kill the node's task silently
             log.exception("node %s: scheduling step failed on %s", self.name, event)
-            return
+            return []
         for effect in effects:
             try:
                 self._apply(effect)
             except Exception:
                 log.exception("node %s: applying %s failed", self.name, effect)
+        return effects
 
     def _apply(self, effect: Effect) -> None:
         if isinstance(effect, GrantLease):
@@ -180,9 +192,12 @@ class NodeLoop:
             if done is not None and not done.done():
                 done.set_result(None)
         elif isinstance(effect, ForgetRole):
-            self._retiring.pop(effect.role, None)
             self._started_by.pop(effect.role, None)
             self._revocations.pop(effect.role, None)
+        elif isinstance(effect, Reconfigured):
+            budget = effect.change.capacity_bytes
+            if self._metrics is not None and budget is not None:
+                self._metrics.capacity_bytes.labels(node=self.name).set(budget[1])
         else:
             assert isinstance(effect, FinishShutdown)
             if self._shut_down is not None and not self._shut_down.done():

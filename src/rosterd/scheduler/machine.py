@@ -36,6 +36,7 @@ from rosterd.errors import (
     QueueFullError,
     RoleMovedError,
     RoleRefusedError,
+    RoleUnavailableError,
     ShuttingDownError,
     UnknownRoleError,
 )
@@ -56,8 +57,10 @@ from rosterd.scheduler.events import (
     FinishUnload,
     LoadDone,
     LogNote,
+    MeasuredPeak,
     NodeLost,
     ProbeDone,
+    Reconfigure,
     Release,
     RevokeLeases,
     Shutdown,
@@ -69,12 +72,9 @@ from rosterd.scheduler.events import (
     Unload,
 )
 from rosterd.scheduler.liveness import SEE_LOG, LivenessRules
-from rosterd.scheduler.replan import ReplanEvent, ReplanRules
+from rosterd.scheduler.replan import ReplanRules
 from rosterd.scheduler.state import Transition, Waiter
-from rosterd.scheduler.values import (
-    Phase,
-    client_reason,
-)
+from rosterd.scheduler.values import Phase, client_reason
 
 #: How long a stop waits for the router to end revoked requests, seconds.
 REVOKE_WAIT_S = 1.0
@@ -120,8 +120,10 @@ class NodeMachine(LivenessRules, ReplanRules):
             self._on_probe_done(event, now)
         elif isinstance(event, Shutdown):
             self._on_shutdown(now, at_once=event.at_once)
-        elif isinstance(event, ReplanEvent):
-            self._on_replan(event, now)
+        elif isinstance(event, Reconfigure):
+            self._on_reconfigure(event, now)
+        elif isinstance(event, MeasuredPeak):
+            self._on_measured_peak(event, now)
         else:
             assert isinstance(event, Tick)
         self._step(now)
@@ -137,6 +139,9 @@ class NodeMachine(LivenessRules, ReplanRules):
             self._fail(ev.ticket, RoleMovedError, moved)
         elif st is None or st.retiring_since is not None:
             self._fail(ev.ticket, UnknownRoleError, f"role {ev.role!r} is not placed on this node")
+        elif st.unavailable is not None:
+            why = f"role {ev.role!r} is unavailable: {client_reason(st.unavailable)}"
+            self._fail(ev.ticket, RoleUnavailableError, why)  # no load is tried
         elif self.shutting_down:
             self._fail(ev.ticket, ShuttingDownError, _SHUTTING_DOWN)
         elif len(st.waiters) >= self.limits.max_queue:

@@ -1,11 +1,16 @@
 """A re-plan on one node (DESIGN.md layer 6, pure): the node machine's rules for
-``SetCapacity``, ``SetConcurrency``, ``RetireRole``, ``ReplaceSpec`` and ``AddRole``.
+``Reconfigure`` and ``MeasuredPeak``.
 
 A reload of the roster, overlay or fleet, or a node of the fleet lost, changes
-what a node serves while it serves. The change reaches the node's machine as
-these events (``rosterd.scheduler.events``), and :class:`ReplanRules` keeps them
-under the machine's own rules: one transition per node, memory free only at
-``StopDone``, no eviction under a request before ``drain_s``.
+what a node serves while it serves. The change reaches the node's machine as one
+event, ``Reconfigure`` (``rosterd.scheduler.events``): the desired state whole
+(specs, capacity, concurrency, unavailable roles, memory figures, what must
+restart, what moved). :class:`ReplanRules` compares it with the machine's own
+state and acts on the difference, level-based as controller-runtime's reconciler
+does: the same desired state taken twice changes nothing, and nothing depends on
+what came before it. The changes stay under the machine's own rules: one
+transition per node, memory free only at ``StopDone``, no eviction under a
+request before ``drain_s``.
 
 - **A new role** is stopped until a request wants it.
 - **A retired role** takes no new request (``UnknownRoleError``); the requests
@@ -27,6 +32,9 @@ under the machine's own rules: one transition per node, memory free only at
   requests) and are cut after ``drain_s``.
 - **A new node-wide concurrency limit** (the fleet's ``max_concurrency`` or the
   roles' slots changed) applies to the next grant; leases already given run on.
+- **A measured peak** (``MeasuredPeak``) past the counted figure by more than
+  :data:`MEASURED_OVER_COUNTED`: the count follows the measurement, as a new spec
+  without a restart does (the spec's overhead grows by the difference).
 
 Evictions of a re-plan count under the metric label ``replan``. No clock, no
 I/O, no logging: every event carries ``now`` and the rules return effects.
@@ -37,27 +45,35 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 from rosterd.errors import RoleMovedError, UnknownRoleError
 from rosterd.residency import fit_to_capacity, gib
 from rosterd.scheduler.events import (
-    AddRole,
     FinishShutdown,
     FinishUnload,
     ForgetRole,
     LogNote,
-    ReplaceSpec,
-    RetireRole,
-    SetCapacity,
-    SetConcurrency,
+    MeasuredPeak,
+    Reconfigure,
+    Reconfigured,
     StopBackend,
     UpdateGauges,
 )
 from rosterd.scheduler.state import MachineState, RoleState, Waiter
-from rosterd.scheduler.values import HOLDS_MEMORY, NodeConcurrency, Phase, SchedulerLimits
+from rosterd.scheduler.values import (
+    HOLDS_MEMORY,
+    NodeChange,
+    NodeConcurrency,
+    Phase,
+    SchedulerLimits,
+)
 from rosterd.spec import InferenceSpec, LatencyClass, MemorySpec
 
-ReplanEvent = SetCapacity | SetConcurrency | RetireRole | ReplaceSpec | AddRole
+#: How far a running backend's measured RSS may pass the figure counted for it before the
+#: count follows the measurement (issue 20: llama-server's RAM prompt cache grew one role
+#: to 1.85x its counted figure over twelve conversations, and nothing was said).
+MEASURED_OVER_COUNTED: Final[float] = 1.10
 
 
 def launch_changed(old: InferenceSpec, new: InferenceSpec) -> bool:
@@ -80,7 +96,8 @@ REPLAN_LABEL = "replan"
 class ReplanRules(MachineState):
     """The re-plan half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module).
 
-    ``NodeMachine`` calls :meth:`_on_replan` for the five events,
+    ``NodeMachine`` calls :meth:`_on_reconfigure` and :meth:`_on_measured_peak` for
+    their events,
     :meth:`_settle_replan` early in every step and :meth:`_schedule_replan`
     when no transition is under way; it provides ``_begin_transition``.
     """
@@ -91,11 +108,16 @@ class ReplanRules(MachineState):
         specs: Mapping[str, InferenceSpec],
         limits: SchedulerLimits,
         concurrency: NodeConcurrency | None = None,
+        *,
+        unavailable: Mapping[str, str] | None = None,
+        memory: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
-        super().__init__(capacity_bytes, specs, limits, concurrency)
+        super().__init__(
+            capacity_bytes, specs, limits, concurrency, unavailable=unavailable, memory=memory
+        )
         self._over_since: float | None = None  # since when the resident roles exceed capacity
         self._conflict_since: float | None = None  # since when two resident roles exclude
-        self._new_capacity = False  # SetCapacity came since the roles last fit
+        self._new_capacity = False  # a Reconfigure changed the budget since the roles last fit
         # Restart loads are waiters nobody outside waits on: negative tickets, which no
         # node loop hands out, so their grants and failures are answered to no one.
         self._restart_tickets = itertools.count(-1, -1)
@@ -118,29 +140,92 @@ class ReplanRules(MachineState):
 
     # ---- events ----------------------------------------------------------------------
 
-    def _on_replan(self, event: ReplanEvent, now: float) -> None:
-        if isinstance(event, SetCapacity):
-            self.capacity_bytes = event.capacity_bytes
+    def _on_reconfigure(self, ev: Reconfigure, now: float) -> None:
+        """Compare ``ev``'s desired state with the machine's own and act on the difference
+        (level-based: what woke it does not matter, and the same state twice changes
+        nothing). What changed goes out as ``Reconfigured``."""
+        placed = self.placed()  # each role's spec in force, or the one it restarts with
+        before = self.capacity_bytes
+        if ev.capacity_bytes != before:
+            self.capacity_bytes = ev.capacity_bytes
             self._new_capacity = True
             if self.resident_bytes() > self.capacity_bytes and self._over_since is None:
                 self._over_since = now
-            self._out.append(LogNote("info", f"capacity is now {gib(event.capacity_bytes)}"))
-        elif isinstance(event, SetConcurrency):
-            self.concurrency = event.concurrency
-        elif isinstance(event, RetireRole):
-            self._on_retire(event.role, event.moved_to, now)
-        elif isinstance(event, ReplaceSpec):
-            self._on_replace_spec(event.spec, event.restart, now)
-        else:
-            st = self._roles.get(event.spec.role)
-            if st is None:
-                self.specs[event.spec.role] = event.spec
-                self._roles[event.spec.role] = RoleState(event.spec)
-                self._roles = dict(sorted(self._roles.items()))  # ties break by id
-            else:
-                st.retiring_since = st.moved_to = None  # taken back before it was forgotten
-                if event.spec != st.spec or st.next_spec is not None:
-                    self._on_replace_spec(event.spec, event.restart, now)
+            self._out.append(LogNote("info", f"capacity is now {gib(ev.capacity_bytes)}"))
+        if ev.concurrency is not None:
+            self.concurrency = ev.concurrency
+        retired = sorted(set(placed) - set(ev.specs))
+        added = sorted(set(ev.specs) - set(placed))
+        restarted: list[str] = []
+        updated: list[str] = []
+        for role in retired:
+            self._on_retire(role, ev.moved.get(role), now)
+        for role in sorted(set(placed) & set(ev.specs)):
+            new = ev.specs[role]
+            if role in ev.restart or launch_changed(placed[role], new):
+                restarted.append(role)
+                self._on_replace_spec(new, True, now)
+            elif new != placed[role]:
+                updated.append(role)
+                self._on_replace_spec(new, False, now)
+        for role in added:
+            self._add_role(ev.specs[role], ev.restart, now)
+        for role, st in self._roles.items():
+            st.unavailable = ev.unavailable.get(role) if role in ev.specs else None
+            figures = ev.memory.get(role)
+            if figures is not None:
+                st.memory = dict(figures)
+        changed = (before, ev.capacity_bytes) if ev.capacity_bytes != before else None
+        change = NodeChange(tuple(added), tuple(retired), tuple(restarted), tuple(updated), changed)
+        self._out.append(Reconfigured(change))
+
+    def _add_role(self, spec: InferenceSpec, restart: frozenset[str], now: float) -> None:
+        """Place ``spec.role`` here: stopped until a request wants it, or, still retiring,
+        taken back (restarting if what it launches changed, or it is named in ``restart``)."""
+        st = self._roles.get(spec.role)
+        if st is None:
+            self.specs[spec.role] = spec
+            self._roles[spec.role] = RoleState(spec)
+            self._roles = dict(sorted(self._roles.items()))  # ties break by id
+            return
+        st.retiring_since = st.moved_to = None  # taken back before it was forgotten
+        again = spec.role in restart or launch_changed(st.spec, spec)
+        if spec != st.spec or st.next_spec is not None:
+            self._on_replace_spec(spec, again, now)
+
+    def _on_measured_peak(self, ev: MeasuredPeak, now: float) -> None:
+        """Show ``ev.run_peak_bytes``; count ``ev.peak_bytes`` from now on when it passes
+        the counted figure by more than ``MEASURED_OVER_COUNTED``: the spec's overhead
+        grows by the difference, at once, without a restart (the machine evicts other
+        roles if the node no longer fits, as for a re-plan). Said once per role."""
+        st = self._roles.get(ev.role)
+        if st is None:
+            return
+        if st.memory is not None:
+            st.memory["run_peak_bytes"] = ev.run_peak_bytes
+        spec = st.next_spec or st.spec
+        counted = spec.memory.resident_bytes
+        if st.retiring_since is not None or ev.peak_bytes <= counted * MEASURED_OVER_COUNTED:
+            return
+        grown = dataclasses.replace(
+            spec,
+            memory=dataclasses.replace(
+                spec.memory, overhead_bytes=spec.memory.overhead_bytes + ev.peak_bytes - counted
+            ),
+        )
+        if st.memory is not None:
+            st.memory.update(counted_bytes=ev.peak_bytes, counted_from="live")
+        if not st.grew:
+            st.grew = True
+            self._out.append(
+                LogNote(
+                    "warning",
+                    f"role {ev.role} holds {ev.peak_bytes / 2**20:.0f} MiB, "
+                    f"{(ev.peak_bytes / counted - 1) * 100:.0f}% more than the "
+                    f"{counted / 2**20:.0f} MiB counted for it; counting what it holds from now on",
+                )
+            )
+        self._on_replace_spec(grown, False, now)
 
     def _on_retire(self, role: str, moved_to: str | None, now: float) -> None:
         st = self._roles.get(role)

@@ -66,8 +66,8 @@ class RoleState:
     # while this role waited, and since when the roles in its way drain for it.
     turn_given: bool = False
     drain_from: float | None = None
-    # A re-plan (replan.py): RetireRole since when; ReplaceSpec's spec still to apply
-    # (since when), and whether to load the role again afterwards.
+    # A re-plan (replan.py): retired since when; a new spec still to apply (since
+    # when), and whether to load the role again afterwards.
     retiring_since: float | None = None
     moved_to: str | None = None  # the node a retirement moved it to (None: nowhere)
     next_spec: InferenceSpec | None = None
@@ -86,6 +86,9 @@ class RoleState:
     # Its node did not answer a probe (a remote node, silent): its requests wait for the
     # node's verdict, and the probe is asked again at this time (None: the node answers).
     silent_retry_at: float | None = None
+    unavailable: str | None = None  # why it cannot be served (its requests fail at once)
+    memory: dict[str, object] | None = None  # its figures as /status shows them
+    grew: bool = False  # its count followed a measurement past it (said once)
 
 
 @dataclass(eq=False)
@@ -113,8 +116,9 @@ class MachineState:
 
     ``capacity_bytes``: the node's budget; ``specs``: the roles placed on it;
     ``limits``: the knobs; ``concurrency``: the node-wide limit on generations at
-    once (``None``: none beyond the per-role limit). Roles are kept sorted by id
-    (ties break by id).
+    once (``None``: none beyond the per-role limit); ``unavailable``: role -> why it
+    cannot be served; ``memory``: role -> its figures as ``/status`` shows them. Roles
+    are kept sorted by id (ties break by id).
     """
 
     def __init__(
@@ -123,12 +127,19 @@ class MachineState:
         specs: Mapping[str, InferenceSpec],
         limits: SchedulerLimits,
         concurrency: NodeConcurrency | None = None,
+        *,
+        unavailable: Mapping[str, str] | None = None,
+        memory: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         self.capacity_bytes = capacity_bytes
         self.specs = dict(specs)
         self.limits = limits
         self.concurrency = concurrency
         self._roles = {role: RoleState(spec) for role, spec in sorted(self.specs.items())}
+        for role, st in self._roles.items():
+            st.unavailable = (unavailable or {}).get(role)
+            figures = (memory or {}).get(role)
+            st.memory = dict(figures) if figures is not None else None
         self._transition: Transition | None = None
         self._shutdown_since: float | None = None
         self._shut_down = False
@@ -169,6 +180,24 @@ class MachineState:
             return None
         return self.concurrency.limit(self.resident())
 
+    def placed(self) -> dict[str, InferenceSpec]:
+        """The roles placed here (retiring ones are not), each with its spec in force or,
+        while a restart is pending, the spec it restarts with: what the node serves."""
+        return {
+            role: st.next_spec or st.spec
+            for role, st in self._roles.items()
+            if st.retiring_since is None
+        }
+
+    def roles(self) -> tuple[str, ...]:
+        """Every role the machine holds: placed, or retiring (not forgotten yet), by id."""
+        return tuple(self._roles)
+
+    def serves(self, role: str) -> bool:
+        """Whether ``role`` takes requests here: placed, not retiring, not unavailable."""
+        st = self._roles.get(role)
+        return st is not None and st.retiring_since is None and st.unavailable is None
+
     def copy_load(self, role: str) -> tuple[Phase, bool, int]:
         """``role``'s phase, whether a stalled request made it suspect, and its requests in
         flight plus queued (a replica's load, for the choice among copies)."""
@@ -186,7 +215,7 @@ class MachineState:
         idle = st.phase is Phase.READY and st.in_flight == 0
         backoff = st.backoff_until - now if st.backoff_until is not None else 0.0
         return {
-            "phase": st.phase.value,
+            "phase": "unavailable" if st.unavailable is not None else st.phase.value,
             "latency_class": st.spec.latency_class.value,
             "sticky": st.spec.sticky,
             "resident_bytes": st.spec.memory.resident_bytes,
@@ -207,6 +236,9 @@ class MachineState:
             "pid": st.endpoint.pid if st.endpoint else None,
             # a re-plan changed what it launches: it restarts once idle (cut after drain_s)
             "restart_pending": st.next_spec is not None,
+            "unavailable_reason": st.unavailable,
+            "retiring": st.retiring_since is not None,
+            "memory": dict(st.memory) if st.memory is not None else None,
         }
 
     def typical_load_s(self) -> float:
