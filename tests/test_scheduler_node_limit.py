@@ -34,7 +34,7 @@ class LimitedBench(Bench):
         return [g.ticket for g in self.of(GrantLease)]
 
     def in_flight(self) -> int:
-        return self.machine.node_in_flight()
+        return self.machine.node_running()
 
     def limit(self, now: float, concurrency: NodeConcurrency) -> None:
         """A reload that changes the node-wide limit only (one ``Reconfigure``)."""
@@ -181,7 +181,7 @@ def test_a_role_holds_no_more_leases_than_its_backends_slots() -> None:
     bench.settle()
     assert bench.granted() == tickets[:1]
     view = bench.machine.role_view("a", bench.now)
-    assert (view["in_flight"], view["queued"]) == (1, 2)
+    assert (view["running"], view["queued"]) == (1, 2)
     assert "the backend's 1 parallel slot(s)" in str(view["waiting_reason"])
     bench.release(tickets[0])
     assert bench.granted() == tickets[:2]

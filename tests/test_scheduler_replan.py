@@ -20,6 +20,8 @@ from rosterd.errors import (
     RoleUnavailableError,
     UnknownRoleError,
 )
+from rosterd.fleet_scheduler.values import NodeServing
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.events import (
     ForgetRole,
     LoadDone,
@@ -30,7 +32,6 @@ from rosterd.scheduler.events import (
     Reconfigured,
     RevokeLeases,
 )
-from rosterd.scheduler.fleet import NodeConfig, Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeChange, Phase, Revocation
 from rosterd.spec import InferenceSpec
@@ -399,12 +400,12 @@ async def test_node_apply_restarts_a_role_whose_launch_changed() -> None:
 
 async def test_apply_plan_adds_and_drains_nodes_and_reports_moves() -> None:
     left, left_backends = make_node([node_spec("a", 100), node_spec("b", 100)])
-    scheduler = Scheduler({"n1": left})
+    scheduler = NodeDirectory({"n1": left})
     scheduler.start()
     held = await scheduler.acquire("a")
     right_backends = GatedBackends()
     change = scheduler.apply_plan(
-        {"n2": NodeConfig("n2", 1000 * MIB, {"a": node_spec("a", 100)}, right_backends)}
+        {"n2": NodeServing("n2", 1000 * MIB, {"a": node_spec("a", 100)})}, {"n2": right_backends}
     )
     assert change.added_nodes == ("n2",)
     assert change.drained_nodes == ("n1",)
@@ -483,7 +484,7 @@ async def test_a_request_waiting_on_a_lost_node_is_served_where_its_role_moved()
     lost = NodeScheduler("n1", 1000 * MIB, {"a": node_spec("a", 100)}, lost_backends)
     elsewhere = GatedBackends()
     kept = NodeScheduler("n2", 1000 * MIB, {"b": node_spec("b", 100)}, elsewhere)
-    scheduler = Scheduler({"n1": lost, "n2": kept})
+    scheduler = NodeDirectory({"n1": lost, "n2": kept})
     scheduler.start()
     lost.node_lost("node n1 is lost")
     waiting = asyncio.create_task(scheduler.acquire("a", timeout_s=30.0))
@@ -491,11 +492,12 @@ async def test_a_request_waiting_on_a_lost_node_is_served_where_its_role_moved()
     assert not waiting.done()
     change = scheduler.apply_plan(
         {
-            "n1": NodeConfig("n1", 1000 * MIB, {}, lost_backends),
-            "n2": NodeConfig(
-                "n2", 1000 * MIB, {"a": node_spec("a", 100), "b": node_spec("b", 100)}, elsewhere
+            "n1": NodeServing("n1", 1000 * MIB, {}),
+            "n2": NodeServing(
+                "n2", 1000 * MIB, {"a": node_spec("a", 100), "b": node_spec("b", 100)}
             ),
-        }
+        },
+        {"n1": lost_backends, "n2": elsewhere},
     )
     assert change.moved == {"a": ("n1", "n2")}
     lease = await asyncio.wait_for(waiting, 5.0)

@@ -6,13 +6,13 @@
 - :mod:`~rosterd.scheduler.events`: the machine's events in and effects out.
 - :mod:`~rosterd.scheduler.machine`: ``NodeMachine``, the rules (pure).
 - :mod:`~rosterd.scheduler.grants`: the machine's rules for who gets a lease (pure).
-- :mod:`~rosterd.scheduler.liveness`: the machine's rules for probes, crash
+- :mod:`~rosterd.scheduler.health`: the machine's rules for probes, crash
   restarts, load backoff and cancelled loads (pure).
 - :mod:`~rosterd.scheduler.replan`: the machine's rules for a re-plan (pure).
 - :mod:`~rosterd.scheduler.loop`: ``NodeLoop``, the asyncio loop of one node that
   applies the machine's effects.
 - :mod:`~rosterd.scheduler.node`: ``NodeScheduler``, the node's public API over its loop.
-- :mod:`~rosterd.scheduler.fleet`: ``Scheduler``, the nodes of one process by role.
+- :mod:`~rosterd.scheduler.directory`: ``NodeDirectory``, the nodes of one process by role.
 
 Effects reach backends through :mod:`rosterd.backends.interface` (``RoleBackends``).
 ``docs/scheduler.md`` draws the state table.

@@ -341,10 +341,11 @@ class RecordEvent:
 
 @dataclass(frozen=True, slots=True)
 class UpdateGauges:
-    """``role`` has ``in_flight`` leases out and ``queued`` waiters now."""
+    """``role`` has ``running`` leases out (requests its backend runs) and ``queued``
+    waiters now."""
 
     role: str
-    in_flight: int
+    running: int
     queued: int
 
 

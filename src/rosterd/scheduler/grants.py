@@ -35,8 +35,8 @@ class GrantRules(MachineState):
 
     def _on_release(self, ev: Release, now: float) -> None:
         st = self._roles.get(ev.role)
-        if st is not None and ev.generation == st.generation and st.in_flight > 0:
-            st.in_flight -= 1
+        if st is not None and ev.generation == st.generation and st.running > 0:
+            st.running -= 1
             st.last_used = now
             self._gauges(ev.role)
 
@@ -94,7 +94,7 @@ class GrantRules(MachineState):
                 st.waiting_reason = "its backend failed a request; waiting for the restart"
                 kept.append(waiter)
                 continue
-            if waiter.take_slot and st.in_flight >= self._role_cap(role):
+            if waiter.take_slot and st.running >= self._role_cap(role):
                 n = self._role_cap(role)
                 st.waiting_reason = (
                     f"all {n} slot(s) are busy, --max-concurrency {self.limits.max_concurrency}"
@@ -113,7 +113,7 @@ class GrantRules(MachineState):
                 continue
             if waiter.take_slot and not self._node_slot_free():
                 st.waiting_reason = (
-                    f"the node already runs {self.node_in_flight()} generations at once, "
+                    f"the node already runs {self.node_running()} generations at once, "
                     "its limit (the node's max_concurrency)"
                 )
                 blocked = True
@@ -126,7 +126,7 @@ class GrantRules(MachineState):
                 continue
             granted += 1
             if waiter.take_slot:
-                st.in_flight += 1
+                st.running += 1
                 st.last_used = now
             waited = now - waiter.since
             lease = GrantLease(
@@ -148,7 +148,7 @@ class GrantRules(MachineState):
             return False  # it waits for the restarted backend
         if not waiter.take_slot:
             return True
-        if st.in_flight >= self._role_cap(st.spec.role):
+        if st.running >= self._role_cap(st.spec.role):
             return False
         if st.hold_since is not None and waiter.since >= st.hold_since:
             return False  # an older request waits for this role's room: let it drain
@@ -162,7 +162,7 @@ class GrantRules(MachineState):
 
     def _node_slot_free(self) -> bool:
         limit = self.node_limit()
-        return limit is None or self.node_in_flight() < limit
+        return limit is None or self.node_running() < limit
 
     def _older_elsewhere(self, role: str, since: float) -> bool:
         """Whether, under a node-wide limit, another role's grantable request is older."""

@@ -169,7 +169,7 @@ class NodeLoop:
         elif isinstance(effect, UpdateGauges):
             if self._metrics is not None:
                 labels = {"node": self.name, "role": effect.role}
-                self._metrics.in_flight.labels(**labels).set(effect.in_flight)
+                self._metrics.in_flight.labels(**labels).set(effect.running)
                 self._metrics.queued.labels(**labels).set(effect.queued)
         elif isinstance(effect, StartBackend):
             self._started_by[effect.role] = self._backends

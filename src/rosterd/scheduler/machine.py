@@ -18,7 +18,7 @@ shutdown is an event.
 This module keeps the event dispatch, the step after every event and the
 transition; the rest of the rules are in the halves it extends:
 :class:`~rosterd.scheduler.grants.GrantRules` (who gets a lease: per-role and
-node-wide concurrency, queue timeouts), :class:`~rosterd.scheduler.liveness.LivenessRules`
+node-wide concurrency, queue timeouts), :class:`~rosterd.scheduler.health.HealthRules`
 (probes, ``unhealthy``, crash restarts, load backoff, cancelled loads, a lost
 node) and :class:`~rosterd.scheduler.replan.ReplanRules` (a new capacity, a
 role added, retired or respecified). ``docs/scheduler.md`` states each rule and
@@ -71,7 +71,7 @@ from rosterd.scheduler.events import (
     Tick,
     Unload,
 )
-from rosterd.scheduler.liveness import SEE_LOG, LivenessRules
+from rosterd.scheduler.health import SEE_LOG, HealthRules
 from rosterd.scheduler.replan import ReplanRules
 from rosterd.scheduler.state import Transition, Waiter
 from rosterd.scheduler.values import Phase, client_reason
@@ -82,7 +82,7 @@ REVOKE_WAIT_S = 1.0
 _SHUTTING_DOWN = "rosterd is shutting down"
 
 
-class NodeMachine(LivenessRules, ReplanRules):
+class NodeMachine(HealthRules, ReplanRules):
     """The pure scheduler of one node: ``handle(event) -> effects``.
 
     Built as ``NodeMachine(capacity_bytes, specs, limits, concurrency)`` (see ``MachineState``).
@@ -242,7 +242,7 @@ class NodeMachine(LivenessRules, ReplanRules):
         self._expire(now)
         self._settle_replan(now)
         tr = self._transition
-        released = tr is not None and tr.step == "revoking" and self._roles[tr.role].in_flight == 0
+        released = tr is not None and tr.step == "revoking" and self._roles[tr.role].running == 0
         if tr is not None and tr.step == "revoking" and (released or now >= tr.revoke_until):
             self._issue_stop(tr, now)
         granted = 1
@@ -283,9 +283,7 @@ class NodeMachine(LivenessRules, ReplanRules):
                 st.unload_since = None
                 continue
             since = st.unload_since if st.unload_since is not None else now
-            if st.phase is Phase.READY and (
-                st.in_flight == 0 or now - since >= self.limits.drain_s
-            ):
+            if st.phase is Phase.READY and (st.running == 0 or now - since >= self.limits.drain_s):
                 self._begin_transition((role,), None, "unload", "unload", None, now)
                 return True
         return False
@@ -320,7 +318,7 @@ class NodeMachine(LivenessRules, ReplanRules):
             # turn, its drain starts at once (as before turns)
             turn = in_turn and bool(st.waiters)
             waiting.turn_given = waiting.turn_given or turn
-            if st.phase is Phase.READY and st.in_flight > 0 and not recent and not turn:
+            if st.phase is Phase.READY and st.running > 0 and not recent and not turn:
                 # After a turn, b grants nothing new, however old: its queue had its
                 # turn and waits for the next one, so a backlog swaps once per turn.
                 hold = -math.inf if waiting.turn_given else since
@@ -368,7 +366,7 @@ class NodeMachine(LivenessRules, ReplanRules):
                     ]
                     if len(idle) == len(yielding):
                         st.waiting_reason = decision.reason
-                        busy = [b for b in yielding if self._roles[b].in_flight]
+                        busy = [b for b in yielding if self._roles[b].running]
                         state = f"busy past --drain {self.limits.drain_s:g} s" if busy else "idle"
                         cause = f"{state}, yields to waiting {role} (they exclude each other)"
                         self._begin_transition(yielding, None, cause, "exclusion", role, now)
@@ -407,7 +405,7 @@ class NodeMachine(LivenessRules, ReplanRules):
                 st.phase is Phase.READY
                 and not st.spec.sticky
                 and not st.spec.interactive
-                and st.in_flight == 0
+                and st.running == 0
                 and not st.waiters
                 and now - st.last_used >= self.limits.idle_ttl_s
             ):
@@ -454,7 +452,7 @@ class NodeMachine(LivenessRules, ReplanRules):
         if tr.load is not None and excludes_each_other(self.specs[role], self.specs[tr.load]):
             label = "exclusion"
         tr.role = role
-        cut = st.in_flight
+        cut = st.running
         if cut:
             cause += f"; {cut} request(s) in flight cut after --drain {self.limits.drain_s:g} s"
             revocation = self._revocation(role, label, tr.for_role)

@@ -380,17 +380,20 @@ class NodeScheduler(NodeLoop):
 
         ``{"capacity_bytes", "resident_bytes", "resident": [...], "transition",
         "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
-        "in_flight", "queued", "idle_s", "loaded_for_s", "waiting_reason",
+        "running", "queued", "idle_s", "loaded_for_s", "waiting_reason",
         "waiting_s", "last_error", "last_error_age_s", "load_backoff_s",
         "base_url", "pid", "restart_pending", "unavailable_reason"}}, "lost_reason"}``
-        (``restart_pending``: a re-plan changed what it launches and it restarts once
+        (``running``: requests its backend runs now, their leases granted; ``queued``:
+        requests waiting for a lease; ``restart_pending``: a re-plan changed what it
+        launches and it restarts once
         idle, or after ``drain_s``; durations in seconds,
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
         cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
         re-plan removed the role and it drains before it stops; ``memory``: the
-        role's figures given at construction, or ``None``; ``kv``: what is kept of its
-        KV cache across stops (``KeptKvSource.kept_kv``), or ``None``); per node also
-        ``in_flight`` and ``max_concurrency`` (the node-wide limit now, or ``None``).
+        role's figures, or ``None``; ``kv``: what is kept of its KV cache across stops
+        (``KeptKvSource.kept_kv``), or ``None``); per node also ``running`` (requests
+        its backends run now) and ``max_concurrency`` (the node-wide limit now, or
+        ``None``).
         """
         now = self._clock()
         backends = self._backends
@@ -406,6 +409,6 @@ class NodeScheduler(NodeLoop):
             "transition": self._machine.transition_under_way,
             "lost_reason": self._machine.lost_reason,
             "roles": roles,
-            "in_flight": self._machine.node_in_flight(),
+            "running": self._machine.node_running(),
             "max_concurrency": self._machine.node_limit(),
         }

@@ -312,11 +312,11 @@ class ReplanRules(MachineState):
         drain_s = self.limits.drain_s
         for role, st in self._roles.items():
             if st.retiring_since is not None:
-                idle = st.in_flight == 0 and not st.waiters
+                idle = st.running == 0 and not st.waiters
                 drained = now - st.retiring_since >= drain_s
                 cause = "a re-plan removed it from this node"
             elif st.next_spec is not None:
-                idle = st.in_flight == 0
+                idle = st.running == 0
                 drained = now - st.respec_since >= drain_s
                 cause = "a re-plan changed what it launches; restarting it"
             else:
@@ -357,7 +357,7 @@ class ReplanRules(MachineState):
         st = self._roles[stop]
         if st.phase is not Phase.READY:
             return False  # a load or stop of it is under way: decided again after it
-        if st.in_flight and now - self._conflict_since < self.limits.drain_s:
+        if st.running and now - self._conflict_since < self.limits.drain_s:
             holds[stop] = min(holds.get(stop, self._conflict_since), self._conflict_since)
             return False
         cause = f"a re-plan made it exclude {keep}, which stays resident"
@@ -388,7 +388,7 @@ class ReplanRules(MachineState):
             self._begin_transition(evict, None, cause, REPLAN_LABEL, None, now)
             return True
         for b in fit.blocking:  # they drain: newer requests wait for the capacity
-            if self._roles[b].phase is Phase.READY and self._roles[b].in_flight:
+            if self._roles[b].phase is Phase.READY and self._roles[b].running:
                 holds[b] = min(holds.get(b, since), since)
         return False
 
@@ -417,7 +417,7 @@ class ReplanRules(MachineState):
         if self._transition is not None or self._shut_down:
             return
         assert self._shutdown_since is not None
-        busy = any(st.in_flight for st in self._roles.values())
+        busy = any(st.running for st in self._roles.values())
         if busy and now - self._shutdown_since < self.limits.drain_s:
             return  # let in-flight requests finish, up to drain_s
         live = (Phase.READY, Phase.LOADING, Phase.RESTARTING, Phase.UNHEALTHY)

@@ -50,7 +50,7 @@ class RoleState:
     phase: Phase = Phase.STOPPED
     endpoint: Endpoint | None = None
     generation: int = 0
-    in_flight: int = 0
+    running: int = 0  # leases taken with a slot: requests its backend runs now
     waiters: deque[Waiter] = field(default_factory=deque)
     loaded_at: float | None = None
     last_used: float = 0.0
@@ -61,7 +61,7 @@ class RoleState:
     # New leases go only to waiters older than this: a request for another role
     # that needs this role's room came first (None: no one waits for its room).
     hold_since: float | None = None
-    gauges: tuple[int, int] = (0, 0)  # (in_flight, queued) as last reported
+    gauges: tuple[int, int] = (0, 0)  # (running, queued) as last reported
     # Turns (issue 22): whether a role in this role's way served its own queue first
     # while this role waited, and since when the roles in its way drain for it.
     turn_given: bool = False
@@ -170,9 +170,9 @@ class MachineState:
         """The spec bytes of :meth:`resident`."""
         return sum(self._roles[r].spec.memory.resident_bytes for r in self.resident())
 
-    def node_in_flight(self) -> int:
+    def node_running(self) -> int:
         """Leases taken with a slot across the node's roles."""
-        return sum(st.in_flight for st in self._roles.values())
+        return sum(st.running for st in self._roles.values())
 
     def node_limit(self) -> int | None:
         """Generations the node may run at once now (``None``: no node-wide limit)."""
@@ -202,7 +202,7 @@ class MachineState:
         """``role``'s phase, whether a stalled request made it suspect, and its requests in
         flight plus queued (a replica's load, for the choice among copies)."""
         st = self._roles[role]
-        return st.phase, st.suspected, st.in_flight + len(st.waiters)
+        return st.phase, st.suspected, st.running + len(st.waiters)
 
     def waiting_reason(self, role: str) -> str | None:
         """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""
@@ -212,14 +212,14 @@ class MachineState:
         """``role``'s state as JSON-ready data (see ``NodeScheduler.snapshot``)."""
         st = self._roles[role]
         resident = st.phase in HOLDS_MEMORY
-        idle = st.phase is Phase.READY and st.in_flight == 0
+        idle = st.phase is Phase.READY and st.running == 0
         backoff = st.backoff_until - now if st.backoff_until is not None else 0.0
         return {
             "phase": "unavailable" if st.unavailable is not None else st.phase.value,
             "latency_class": st.spec.latency_class.value,
             "sticky": st.spec.sticky,
             "resident_bytes": st.spec.memory.resident_bytes,
-            "in_flight": st.in_flight,
+            "running": st.running,
             "queued": len(st.waiters),
             "idle_s": round(now - st.last_used, 3) if idle else None,
             "loaded_for_s": round(now - st.loaded_at, 3)
@@ -267,7 +267,7 @@ class MachineState:
         st = self._roles[role]
         return (
             st.phase is Phase.READY
-            and st.in_flight == 0
+            and st.running == 0
             and not st.waiters
             and not self._recently_loaded(st, now, for_role)
         )
@@ -284,7 +284,7 @@ class MachineState:
         (``None``: a re-plan fitting a smaller capacity)."""
         return (
             for_role is not None
-            and (st.in_flight > 0 or bool(st.waiters))
+            and (st.running > 0 or bool(st.waiters))
             and st.loaded_at is not None
             and now - st.loaded_at < self.limits.min_busy_residency_s
             and for_role in st.displaced
@@ -332,7 +332,7 @@ class MachineState:
                 notes.append(f"{b} holds its room {left:.0f} s more (--min-busy-residency)")
             elif turn_left > 0 and st.waiters:
                 notes.append(f"{b} serves its turn {turn_left:.0f} s more at most (--max-wait)")
-            elif st.in_flight:
+            elif st.running:
                 waiting = self._roles[for_role]
                 start = waiting.drain_from if waiting.drain_from is not None else since
                 left = max(0.0, start + self.limits.drain_s - now)
@@ -357,8 +357,8 @@ class MachineState:
             st = self._roles[role]
             if st.phase is not Phase.READY:
                 busy[role] = 1  # loading or stopping: never a candidate to evict
-            elif st.in_flight and not ignore_in_flight:
-                busy[role] = st.in_flight
+            elif st.running and not ignore_in_flight:
+                busy[role] = st.running
         recency = tuple(sorted(resident, key=lambda r: (self._roles[r].last_used, r)))
         recent = frozenset(
             r for r in resident if self._recently_loaded(self._roles[r], now, for_role)
@@ -395,7 +395,7 @@ class MachineState:
         st = self._roles[role]
         st.phase = Phase.STOPPED
         st.endpoint = None
-        st.in_flight = 0
+        st.running = 0
         st.loaded_at = None
         st.displaced = frozenset()
         st.probing = st.suspected = False
@@ -456,7 +456,7 @@ class MachineState:
 
     def _gauges(self, role: str) -> None:
         st = self._roles[role]
-        now = (st.in_flight, len(st.waiters))
+        now = (st.running, len(st.waiters))
         if now != st.gauges:
             st.gauges = now
             self._out.append(UpdateGauges(role, *now))

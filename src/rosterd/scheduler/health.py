@@ -1,6 +1,7 @@
-"""Whether a node's backends are alive (DESIGN.md layer 6, pure): the node machine's liveness rules.
+"""Whether a node's backends are healthy (DESIGN.md layer 6, pure): the node machine's probe
+and backoff policy.
 
-:class:`LivenessRules` keeps what happens when a backend stops serving:
+:class:`HealthRules` keeps what happens when a backend stops serving:
 
 - **Crash restarts.** A ready role whose process exited is ``restarting``: it
   keeps its memory, its leases are void, waiters wait for the ``ready`` of the
@@ -63,8 +64,8 @@ SEE_LOG = "see `rosterd ps` / the backend log"
 SILENT_NODE_REPROBE_S = 2.0
 
 
-class LivenessRules(GrantRules):
-    """The liveness half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module);
+class HealthRules(GrantRules):
+    """The health half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module);
     built as ``MachineState`` is."""
 
     def _back_off(self, st: RoleState, now: float) -> None:
@@ -94,7 +95,7 @@ class LivenessRules(GrantRules):
         if ev.kind in ("exited", "restarting") and st.phase is Phase.READY:
             st.phase = Phase.RESTARTING
             st.generation += 1  # leases of the dead process are void
-            st.in_flight = 0
+            st.running = 0
             st.probing = st.suspected = False
             if st.endpoint is not None:  # same address and name; no live pid until it is back
                 st.endpoint = dataclasses.replace(st.endpoint, pid=None)
@@ -134,7 +135,7 @@ class LivenessRules(GrantRules):
         # (its LoadDone/StopDone are then ignored), and no new one is asked for.
         self._transition = None
         for role, st in self._roles.items():
-            if st.in_flight:
+            if st.running:
                 # A power cut leaves their connections open, unanswered: cut them, and
                 # let the router send those not answered yet where the role goes next.
                 message = f"the node serving role {role} is lost ({ev.reason})"
@@ -143,7 +144,7 @@ class LivenessRules(GrantRules):
             st.phase = Phase.LOST
             st.endpoint = None
             st.generation += 1  # leases of its processes are void
-            st.in_flight = 0
+            st.running = 0
             st.loaded_at = None
             st.hold_since = None
             st.probing = st.suspected = False
@@ -216,7 +217,7 @@ class LivenessRules(GrantRules):
         old = st.generation
         st.phase = Phase.UNHEALTHY
         st.generation += 1  # leases of the wedged process are void
-        st.in_flight = 0
+        st.running = 0
         if st.endpoint is not None:
             st.endpoint = dataclasses.replace(st.endpoint, pid=None)
         why = why or f"its generation probe failed ({detail})"
@@ -241,7 +242,7 @@ class LivenessRules(GrantRules):
             if (
                 st.phase is Phase.READY
                 and not st.probing
-                and st.in_flight == 0
+                and st.running == 0
                 and not st.unload_tickets
                 and now - max(st.last_used, st.last_probe) >= interval
             ):
