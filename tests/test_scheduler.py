@@ -53,7 +53,8 @@ from rosterd.scheduler.events import (
     Unload,
     UpdateGauges,
 )
-from rosterd.scheduler.machine import REVOKE_WAIT_S, NodeMachine
+from rosterd.scheduler.machine import NodeMachine
+from rosterd.scheduler.transition import REVOKE_WAIT_S
 from rosterd.scheduler.values import Phase, Revocation, SchedulerLimits, client_reason
 from rosterd.spec import InferenceSpec
 

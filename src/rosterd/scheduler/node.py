@@ -196,7 +196,7 @@ class NodeScheduler(NodeLoop):
         a final ``restart_failed``: it is no longer resident. Events for other
         names (a shared server) or phases (a load or stop under way) are ignored.
         """
-        if event.name not in self._machine.roles():
+        if event.name not in self._machine.role_ids():
             return  # another node's role, or a shared server (the machine ignores it too)
         code = event.exit_code
         self._post(
@@ -398,7 +398,7 @@ class NodeScheduler(NodeLoop):
         now = self._clock()
         backends = self._backends
         roles: dict[str, object] = {}
-        for role in self._machine.roles():
+        for role in self._machine.role_ids():
             view = self._machine.role_view(role, now)
             view["kv"] = backends.kept_kv(role) if isinstance(backends, KeptKvSource) else None
             roles[role] = view
