@@ -10,7 +10,9 @@ come back, in order: it resolves the callers' futures (``GrantLease``,
 back as ``LoadDone``/``StopDone``/``ProbeDone`` events, sets revocation futures,
 updates the metrics (:mod:`rosterd.metrics`), logs (logger ``rosterd.scheduler``)
 and keeps the bounded event log (:attr:`NodeLoop.events`). When the inbox stays
-empty for ``tick_s`` it sends a ``Tick``, so the machine checks its timers.
+empty for ``tick_s`` it sends a ``Tick``, so the machine checks its timers. What a
+backend did by itself (the supervisor's ``BackendEvent``, a node agent's, a restart
+of its own that failed) enters as ``BackendChanged`` (:meth:`NodeLoop.backend_event`).
 
 Plain asyncio: scheduling is rosterd's own job.
 """
@@ -28,6 +30,7 @@ from rosterd.backends.interface import BackendEventSource, RoleBackends
 from rosterd.errors import NodeLostError, NodeUnreachableError
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (
+    BackendChanged,
     Effect,
     Event,
     FailWaiter,
@@ -53,7 +56,7 @@ from rosterd.scheduler.events import (
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import Revocation, SchedulerEvent, SchedulerLimits
-from rosterd.supervisor import BackendEvent
+from rosterd.supervisor import BackendEvent, describe_exit
 
 log = logging.getLogger("rosterd.scheduler")
 
@@ -67,8 +70,8 @@ class NodeLoop:
     state; ``backends``: the backends boundary that starts its roles;
     ``limits``: the knobs (``tick_s``); ``metrics``, ``clock`` (monotonic
     seconds), ``wall_clock`` (seconds since the epoch, for the event log),
-    ``event_log_size`` and ``backend_events`` as :class:`~rosterd.scheduler.node.NodeScheduler`
-    takes them. :meth:`backend_event` is the public API's (``NodeScheduler``).
+    ``event_log_size``, ``backend_events`` and ``pids_are_local`` as
+    :class:`~rosterd.scheduler.node.NodeScheduler` takes them.
     """
 
     def __init__(
@@ -83,12 +86,14 @@ class NodeLoop:
         wall_clock: Callable[[], float],
         event_log_size: int,
         backend_events: BackendEventSource | None,
+        pids_are_local: bool,
     ) -> None:
         self.name = name
         self.limits = limits
         self._backends = backends
         self._started_by: dict[str, RoleBackends] = {}  # a role's stop goes where its start went
         self._backend_events = backend_events
+        self.pids_are_local = pids_are_local
         self._metrics = metrics
         self._clock = clock
         self._wall_clock = wall_clock
@@ -111,7 +116,28 @@ class NodeLoop:
         return self._machine.capacity_bytes
 
     def backend_event(self, event: BackendEvent) -> None:
-        raise NotImplementedError  # NodeScheduler's: tell the machine what a backend did
+        """Tell the node what the supervisor saw happen to a role's backend (any task).
+
+        ``exited``/``restarting`` of a ready role: it goes to ``restarting``;
+        ``ready``: the restarted process (``event.pid``) serves it again;
+        a final ``restart_failed``: it is no longer resident. Events for other
+        names (a shared server) or phases (a load or stop under way) are ignored.
+        """
+        if event.name not in self._machine.role_ids():
+            return  # another node's role, or a shared server (the machine ignores it too)
+        code = event.exit_code
+        self._post(
+            BackendChanged(
+                self._clock(),
+                event.name,
+                event.kind,
+                pid=event.pid,
+                exit_reason=describe_exit(code) if code is not None else None,
+                detail=event.detail,
+                final=event.final,
+                pid_is_local=self.pids_are_local,
+            )
+        )
 
     def _post(self, event: Event) -> None:
         self._inbox.put_nowait(event)

@@ -35,7 +35,6 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import CopyState
 from rosterd.scheduler.events import (
     Acquire,
-    BackendChanged,
     Cancel,
     MeasuredPeak,
     NodeLost,
@@ -52,7 +51,6 @@ from rosterd.scheduler.loop import NodeLoop
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import NodeChange, NodeConcurrency, Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent, describe_exit
 
 #: A copy's state by its role's phase (``ready`` is decided with its probe, above).
 _COPY_STATES: dict[Phase, CopyState] = {
@@ -121,8 +119,8 @@ class NodeScheduler(NodeLoop):
             wall_clock=wall_clock,
             event_log_size=event_log_size,
             backend_events=backend_events,
+            pids_are_local=pids_are_local,
         )
-        self.pids_are_local = pids_are_local
         self._task: asyncio.Task[None] | None = None
         self._tickets = itertools.count(1)
 
@@ -187,30 +185,6 @@ class NodeScheduler(NodeLoop):
         the role's generation probe unless one runs; a failed probe makes it ``unhealthy``.
         ``wedged``: the request's progress check saw the backend stuck: ``unhealthy`` now."""
         self._post(Suspect(self._clock(), lease.role, lease.generation, reason, wedged))
-
-    def backend_event(self, event: BackendEvent) -> None:
-        """Tell the node what the supervisor saw happen to a role's backend (any task).
-
-        ``exited``/``restarting`` of a ready role: it goes to ``restarting``;
-        ``ready``: the restarted process (``event.pid``) serves it again;
-        a final ``restart_failed``: it is no longer resident. Events for other
-        names (a shared server) or phases (a load or stop under way) are ignored.
-        """
-        if event.name not in self._machine.role_ids():
-            return  # another node's role, or a shared server (the machine ignores it too)
-        code = event.exit_code
-        self._post(
-            BackendChanged(
-                self._clock(),
-                event.name,
-                event.kind,
-                pid=event.pid,
-                exit_reason=describe_exit(code) if code is not None else None,
-                detail=event.detail,
-                final=event.final,
-                pid_is_local=self.pids_are_local,
-            )
-        )
 
     @property
     def specs(self) -> dict[str, InferenceSpec]:
