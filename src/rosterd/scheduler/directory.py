@@ -362,7 +362,7 @@ class NodeDirectory:
         its role, or left its node out)."""
         self._count_done((lease.role, lease.node))
         node = self.nodes.get(lease.node)
-        if node is None or (lease.role not in node.specs and lease.node in self._draining):
+        if node is None or (lease.node in self._draining and lease.role not in node.specs):
             node = self._draining.get(lease.node, node)
         if node is not None:
             node.release(lease)

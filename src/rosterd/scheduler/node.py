@@ -245,7 +245,8 @@ class NodeScheduler(NodeLoop):
                 measured = await backends.measured_bytes()
         except (RosterdError, TimeoutError):
             return {}
-        return {role: rss for role, rss in measured.items() if role in self.specs}
+        placed = self.specs
+        return {role: rss for role, rss in measured.items() if role in placed}
 
     def measured_peak(self, role: str, peak_bytes: int, run_peak_bytes: int) -> None:
         """Tell the node what ``role``'s backend was measured holding (any task):
