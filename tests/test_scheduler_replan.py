@@ -92,7 +92,7 @@ def forgotten(bench: Bench) -> list[str]:
     return [e.role for e in bench.of(ForgetRole)]
 
 
-# --------------------------------------------------------------------------- AddRole
+# --------------------------------------------------------------------------- a role added
 
 
 def test_an_added_role_is_served_once_added_and_not_before() -> None:
@@ -122,7 +122,7 @@ def test_adding_a_retiring_role_takes_it_back_without_a_stop() -> None:
     assert bench.starts() == ["a"]
 
 
-# --------------------------------------------------------------------------- RetireRole
+# --------------------------------------------------------------------------- a role retired
 
 
 def test_an_idle_retired_role_stops_and_is_forgotten() -> None:
@@ -207,7 +207,7 @@ def test_retiring_the_role_a_transition_loads_cancels_that_load() -> None:
     assert_failed(bench, waiting, UnknownRoleError)
 
 
-# --------------------------------------------------------------------------- ReplaceSpec
+# --------------------------------------------------------------------------- a new spec
 
 
 def test_a_new_spec_without_a_restart_applies_at_once() -> None:
@@ -282,7 +282,7 @@ def test_a_role_still_busy_after_the_drain_time_is_cut_for_its_restart() -> None
     assert [r.role for r in bench.of(RevokeLeases)] == ["a"]
 
 
-# --------------------------------------------------------------------------- SetCapacity
+# --------------------------------------------------------------------------- a new capacity
 
 
 def test_a_smaller_capacity_evicts_idle_roles_in_the_policy_order() -> None:
