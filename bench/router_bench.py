@@ -75,7 +75,7 @@ from rosterd.adapters import adapter_for
 from rosterd.backends.values import Endpoint, ProbeResult
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, create_app
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeConcurrency, SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -429,7 +429,7 @@ def router_child(argv: list[str]) -> None:
             metrics=metrics,
             concurrency=NodeConcurrency(None, {}),
         )
-        scheduler = Scheduler({"box": node})
+        scheduler = NodeDirectory({"box": node})
         app = create_app(scheduler, routes, config=options.router_config(), metrics=metrics)
         sock = bind_listener(options.host, options.port)
         server = NoSignalServer(server_config(app, options))

@@ -4,7 +4,7 @@ no process, no Ray and no clock, and records what the machine asked for.
 ``Solve`` is answered by the greedy planner (the solver's own fallback: the same rules,
 in milliseconds), ``StartAgents`` and ``Teach`` succeed unless a node is named in
 ``failing_agents`` / ``failing_nodes``, and ``ApplyPlan`` answers what
-``Scheduler.apply_plan`` would say of it (roles added, retired, moved).
+``NodeDirectory.apply_plan`` would say of it (roles added, retired, moved).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from rosterd.backends.interface import RoleBackends
 from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.router.streams import LiveStreams
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -72,7 +72,7 @@ async def serve(
         for r in ROLES
     }
     node = NodeScheduler("n1", capacity_bytes, specs, backends or NoBackends(), limits=limits)
-    scheduler = Scheduler({"n1": node})
+    scheduler = NodeDirectory({"n1": node})
     logs = tmp_path / "logs"
     logs.mkdir()
     streams = LiveStreams()

@@ -28,7 +28,7 @@ from starlette.routing import Route
 from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, RouterConfig, create_app
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 
@@ -133,7 +133,7 @@ async def router_over_stand_in(
         role="mlx-chat", flavor=InferFlavor.MLX_LM, model="mlx-m", memory=MemorySpec(MIB)
     )
     node = NodeScheduler("n1", 100 * MIB, {"mlx-chat": spec}, StandInBackends(backend_port))
-    scheduler = Scheduler({"n1": node})
+    scheduler = NodeDirectory({"n1": node})
     route = RoleRoute("mlx-chat", names=("mlx-m",), flavor="mlx_lm", native=frozenset())
     app = create_app(scheduler, {"mlx-chat": route}, config=config)
     async with _serve(stand_in_mlx_server(seen), backend_port), _serve(app, router_port):

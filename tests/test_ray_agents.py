@@ -44,7 +44,7 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.node_agent import AgentBackends, AgentConfig, CarriedError, NodeAgent
 from rosterd.ray_cluster import RayCluster, import_ray, join, ray_address
 from rosterd.ray_match import RayNode, lost_agents, match_fleet, nodes_back
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -402,7 +402,7 @@ async def test_roles_on_two_nodes_are_served_by_their_own_agents(
             assert info.state_dir == str(state_dir)
 
         # The node schedulers drive the agents as they drive the local supervisor.
-        scheduler = Scheduler(
+        scheduler = NodeDirectory(
             {
                 name: NodeScheduler(
                     name, 4 * GB, {role: tiny_spec(role)}, backends[name], limits=SchedulerLimits()

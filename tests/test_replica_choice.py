@@ -24,7 +24,7 @@ copy_lists = st.lists(
         Copy,
         node=st.sampled_from(NODES),
         state=st.sampled_from(list(CopyState)),
-        in_flight=st.integers(min_value=0, max_value=40),
+        requests=st.integers(min_value=0, max_value=40),
         slots=st.one_of(st.none(), st.integers(min_value=1, max_value=8)),
     ),
     max_size=6,
@@ -48,7 +48,7 @@ def test_only_a_ready_copy_not_tried_is_chosen_within_the_bound(
     if free:  # a copy with a free slot is chosen while there is one
         assert not by_node[chosen].full
     if len(free) == len(candidates):
-        assert by_node[chosen].in_flight + 1 <= load_bound(candidates)
+        assert by_node[chosen].requests + 1 <= load_bound(candidates)
 
 
 @given(copy_lists)
@@ -59,8 +59,8 @@ def test_without_a_key_the_least_loaded_ready_copy_is_chosen(copies: list[Copy])
         assert chosen is None
         return
     pool = [c for c in ready if not c.full] or ready
-    least = min(c.in_flight for c in pool)
-    assert {c.node: c.in_flight for c in pool}[chosen or ""] == least
+    least = min(c.requests for c in pool)
+    assert {c.node: c.requests for c in pool}[chosen or ""] == least
 
 
 @given(copy_lists, keys, st.randoms(use_true_random=False))

@@ -21,7 +21,7 @@ from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, RouterConfig, create_app
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -70,7 +70,7 @@ async def serve(
     node = NodeScheduler(
         "n1", 100 * MIB, specs, StandInBackends(load_s), limits=limits, metrics=metrics
     )
-    scheduler = Scheduler({"n1": node})
+    scheduler = NodeDirectory({"n1": node})
     routes = {r: RoleRoute(r, names=(f"{r}-model", f"{r}-alias")) for r in roles}
     app = create_app(scheduler, routes, config=config, metrics=metrics)
     port = pick_free_port()
@@ -261,7 +261,7 @@ async def test_a_request_the_backend_drops_unanswered_is_sent_once_more() -> Non
         "a": InferenceSpec(role="a", flavor=InferFlavor.LLAMACPP, model="a", memory=MemorySpec(MIB))
     }
     node = NodeScheduler("n1", 100 * MIB, specs, Backends(), limits=LIMITS)
-    app = create_app(Scheduler({"n1": node}), {"a": RoleRoute("a")})
+    app = create_app(NodeDirectory({"n1": node}), {"a": RoleRoute("a")})
     port = pick_free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

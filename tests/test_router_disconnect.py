@@ -109,10 +109,10 @@ def test_disconnect_mid_stream_frees_the_backend_at_once(
         while True:
             role = chat_role(up)
             processing = backend_metrics(backend)["llamacpp:requests_processing"]
-            if (role["in_flight"], processing) == (0, 0) or time.monotonic() > deadline:
+            if (role["running"], processing) == (0, 0) or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
-        assert role["in_flight"] == 0, role
+        assert role["running"] == 0, role
         assert processing == 0, "the backend still generates for the client that left"
         freed_s = time.monotonic() - left
         # ... at once: the dropped generation was cut a few tokens after the client left,
@@ -140,7 +140,7 @@ def test_disconnect_mid_stream_frees_the_backend_at_once(
             f"next request waited {answered_s:.1f} s for the slot"
         )
         metrics = json.dumps(up.get("/status"))
-        assert '"in_flight": 0' in metrics
+        assert '"running": 0' in metrics
     finally:
         client.close()
         code = up.stop()

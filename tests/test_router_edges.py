@@ -29,7 +29,7 @@ from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, create_app
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -115,7 +115,7 @@ async def serve(unserved: dict[str, str] | None = None) -> AsyncIterator[Up]:
     metrics = RosterdMetrics()
     limits = SchedulerLimits(tick_s=0.02, drain_s=1.0)
     node = NodeScheduler("n1", 100 * MIB, specs, backends, limits=limits, metrics=metrics)
-    scheduler = Scheduler({"n1": node})
+    scheduler = NodeDirectory({"n1": node})
     routes = {r: RoleRoute(r, names=(f"{r}-model",)) for r in ROLES}
     app = create_app(scheduler, routes, metrics=metrics, unserved=unserved)
     port = pick_free_port()

@@ -24,8 +24,9 @@ import uvicorn
 
 from backend_helpers import FAKE_BACKEND, NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
+from rosterd.fleet_scheduler.values import NodeServing
 from rosterd.router import RoleRoute, create_app
-from rosterd.scheduler.fleet import NodeConfig, Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 
@@ -106,7 +107,7 @@ async def test_a_request_cut_by_its_nodes_loss_before_any_byte_is_served_where_i
         role="chat", flavor=InferFlavor.LLAMACPP, model="m", memory=MemorySpec(MIB)
     )
     n1 = NodeScheduler("n1", 100 * MIB, {"chat": spec}, At(dead.url))
-    scheduler = Scheduler({"n1": n1})
+    scheduler = NodeDirectory({"n1": n1})
     scheduler.start()
     app = create_app(scheduler, {"chat": RoleRoute("chat", names=("chat",))})
     port = pick_free_port()
@@ -125,9 +126,10 @@ async def test_a_request_cut_by_its_nodes_loss_before_any_byte_is_served_where_i
             # The fleet's re-plan: chat moves to n2, n1 stays with nothing.
             scheduler.apply_plan(
                 {
-                    "n1": NodeConfig("n1", 100 * MIB, {}, n1.backends),
-                    "n2": NodeConfig("n2", 100 * MIB, {"chat": spec}, At(answering)),
-                }
+                    "n1": NodeServing("n1", 100 * MIB, {}),
+                    "n2": NodeServing("n2", 100 * MIB, {"chat": spec}),
+                },
+                {"n1": n1.backends, "n2": At(answering)},
             )
             answer = await asyncio.wait_for(request, 30)
         assert answer.status_code == 200, answer.text

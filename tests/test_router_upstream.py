@@ -26,7 +26,7 @@ from rosterd.errors import UpstreamClosedError
 from rosterd.router import RoleRoute, RouterConfig, RouterError, create_app
 from rosterd.router.openai_errors import upstream_errors
 from rosterd.router.upstream import Upstream
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -121,7 +121,7 @@ async def serve(
         Backends(),
         limits=SchedulerLimits(tick_s=0.02, drain_s=1.0, max_concurrency=8),
     )
-    app = create_app(Scheduler({"n1": node}), {"a": RoleRoute("a")}, config=config)
+    app = create_app(NodeDirectory({"n1": node}), {"a": RoleRoute("a")}, config=config)
     port = pick_free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
@@ -284,7 +284,7 @@ async def test_a_client_leaving_mid_stream_closes_the_backend_connection_at_once
         assert up.backend.open_connections == 0
         assert lines[0] == _event(0).decode()
         status = (await client.get(f"{up.url}/status")).json()
-        assert status["nodes"]["n1"]["roles"]["a"]["in_flight"] == 0
+        assert status["nodes"]["n1"]["roles"]["a"]["running"] == 0
         text = (await client.get(f"{up.url}/metrics")).text
         assert 'rosterd_requests_total{code="499",endpoint="completions",role="a"} 1.0' in text
         # The router serves the next request as before.

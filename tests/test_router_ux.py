@@ -29,7 +29,7 @@ from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, create_app
 from rosterd.router.routing import RouterConfig
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
@@ -398,7 +398,7 @@ async def test_openapi_documents_every_route_the_app_serves(tmp_path: Path) -> N
         )
         for r in ROLES
     }
-    scheduler = Scheduler({"n1": NodeScheduler("n1", 100 * MIB, specs, NoBackends())})
+    scheduler = NodeDirectory({"n1": NodeScheduler("n1", 100 * MIB, specs, NoBackends())})
 
     async def reload(force: bool) -> dict[str, object]:
         return {}

@@ -53,7 +53,8 @@ from rosterd.scheduler.events import (
     Unload,
     UpdateGauges,
 )
-from rosterd.scheduler.machine import REVOKE_WAIT_S, NodeMachine
+from rosterd.scheduler.machine import NodeMachine
+from rosterd.scheduler.transition import REVOKE_WAIT_S
 from rosterd.scheduler.values import Phase, Revocation, SchedulerLimits, client_reason
 from rosterd.spec import InferenceSpec
 
@@ -313,7 +314,7 @@ def test_a_revoked_lease_not_released_delays_the_stop_only_briefly() -> None:
     assert bench.stops() == ["x"]
     bench.settle()
     bench.release(held)  # a release of the stopped generation is ignored
-    assert bench.machine.role_view("x", bench.now)["in_flight"] == 0
+    assert bench.machine.role_view("x", bench.now)["running"] == 0
 
 
 def test_a_busy_role_drains_for_an_older_request_instead_of_starving_it() -> None:
@@ -705,7 +706,7 @@ def test_a_lost_node_marks_its_roles_lost_and_its_waiters_wait_until_their_timeo
     assert not any(isinstance(e, FailWaiter | StartBackend | StopBackend) for e in out)
     assert {bench.phase(r) for r in "abc"} == {Phase.LOST.value}
     assert bench.machine.resident() == ()  # nothing of a lost node holds memory
-    assert bench.machine.role_view("a", bench.now)["in_flight"] == 0
+    assert bench.machine.role_view("a", bench.now)["running"] == 0
 
     # The start that was under way fails with the node: ignored, nothing is asked again.
     bench.load_done("b", error="node n is lost")

@@ -26,7 +26,7 @@ from rosterd.scheduler.events import (
     RevokeLeases,
     Suspect,
 )
-from rosterd.scheduler.liveness import SILENT_NODE_REPROBE_S
+from rosterd.scheduler.health import SILENT_NODE_REPROBE_S
 from rosterd.scheduler.values import Phase, backoff_s
 from test_scheduler import LIMITS, Bench, assert_failed, spec
 
@@ -96,7 +96,7 @@ def test_a_failed_probe_marks_the_role_unhealthy_ends_its_requests_and_restarts_
     assert bench.lease(held) is not None
     assert granted.generation > lease.generation
     bench.release(first)  # the revoked lease's release is ignored: it was a dead generation
-    assert bench.machine.role_view("a", 6.5)["in_flight"] == 2
+    assert bench.machine.role_view("a", 6.5)["running"] == 2
     assert bench.starts() == ["a"]  # restarted by the supervisor, not loaded again
 
 

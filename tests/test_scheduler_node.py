@@ -29,7 +29,7 @@ from rosterd.errors import (
     ShuttingDownError,
 )
 from rosterd.metrics import ROLE_PHASES, RosterdMetrics
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec
@@ -137,7 +137,7 @@ async def test_a_waiter_leaving_mid_load_is_skipped_without_an_internal_error(
     with pytest.raises(asyncio.CancelledError):
         await leaving
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
-    assert node.snapshot()["roles"]["a"]["in_flight"] == 0  # type: ignore[index]
+    assert node.snapshot()["roles"]["a"]["running"] == 0  # type: ignore[index]
     await node.shutdown()
 
 
@@ -297,7 +297,7 @@ async def test_a_port_in_use_tells_the_client_neither_the_pid_nor_the_command_li
 async def test_metrics_count_loads_evictions_and_show_the_queue() -> None:
     metrics = RosterdMetrics()
     node, _ = make_node([spec("a", 600, sticky=False), spec("b", 600)], metrics=metrics)
-    sched = Scheduler({"n1": node})
+    sched = NodeDirectory({"n1": node})
     await sched.load("a")  # a warm-up load takes no slot
     copy_of_a = {"node": "n1", "role": "a"}
     assert metrics.registry.get_sample_value("rosterd_queued", copy_of_a) == 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from rosterd.errors import QueueTimeoutError
-from rosterd.scheduler.events import GrantLease, SetConcurrency
+from rosterd.scheduler.events import GrantLease, Reconfigure
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import NodeConcurrency, SchedulerLimits
 from rosterd.spec import InferenceSpec
@@ -34,7 +34,11 @@ class LimitedBench(Bench):
         return [g.ticket for g in self.of(GrantLease)]
 
     def in_flight(self) -> int:
-        return self.machine.node_in_flight()
+        return self.machine.node_running()
+
+    def limit(self, now: float, concurrency: NodeConcurrency) -> None:
+        """A reload that changes the node-wide limit only (one ``Reconfigure``)."""
+        self.send(Reconfigure(now, self.machine.placed(), self.capacity, concurrency))
 
 
 def both_ready(bench: LimitedBench) -> None:
@@ -147,7 +151,7 @@ def test_a_reload_that_raises_the_node_limit_lets_waiters_in_at_once() -> None:
     assert bench.granted()[-1] == running
     assert not any(bench.answered(t) for t in waiting)
     # The fleet's max_concurrency is removed: the limit is the roles' slots (8).
-    bench.send(SetConcurrency(2.0, NodeConcurrency(None, {"a": 4, "b": 4})))
+    bench.limit(2.0, NodeConcurrency(None, {"a": 4, "b": 4}))
     assert bench.granted()[-2:] == waiting
     assert bench.in_flight() == 3
 
@@ -159,7 +163,7 @@ def test_a_reload_that_lowers_the_node_limit_lets_running_leases_finish() -> Non
     assert bench.lease(both_ready_a) is not None
     bench.now = 1.0
     first, second = bench.acquire("a"), bench.acquire("a")
-    bench.send(SetConcurrency(2.0, NodeConcurrency(max_concurrency=1, slots={"a": 4})))
+    bench.limit(2.0, NodeConcurrency(max_concurrency=1, slots={"a": 4}))
     assert bench.in_flight() == 2  # nothing is cut
     third = bench.acquire("a")
     bench.release(first)
@@ -177,7 +181,7 @@ def test_a_role_holds_no_more_leases_than_its_backends_slots() -> None:
     bench.settle()
     assert bench.granted() == tickets[:1]
     view = bench.machine.role_view("a", bench.now)
-    assert (view["in_flight"], view["queued"]) == (1, 2)
+    assert (view["running"], view["queued"]) == (1, 2)
     assert "the backend's 1 parallel slot(s)" in str(view["waiting_reason"])
     bench.release(tickets[0])
     assert bench.granted() == tickets[:2]

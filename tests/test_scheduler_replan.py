@@ -1,5 +1,6 @@
 """A re-plan on the pure node state machine: roles added, retired and respecified, and a
-new capacity, each an event driven with an explicit ``now`` (no sleeps).
+new capacity, each the node's desired state sent whole as one ``Reconfigure`` event,
+driven with an explicit ``now`` (no sleeps).
 
 Recorded on ``Bench`` from ``test_scheduler.py``, which also checks that the processes
 alive never break the budget in force when a start is asked.
@@ -13,52 +14,85 @@ from typing import Any
 
 import pytest
 
-from rosterd.errors import RoleMovedError, RoleRefusedError, UnknownRoleError
+from rosterd.errors import (
+    RoleMovedError,
+    RoleRefusedError,
+    RoleUnavailableError,
+    UnknownRoleError,
+)
+from rosterd.fleet_scheduler.values import NodeServing
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.events import (
-    AddRole,
     ForgetRole,
     LoadDone,
     LogNote,
+    MeasuredPeak,
     NodeLost,
-    ReplaceSpec,
-    RetireRole,
+    Reconfigure,
+    Reconfigured,
     RevokeLeases,
-    SetCapacity,
 )
-from rosterd.scheduler.fleet import NodeConfig, Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeChange, Phase, Revocation
+from rosterd.spec import InferenceSpec
 from test_scheduler import LIMITS, MIB, Bench, assert_failed, spec
 from test_scheduler_node import GatedBackends, make_node, use
 from test_scheduler_node import spec as node_spec
 
 
+def reconfigure(
+    bench: Bench,
+    *,
+    without: str | None = None,
+    new: InferenceSpec | None = None,
+    restart: bool = False,
+    moved_to: str | None = None,
+) -> None:
+    """Send the node's desired state whole, as one ``Reconfigure``: what the machine places
+    now, without ``without`` (retired; ``moved_to`` the node it moved to) and with ``new``
+    (added or respecified; ``restart``: named as one to restart), within ``bench.capacity``."""
+    specs = bench.machine.placed()
+    if without is not None:
+        del specs[without]
+    if new is not None:
+        specs[new.role] = new
+    bench.send(
+        Reconfigure(
+            bench.now,
+            specs,
+            bench.capacity,
+            restart=frozenset({new.role} if new is not None and restart else ()),
+            moved={without: moved_to} if without is not None and moved_to is not None else {},
+        )
+    )
+
+
 def retire(bench: Bench, role: str) -> None:
-    bench.send(RetireRole(bench.now, role))
+    reconfigure(bench, without=role)
 
 
 def add(bench: Bench, role: str, mib: int, **options: Any) -> None:
     new = spec(role, mib, **options)
     bench.specs[role] = new
-    bench.send(AddRole(bench.now, new))
+    reconfigure(bench, new=new)
 
 
 def respec(bench: Bench, role: str, mib: int, *, restart: bool = True, **options: Any) -> None:
     new = spec(role, mib, **options)
-    bench.send(ReplaceSpec(bench.now, new, restart))
+    reconfigure(bench, new=new, restart=restart)
     bench.specs[role] = new
 
 
 def capacity(bench: Bench, mib: int) -> None:
     bench.capacity = mib * MIB
-    bench.send(SetCapacity(bench.now, mib * MIB))
+    reconfigure(bench)
 
 
 def forgotten(bench: Bench) -> list[str]:
     return [e.role for e in bench.of(ForgetRole)]
 
 
-# --------------------------------------------------------------------------- AddRole
+# --------------------------------------------------------------------------- a role added
 
 
 def test_an_added_role_is_served_once_added_and_not_before() -> None:
@@ -88,7 +122,7 @@ def test_adding_a_retiring_role_takes_it_back_without_a_stop() -> None:
     assert bench.starts() == ["a"]
 
 
-# --------------------------------------------------------------------------- RetireRole
+# --------------------------------------------------------------------------- a role retired
 
 
 def test_an_idle_retired_role_stops_and_is_forgotten() -> None:
@@ -173,7 +207,7 @@ def test_retiring_the_role_a_transition_loads_cancels_that_load() -> None:
     assert_failed(bench, waiting, UnknownRoleError)
 
 
-# --------------------------------------------------------------------------- ReplaceSpec
+# --------------------------------------------------------------------------- a new spec
 
 
 def test_a_new_spec_without_a_restart_applies_at_once() -> None:
@@ -248,7 +282,7 @@ def test_a_role_still_busy_after_the_drain_time_is_cut_for_its_restart() -> None
     assert [r.role for r in bench.of(RevokeLeases)] == ["a"]
 
 
-# --------------------------------------------------------------------------- SetCapacity
+# --------------------------------------------------------------------------- a new capacity
 
 
 def test_a_smaller_capacity_evicts_idle_roles_in_the_policy_order() -> None:
@@ -366,12 +400,12 @@ async def test_node_apply_restarts_a_role_whose_launch_changed() -> None:
 
 async def test_apply_plan_adds_and_drains_nodes_and_reports_moves() -> None:
     left, left_backends = make_node([node_spec("a", 100), node_spec("b", 100)])
-    scheduler = Scheduler({"n1": left})
+    scheduler = NodeDirectory({"n1": left})
     scheduler.start()
     held = await scheduler.acquire("a")
     right_backends = GatedBackends()
     change = scheduler.apply_plan(
-        {"n2": NodeConfig("n2", 1000 * MIB, {"a": node_spec("a", 100)}, right_backends)}
+        {"n2": NodeServing("n2", 1000 * MIB, {"a": node_spec("a", 100)})}, {"n2": right_backends}
     )
     assert change.added_nodes == ("n2",)
     assert change.drained_nodes == ("n1",)
@@ -422,7 +456,7 @@ def test_a_lost_role_that_moved_is_forgotten_at_once_and_its_waiters_follow_it()
     waiting = bench.acquire("a", timeout_s=30.0)
     bench.at(1.0)
     assert not bench.answered(waiting)  # it waits for the re-plan
-    bench.send(RetireRole(bench.now, "a", moved_to="n2"))
+    reconfigure(bench, without="a", moved_to="n2")
     assert forgotten(bench) == ["a"]  # nothing to stop: the node holds nothing
     assert bench.stops() == []
     assert_failed(bench, waiting, RoleMovedError, "moved to node 'n2'")
@@ -436,7 +470,7 @@ def test_a_retired_role_that_moved_serves_its_queue_and_sends_the_rest_on() -> N
     held = bench.acquire("x")
     bench.settle()
     waiting = bench.acquire("y")  # waits for x's room
-    bench.send(RetireRole(bench.now, "y", moved_to="n2"))
+    reconfigure(bench, without="y", moved_to="n2")
     assert_failed(bench, waiting, RoleMovedError, "moved to node 'n2'")
     retire(bench, "x")  # moved nowhere: a later request is refused as unknown
     refused = bench.acquire("x")
@@ -450,7 +484,7 @@ async def test_a_request_waiting_on_a_lost_node_is_served_where_its_role_moved()
     lost = NodeScheduler("n1", 1000 * MIB, {"a": node_spec("a", 100)}, lost_backends)
     elsewhere = GatedBackends()
     kept = NodeScheduler("n2", 1000 * MIB, {"b": node_spec("b", 100)}, elsewhere)
-    scheduler = Scheduler({"n1": lost, "n2": kept})
+    scheduler = NodeDirectory({"n1": lost, "n2": kept})
     scheduler.start()
     lost.node_lost("node n1 is lost")
     waiting = asyncio.create_task(scheduler.acquire("a", timeout_s=30.0))
@@ -458,11 +492,12 @@ async def test_a_request_waiting_on_a_lost_node_is_served_where_its_role_moved()
     assert not waiting.done()
     change = scheduler.apply_plan(
         {
-            "n1": NodeConfig("n1", 1000 * MIB, {}, lost_backends),
-            "n2": NodeConfig(
-                "n2", 1000 * MIB, {"a": node_spec("a", 100), "b": node_spec("b", 100)}, elsewhere
+            "n1": NodeServing("n1", 1000 * MIB, {}),
+            "n2": NodeServing(
+                "n2", 1000 * MIB, {"a": node_spec("a", 100), "b": node_spec("b", 100)}
             ),
-        }
+        },
+        {"n1": lost_backends, "n2": elsewhere},
     )
     assert change.moved == {"a": ("n1", "n2")}
     lease = await asyncio.wait_for(waiting, 5.0)
@@ -518,3 +553,76 @@ def test_a_new_exclusion_with_a_busy_loser_drains_then_cuts_it() -> None:
     assert [r.role for r in bench.of(RevokeLeases)] == ["b"]
     bench.release(held)
     assert bench.stops() == ["b"]
+
+
+# --------------------------------------------------------------------------- one event, level-based
+
+
+def test_a_reconfigure_answers_what_it_changed_and_the_same_one_again_changes_nothing() -> None:
+    bench = Bench([spec("kept", 100), spec("old", 100), spec("grows", 100)], 1000)
+    bench.use("kept")
+    desired = {
+        "kept": spec("kept", 100),
+        "grows": spec("grows", 200),  # memory only: applies at once
+        "new": spec("new", 100),
+    }
+    first = Reconfigure(bench.now, desired, 2000 * MIB, restart=frozenset({"kept"}))
+    bench.send(first)
+    assert bench.of(Reconfigured)[-1].change == NodeChange(
+        added=("new",),
+        retired=("old",),
+        restarted=("kept",),
+        updated=("grows",),
+        capacity_bytes=(1000 * MIB, 2000 * MIB),
+    )
+    assert forgotten(bench) == ["old"]  # stopped: forgotten at once
+    bench.settle()
+    assert bench.starts() == ["kept", "kept"]  # the restart, loaded again as a warm-up
+    effects = bench.send(dataclasses.replace(first, now=1.0, restart=frozenset()))
+    assert [e for e in effects if isinstance(e, Reconfigured)] == [Reconfigured(NodeChange())]
+    assert bench.stops() == ["kept"]
+    assert bench.machine.placed() == desired
+
+
+def test_an_unavailable_role_is_refused_by_the_machine_and_never_loaded() -> None:
+    bench = Bench([spec("a", 100), spec("b", 100)], 1000)
+    why = "role a: models: a: /srv/models/a.gguf does not exist"
+    placed = bench.machine.placed()
+    bench.send(Reconfigure(bench.now, placed, bench.capacity, unavailable={"a": why}))
+    refused = bench.acquire("a")
+    told = assert_failed(bench, refused, RoleUnavailableError, "role 'a' is unavailable: ")
+    assert "/srv/models" not in told  # the short reason: no paths
+    assert bench.starts() == []
+    view = bench.machine.role_view("a", bench.now)
+    assert (view["phase"], view["unavailable_reason"]) == ("unavailable", why)
+    assert not bench.machine.serves("a")
+    bench.send(Reconfigure(bench.now, bench.machine.placed(), bench.capacity))  # weights back
+    bench.use("a")
+    assert bench.starts() == ["a"]
+
+
+def test_a_measured_peak_past_the_count_is_counted_from_then_on_and_evicts_to_fit() -> None:
+    figures = {"a": {"counted_bytes": 400 * MIB, "counted_from": "roster"}, "b": {}}
+    bench = Bench([spec("a", 400), spec("b", 500, sticky=False)], 1000)
+    bench.send(Reconfigure(bench.now, bench.machine.placed(), bench.capacity, memory=figures))
+    bench.use("a")
+    bench.use("b")
+    bench.send(MeasuredPeak(bench.now, "a", 430 * MIB, 430 * MIB))  # within 10 %: shown only
+    view = bench.machine.role_view("a", bench.now)
+    assert view["resident_bytes"] == 400 * MIB
+    assert view["memory"] == {**figures["a"], "run_peak_bytes": 430 * MIB}
+    assert bench.stops() == []
+    bench.send(MeasuredPeak(bench.now, "a", 600 * MIB, 600 * MIB))  # its prompt cache grew
+    view = bench.machine.role_view("a", bench.now)
+    assert view["resident_bytes"] == 600 * MIB
+    assert view["memory"] == {"counted_bytes": 600 * MIB, "counted_from": "live"} | {
+        "run_peak_bytes": 600 * MIB
+    }
+    assert bench.stops() == ["b"]  # 1100 MiB no longer fit: evicted as for a re-plan
+    warnings = [n.message for n in bench.of(LogNote) if n.level == "warning"]
+    assert warnings == [
+        "role a holds 600 MiB, 50% more than the 400 MiB counted for it; "
+        "counting what it holds from now on"
+    ]
+    bench.send(MeasuredPeak(bench.now, "a", 700 * MIB, 700 * MIB))
+    assert len([n for n in bench.of(LogNote) if n.level == "warning"]) == 1  # said once

@@ -1,4 +1,4 @@
-"""A role with replicas under the node schedulers of one process (``Scheduler``): each copy is
+"""A role with replicas under the node schedulers of one process (``NodeDirectory``): each copy is
 its own residency unit on its node; requests go to a ready copy by prefix within a bounded
 load, spread when they stay in flight, skip a copy that is not ready, and a failover names
 the copy to avoid. The backends are the recording fakes of ``test_scheduler_node.py``
@@ -12,19 +12,19 @@ import pytest
 
 from rosterd.errors import UnknownRoleError
 from rosterd.replica_choice import CopyState, prefix_key
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.node import NodeScheduler
 from test_scheduler_node import LIMITS, MIB, GatedBackends, spec
 
 
-def two_copies(gated: tuple[str, ...] = ()) -> tuple[Scheduler, dict[str, GatedBackends]]:
+def two_copies(gated: tuple[str, ...] = ()) -> tuple[NodeDirectory, dict[str, GatedBackends]]:
     backends = {name: GatedBackends(gated if name == "n2" else ()) for name in ("n1", "n2")}
     nodes = {
         name: NodeScheduler(name, 1000 * MIB, {"chat": spec("chat", 100)}, fake, limits=LIMITS)
         for name, fake in backends.items()
     }
-    sched = Scheduler(nodes)
+    sched = NodeDirectory(nodes)
     sched.start()
     return sched, backends
 
@@ -60,7 +60,7 @@ async def test_requests_in_flight_spread_over_the_copies_and_a_prefix_sticks() -
     assert min(counts.values()) >= 3  # bounded load: the hot prefix spills over
     for lease in held:
         sched.release(lease)
-    assert sched.snapshot()["nodes"]["n1"]["roles"]["chat"]["copy_in_flight"] == 0  # type: ignore[index]
+    assert sched.snapshot()["nodes"]["n1"]["roles"]["chat"]["copy_requests"] == 0  # type: ignore[index]
     await sched.shutdown()
 
 

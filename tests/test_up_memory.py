@@ -160,7 +160,7 @@ async def test_two_four_slot_roles_under_a_node_limit_of_four_run_four_at_once(
                 while not done.is_set():
                     node = (await client.get("/status")).json()["nodes"]["box"]
                     assert node["max_concurrency"] == 4
-                    seen.append(node["in_flight"])
+                    seen.append(node["running"])
                     await asyncio.sleep(0.02)
 
             async def one(role: str) -> int:

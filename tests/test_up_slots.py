@@ -75,7 +75,7 @@ def test_a_one_slot_role_holds_one_request_and_queues_the_rest(
         seen: list[tuple[int, int]] = []
         for _ in range(10):
             role = up.get("/status")["nodes"]["box"]["roles"]["chat"]
-            seen.append((role["in_flight"], role["queued"]))
+            seen.append((role["running"], role["queued"]))
             time.sleep(0.1)
         assert max(in_flight for in_flight, _ in seen) == 1, seen
         assert (1, 2) in seen, seen  # the other two wait in rosterd's queue

@@ -273,7 +273,7 @@ class UnknownRoleError(SchedulerError):
 
 class RoleMovedError(UnknownRoleError):
     """A re-plan moved the role to another node while the request waited for it here.
-    ``Scheduler.acquire`` queues the request again on the new node within what is left of
+    ``NodeDirectory.acquire`` queues the request again on the new node within what is left of
     its queue timeout; a client sees it (404) only if the role moved again and again."""
 
 

@@ -74,19 +74,20 @@ _WAIT_ORDER: Final = {
 
 @dataclass(frozen=True)
 class Copy:
-    """One copy of a role: its ``node``, its :class:`CopyState`, its requests in flight
-    (``in_flight``, >= 0; queued ones count too) and how many it serves at once
-    (``slots``, >= 1; ``None``: no limit known)."""
+    """One copy of a role: its ``node``, its :class:`CopyState`, the requests sent to it
+    and not done (``requests``, >= 0: queued there or running; a node's ``copy_requests``
+    in ``/status``) and how many it serves at once (``slots``, >= 1; ``None``: no limit
+    known)."""
 
     node: str
     state: CopyState
-    in_flight: int = 0
+    requests: int = 0
     slots: int | None = None
 
     @property
     def full(self) -> bool:
         """Whether a request sent here now would wait for a slot."""
-        return self.slots is not None and self.in_flight >= self.slots
+        return self.slots is not None and self.requests >= self.slots
 
 
 def _hash64(data: bytes) -> int:
@@ -139,7 +140,7 @@ def load_bound(copies: Sequence[Copy], load_factor: float = DEFAULT_LOAD_FACTOR)
     ready = [c for c in copies if c.state is CopyState.READY]
     if not ready:
         return 0
-    total = sum(c.in_flight for c in ready) + 1
+    total = sum(c.requests for c in ready) + 1
     return max(1, math.ceil(load_factor * total / len(ready)))
 
 
@@ -163,9 +164,9 @@ def choose_copy(
     free = [c for c in ready if not c.full]
     candidates = free or ready
     if key is None or len(candidates) == 1:
-        return min(candidates, key=lambda c: (c.in_flight, c.node)).node
+        return min(candidates, key=lambda c: (c.requests, c.node)).node
     bound = load_bound(ready, load_factor)
-    load = {c.node: c.in_flight for c in candidates}
+    load = {c.node: c.requests for c in candidates}
     hashes, owners = _ring(tuple(sorted(load)))
     start = bisect.bisect(hashes, _hash64(key))
     seen: set[str] = set()
@@ -179,7 +180,7 @@ def choose_copy(
         if len(seen) == len(load):
             break
     # Past every candidate's bound (only when busy copies were passed over): the least loaded.
-    return min(candidates, key=lambda c: (c.in_flight, c.node)).node
+    return min(candidates, key=lambda c: (c.requests, c.node)).node
 
 
 def copy_to_wait_on(copies: Sequence[Copy], exclude: Collection[str] = ()) -> str | None:
@@ -189,4 +190,4 @@ def copy_to_wait_on(copies: Sequence[Copy], exclude: Collection[str] = ()) -> st
     left = [c for c in copies if c.node not in exclude and c.state in _WAIT_ORDER]
     if not left:
         return None
-    return min(left, key=lambda c: (_WAIT_ORDER[c.state], c.in_flight, c.node)).node
+    return min(left, key=lambda c: (_WAIT_ORDER[c.state], c.requests, c.node)).node

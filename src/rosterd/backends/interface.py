@@ -84,7 +84,7 @@ class BackendEventSource(Protocol):
     process (a node agent).
 
     Locally the supervisor's ``on_event`` callback reaches the scheduler
-    directly (``Scheduler.backend_event``); a remote node agent has no callback
+    directly (``NodeDirectory.backend_event``); a remote node agent has no callback
     into us, so the node scheduler asks it instead.
     """
 

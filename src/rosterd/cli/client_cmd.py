@@ -205,7 +205,7 @@ def ps_cmd(
         )
         table.add_column("role", no_wrap=True)
         table.add_column("state", no_wrap=True)
-        columns = ("class", "ram_gb", "estimate", "measured", "GiB", "RSS GiB", "busy", "queue")
+        columns = ("class", "ram_gb", "estimate", "measured", "GiB", "RSS GiB", "running", "queue")
         for column in (*columns, "idle"):
             table.add_column(column, justify="right", no_wrap=True)
         table.add_column("KV kept", no_wrap=True)
@@ -226,7 +226,7 @@ def ps_cmd(
                 # "~": what counts is the roster's guess (unmeasured, as ram_gb's column)
                 ("~" if _guessed(memory) else "") + _gib(info["resident_bytes"]),
                 _gib(rss) if isinstance(rss, int) else "-",
-                str(info["in_flight"]),
+                str(info["running"]),
                 str(info["queued"]),
                 _age(info.get("idle_s")),
                 Text(str(info.get("kv_summary") or "—")),

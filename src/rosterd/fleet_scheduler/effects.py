@@ -70,7 +70,7 @@ class Teach:
 @dataclass(frozen=True)
 class ApplyPlan:
     """Serve ``nodes`` (node -> :class:`NodeServing`) from now on, in one step
-    (``Scheduler.apply_plan``): ``restart`` names roles whose launch changed outside
+    (``NodeDirectory.apply_plan``): ``restart`` names roles whose launch changed outside
     their spec; ``replace`` names nodes whose scheduler starts afresh (lost, then back).
     Nodes left out drain and stop."""
 

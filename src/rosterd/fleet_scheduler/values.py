@@ -159,12 +159,15 @@ class ServedConfig:
 @dataclass(frozen=True)
 class NodeServing:
     """What one node serves under a plan (the one node-config builder's output,
-    :func:`rosterd.fleet_scheduler.served.node_serving`): its ``name``, budget
-    (``capacity_bytes``), the roles placed there with their figures on it (``specs``),
-    the roles it cannot serve (``unavailable``: role -> why), each role's figures as
-    ``/status`` shows them (``memory``) and the node-wide ``concurrency``; ``run`` says
-    who runs it (``LOCAL`` or ``AGENT``; ``LOST`` for a lost node that keeps the roles
-    nowhere else could take)."""
+    :func:`rosterd.fleet_scheduler.served.node_serving`), as the fleet machine decides it
+    and the node schedulers' directory applies it (``NodeDirectory.apply_plan``, with
+    the backends of each node beside it): its ``name``, budget (``capacity_bytes``), the
+    roles placed there with their figures on it (``specs``: role -> spec), the roles it
+    cannot serve (``unavailable``: role -> why), each role's figures as ``/status``
+    shows them (``memory``: role -> ``RoleMemory.as_json``) and the node-wide limit on
+    generations at once (``concurrency``; ``None``: a node kept keeps its own, a new one
+    has none); ``run`` says who runs it (``LOCAL`` or ``AGENT``; ``LOST`` for a lost
+    node that keeps the roles nowhere else could take)."""
 
     name: str
     capacity_bytes: int

@@ -81,7 +81,7 @@ def _absent_node(machine: FleetMachine, node: Node) -> dict[str, object]:
             "latency_class": spec.latency_class.value,
             "sticky": spec.sticky,
             "resident_bytes": spec.memory.resident_bytes,
-            "in_flight": 0,
+            "running": 0,
             "queued": 0,
             "idle_s": None,
             "measured_rss_bytes": None,

@@ -19,6 +19,11 @@ a role's figure comes from the newest backends that started it, under their
 fingerprint, so a peak measured with old settings is never stored under new ones.
 A peak that cannot be stored is said once through ``on_error`` and the run
 goes on: the figure only ever adds evidence.
+
+Each peak read also goes to the node, as an event (``NodeScheduler.measured_peak``):
+what ``/status`` shows of it, and whether the role's count follows it at once
+(``MEASURED_OVER_COUNTED``), are the node machine's to decide. Nothing here writes
+to a node.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ log = logging.getLogger("rosterd.memory")
 class PeakRecorder:
     """Stores the peaks of one node's roles (see the module docstring).
 
-    ``node``: the node scheduler (its ``memory`` view gets each role's
-    ``run_peak_bytes``); ``source``: its backends boundary; ``peaks``: the state
+    ``node``: the node scheduler (told each role's peak: ``measured_peak``); ``source``:
+    its backends boundary; ``peaks``: the state
     folder's measured peaks; ``fingerprints``: role -> the run fingerprint
     (roles not named are not recorded); ``wall_clock``: seconds since the epoch.
     """
@@ -69,7 +74,6 @@ class PeakRecorder:
         self._failed = False
         self._task: asyncio.Task[None] | None = None
         self._after_stop: set[asyncio.Task[dict[str, int]]] = set()
-        self._warned: set[str] = set()  # roles whose growth past their count was said
 
     @property
     def fingerprints(self) -> dict[str, str]:
@@ -117,22 +121,20 @@ class PeakRecorder:
                     peak = max(peak, found[role])  # the same settings: the largest of this up
                 found[role] = peak
                 fingerprint_of[role] = fingerprint
-        self._follow(found)
-        for role, peak in found.items():
+        for role, peak in sorted(found.items()):
             fingerprint = fingerprint_of[role]
             prior = self._recorded.get(role)
+            run_peak = peak
             if prior is not None and prior[0] == fingerprint:
-                peak = max(peak, prior[1])  # an earlier run of this `up`, same settings
-            view = self.node.memory.get(role)
-            if view is not None:
-                self.node.memory[role] = {**view, "run_peak_bytes": peak}
-            if fingerprint is None or self._recorded.get(role) == (fingerprint, peak):
+                run_peak = max(peak, prior[1])  # an earlier run of this `up`, same settings
+            self.node.measured_peak(role, peak, run_peak)
+            if fingerprint is None or self._recorded.get(role) == (fingerprint, run_peak):
                 continue
             try:
                 self.peaks.record(
                     self.node.name,
                     role,
-                    peak,
+                    run_peak,
                     measured_at_s=self._wall_clock(),
                     fingerprint=fingerprint,
                 )
@@ -141,27 +143,8 @@ class PeakRecorder:
                     self._on_error(str(exc))
                 self._failed = True
                 continue
-            self._recorded[role] = (fingerprint, peak)
+            self._recorded[role] = (fingerprint, run_peak)
         return found
-
-    def _follow(self, peaks: Mapping[str, int]) -> None:
-        """Let the node count what its backends held in this run (their peak RSS) when it
-        passes the counted figure by more than 10 % (``NodeScheduler.follow_measured``),
-        at once rather than at the next ``up``; one warning per role."""
-        for role, peak in sorted(peaks.items()):
-            before = self.node.follow_measured(role, peak)
-            if before is None or role in self._warned:
-                continue
-            self._warned.add(role)
-            log.warning(
-                "node %s: role %s holds %.0f MiB, %.0f%% more than the %.0f MiB counted for "
-                "it; counting what it holds from now on",
-                self.node.name,
-                role,
-                peak / 2**20,
-                (peak / before - 1) * 100,
-                before / 2**20,
-            )
 
     def _on_event(self, event: SchedulerEvent) -> None:
         if event.kind == "stopped":

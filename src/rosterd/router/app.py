@@ -33,11 +33,11 @@ from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
 from rosterd.router.wait_report import WAIT_HEADERS
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 
 
 def create_app(
-    scheduler: Scheduler,
+    scheduler: NodeDirectory,
     routes: Mapping[str, RoleRoute],
     *,
     config: RouterConfig | None = None,
@@ -72,7 +72,7 @@ def create_app(
     ``node_views()``: per fleet node (in fleet order), keys added to its entry of
     ``/status`` and ``/rosterd/ps`` (``connected``, ``address``, ...; a node the
     scheduler does not run gets an entry of these keys alone). Measured RSS comes
-    through the backends boundary (``Scheduler.measured_bytes``); each role's ``kv`` gets
+    through the backends boundary (``NodeDirectory.measured_bytes``); each role's ``kv`` gets
     what the first answer after its last restore showed, and each role a one-line
     ``kv_summary`` (``rosterd.router.restore_check``).
     ``history``: the charts' bounded history, served as ``GET /rosterd/history`` and

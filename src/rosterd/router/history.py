@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.values import SchedulerEvent
 
 #: Points each series keeps: one hour at the default interval.
@@ -300,7 +300,7 @@ def _by_role(series: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, 
 
 async def sample_forever(
     history: History,
-    scheduler: Scheduler,
+    scheduler: NodeDirectory,
     clock: Callable[[], float],
     on_sample: Callable[[dict[str, object]], None] | None = None,
 ) -> None:

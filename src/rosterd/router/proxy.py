@@ -81,7 +81,7 @@ from rosterd.router.routing import (
 )
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.router.wait_report import wait_headers
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.values import Revocation
 
@@ -105,7 +105,7 @@ class ProxyContext:
     names, the limits, the metrics, the upstream client, the charts' history and the
     checks of restored KV caches (``restore_check``: the first answer after each)."""
 
-    scheduler: Scheduler
+    scheduler: NodeDirectory
     routes: Mapping[str, RoleRoute]
     names: ModelNames
     config: RouterConfig
@@ -295,7 +295,7 @@ class Proxy:
         ``cut`` cancels the request's task, which closes the upstream request
         (llama-server keeps an open stream going through SIGTERM), and the client
         gets the reason (:meth:`_after_cut`). A backend that stalls is reported
-        to the scheduler (``Scheduler.suspect``), which probes the role, and the
+        to the scheduler (``NodeDirectory.suspect``), which probes the role, and the
         request ends with 504 ``backend_timeout`` (or an SSE error event).
         """
         revoked = lease.revoked

@@ -51,7 +51,7 @@ from starlette.staticfiles import StaticFiles
 
 from rosterd.router.history import History
 from rosterd.router.streams import LiveStreams
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.values import SchedulerEvent
 
 #: Seconds between two snapshots on a quiet stream.
@@ -77,12 +77,12 @@ def sse(event: str, data: object) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def _history(scheduler: Scheduler) -> dict[str, object]:
+def _history(scheduler: NodeDirectory) -> dict[str, object]:
     return {"events": [e.as_json() for e in scheduler.events()[-HISTORY_EVENTS:]]}
 
 
 async def event_stream(
-    scheduler: Scheduler,
+    scheduler: NodeDirectory,
     status: Callable[[], Awaitable[Mapping[str, object]]],
     streams: LiveStreams,
     *,
@@ -151,7 +151,7 @@ async def event_stream(
 
 
 def page_routes(
-    scheduler: Scheduler,
+    scheduler: NodeDirectory,
     status: Callable[[], Awaitable[Mapping[str, object]]],
     streams: LiveStreams,
     history: History | None = None,

@@ -46,7 +46,7 @@ def evicted_for(
     after: Sequence[SchedulerEvent],
 ) -> list[tuple[str, str]]:
     """The roles stopped on ``node`` to serve the load of ``role``, with why: among the
-    events of ``after`` not in ``before`` (two reads of ``Scheduler.events()``, around a
+    events of ``after`` not in ``before`` (two reads of ``NodeDirectory.events()``, around a
     load), in the order they stopped, ``(stopped role, cause)``; ``cause`` is
     ``exclusion`` when the two exclude each other (``specs``: the node's roles), else
     ``make_room`` (its memory). Both kinds of stop are found: one evicted for ``role``

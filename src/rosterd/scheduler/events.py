@@ -11,12 +11,13 @@ See ``docs/scheduler.md`` for the state table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from rosterd.backends.values import Endpoint
 from rosterd.errors import SchedulerError
-from rosterd.scheduler.values import NodeConcurrency, Revocation
+from rosterd.scheduler.values import NodeChange, NodeConcurrency, Revocation
 from rosterd.spec import InferenceSpec
 
 # --------------------------------------------------------------------------- events in
@@ -173,67 +174,57 @@ class Shutdown:
     at_once: bool = False
 
 
-# A re-plan (a reload, a lost node) reaches a node as these events, posted together
-# in this order: SetCapacity, SetConcurrency, RetireRole..., ReplaceSpec..., AddRole...
-
-
 @dataclass(frozen=True, slots=True)
-class SetCapacity:
-    """The node's budget is ``capacity_bytes`` from now on; resident roles over it are
-    evicted to fit (idle ones first, busy ones drained, then cut after ``drain_s``)."""
+class Reconfigure:
+    """What the node should serve from now on (a reload, a lost node, a node back): the
+    desired state, whole. The machine compares it with its own state and acts on the
+    difference, so the same ``Reconfigure`` taken twice changes nothing the second time.
 
-    now: float
-    capacity_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class SetConcurrency:
-    """The node-wide limit on generations at once is ``concurrency`` from now on (``None``:
-    only the per-role limit): waiters a larger limit lets in are granted; leases already
-    given over a smaller one run to their end."""
-
-    now: float
-    concurrency: NodeConcurrency | None
-
-
-@dataclass(frozen=True, slots=True)
-class RetireRole:
-    """``role`` is no longer placed on this node: new requests for it are refused
-    (``UnknownRoleError``), the requests it has are served, then it stops (cut after
-    ``drain_s``) and is forgotten (``ForgetRole``). ``moved_to``: the node the re-plan
-    put it on instead (``None``: nowhere); its waiters that this node cannot serve then
-    fail with ``RoleMovedError``, and the caller queues them there. A ``lost`` role
-    holds nothing: it is forgotten at once."""
-
-    now: float
-    role: str
-    moved_to: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReplaceSpec:
-    """``role`` has a new ``spec``. ``restart``: its backend must start afresh (what it
-    launches changed): once its requests finished (cut after ``drain_s``) it stops,
-    takes the new spec and, if it was resident, loads again without evicting anything;
-    meanwhile new requests wait. Without ``restart`` (only scheduling facts changed:
-    memory, latency class, sticky, excludes) the spec applies at once."""
-
-    now: float
-    spec: InferenceSpec
-    restart: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class AddRole:
-    """``spec.role`` is placed on this node from now on (stopped until requested).
-
-    A role still retiring here is taken back instead: its retirement ends and
-    ``spec`` replaces its spec as ``ReplaceSpec`` (with ``restart``) does.
+    ``specs``: role -> spec placed here; a role the machine serves that is not in it
+    retires (new requests are refused with ``UnknownRoleError``, the requests it has are
+    served, then it stops, cut after ``drain_s``, and is forgotten: ``ForgetRole``); a
+    role new here is added, stopped until a request wants it (a role still retiring is
+    taken back). A role whose spec changed what it launches, or named in ``restart``
+    (its weights or launch options changed outside the spec), restarts: once its
+    requests finished (cut after ``drain_s``) it stops, takes the new spec and, if it
+    was resident, loads again without evicting anything; meanwhile new requests wait.
+    A change of scheduling facts only (memory, latency class, sticky, excludes)
+    applies at once. ``capacity_bytes``: the budget; resident roles over it are evicted
+    to fit (idle ones first, busy ones drained, then cut after ``drain_s``).
+    ``concurrency``: the node-wide limit on generations at once (``None``: the one in
+    force stays); waiters a larger limit lets in are granted, leases over a smaller one
+    run to their end. ``unavailable``: role -> why it cannot be served (its requests
+    fail at once with ``RoleUnavailableError``). ``memory``: role -> its figures as
+    ``/status`` shows them (replacing those given before for the same roles).
+    ``moved``: role -> the node a retired role moved to; its waiters this node cannot
+    serve fail with ``RoleMovedError``, and the caller queues them there. A ``lost``
+    role that retires holds nothing: it is forgotten at once. Answered by one
+    ``Reconfigured``, what changed.
     """
 
     now: float
-    spec: InferenceSpec
-    restart: bool = True
+    specs: Mapping[str, InferenceSpec]
+    capacity_bytes: int
+    concurrency: NodeConcurrency | None = None
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+    memory: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    restart: frozenset[str] = frozenset()
+    moved: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredPeak:
+    """The backend of ``role`` was measured: ``peak_bytes`` is its run's peak RSS (what it
+    holds at most), ``run_peak_bytes`` the largest of this ``up`` under the same settings
+    (shown as the role's ``run_peak_bytes``). When ``peak_bytes`` passes the role's
+    counted figure by more than ``MEASURED_OVER_COUNTED`` its count follows the
+    measurement at once, as a change of scheduling facts does (the machine evicts other
+    roles if the node no longer fits)."""
+
+    now: float
+    role: str
+    peak_bytes: int
+    run_peak_bytes: int
 
 
 Event = (
@@ -249,11 +240,8 @@ Event = (
     | ProbeDone
     | Tick
     | Shutdown
-    | SetCapacity
-    | SetConcurrency
-    | RetireRole
-    | ReplaceSpec
-    | AddRole
+    | Reconfigure
+    | MeasuredPeak
 )
 
 # --------------------------------------------------------------------------- effects out
@@ -353,10 +341,11 @@ class RecordEvent:
 
 @dataclass(frozen=True, slots=True)
 class UpdateGauges:
-    """``role`` has ``in_flight`` leases out and ``queued`` waiters now."""
+    """``role`` has ``running`` leases out (requests its backend runs) and ``queued``
+    waiters now."""
 
     role: str
-    in_flight: int
+    running: int
     queued: int
 
 
@@ -383,6 +372,14 @@ class ForgetRole:
 
 
 @dataclass(frozen=True, slots=True)
+class Reconfigured:
+    """A ``Reconfigure`` was taken: ``change`` says what it changed (roles added, retired,
+    restarted, updated; the budget before and after)."""
+
+    change: NodeChange
+
+
+@dataclass(frozen=True, slots=True)
 class FinishShutdown:
     """Shutdown is done: every backend this node started has exited."""
 
@@ -400,5 +397,6 @@ Effect = (
     | LogNote
     | FinishUnload
     | ForgetRole
+    | Reconfigured
     | FinishShutdown
 )

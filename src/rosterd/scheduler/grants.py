@@ -8,7 +8,9 @@ for an older request of another role (``hold_since``) grants no lease to a
 newer one; a request that failed on a backend (``newer_than``) waits for a
 later generation and lets the others pass; queue timeouts (``QueueTimeoutError``);
 ``Cancel`` and ``Release`` of a lease. :class:`~rosterd.scheduler.machine.NodeMachine`
-calls :meth:`_expire` and :meth:`_grant` in every step. No clock, no I/O, no
+calls :meth:`GrantRules.expire` and :meth:`GrantRules.grant` in every step. It owns
+the next queue deadline (``next_expiry``); the queues themselves are the roles' (the
+shared :class:`~rosterd.scheduler.state.MachineState`). No clock, no I/O, no
 logging: every event carries ``now`` and the rules return effects.
 """
 
@@ -23,45 +25,57 @@ from rosterd.scheduler.state import MachineState, RoleState, Waiter
 from rosterd.scheduler.values import Phase
 
 
-class GrantRules(MachineState):
-    """The lease-granting half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the
-    module); built as ``MachineState`` is."""
+class GrantRules:
+    """Who gets a lease on the node (see the module); ``state``: the node's shared state."""
 
-    def _on_cancel(self, ev: Cancel) -> None:
-        st = self._roles.get(ev.role)
+    def __init__(self, state: MachineState) -> None:
+        self.state = state
+        # The earliest deadline of a waiter (seconds, the events' clock): ``expire``
+        # looks at the queues only once it is due.
+        self.next_expiry = math.inf
+
+    def on_cancel(self, ev: Cancel) -> None:
+        st = self.state.roles.get(ev.role)
         if st is not None:
             st.waiters = deque(w for w in st.waiters if w.ticket != ev.ticket)
-            self._gauges(ev.role)
+            self.state.gauges(ev.role)
 
-    def _on_release(self, ev: Release, now: float) -> None:
-        st = self._roles.get(ev.role)
-        if st is not None and ev.generation == st.generation and st.in_flight > 0:
-            st.in_flight -= 1
+    def on_release(self, ev: Release, now: float) -> None:
+        st = self.state.roles.get(ev.role)
+        if st is not None and ev.generation == st.generation and st.running > 0:
+            st.running -= 1
             st.last_used = now
-            self._gauges(ev.role)
+            self.state.gauges(ev.role)
 
-    def _expire(self, now: float) -> None:
+    def expire(self, now: float) -> None:
         """Fail every waiter whose ``timeout_s`` passed. Runs at every step, so it costs
-        nothing until the earliest deadline (``_next_expiry``) is due: a request's
+        nothing until the earliest deadline (``next_expiry``) is due: a request's
         acquire and release stay O(1) in the number of waiting requests."""
-        if now < self._next_expiry:
+        if now < self.next_expiry:
             return
-        self._next_expiry = math.inf
-        for role, st in self._roles.items():
+        self.next_expiry = math.inf
+        for role, st in self.state.roles.items():
             expired = [w for w in st.waiters if now - w.since >= w.timeout_s]
             for w in st.waiters:
                 if now - w.since < w.timeout_s:
-                    self._expires_at(w)
+                    self.expires_at(w)
             if not expired:
                 continue
             st.waiters = deque(w for w in st.waiters if w not in expired)
             why = st.waiting_reason or "still loading or busy"
             for w in expired:
                 message = f"role {role!r} was not ready within {w.timeout_s:g} s ({why})"
-                self._fail(w.ticket, QueueTimeoutError, message, self._retry_after())
-            self._gauges(role)
+                self.state.fail(w.ticket, QueueTimeoutError, message, self.state.retry_after())
+            self.state.gauges(role)
 
-    def _grant(self, role: str, st: RoleState, now: float) -> int:
+    def expires_at(self, waiter: Waiter) -> None:
+        """Note ``waiter``'s deadline: :meth:`expire` looks again once the earliest is due.
+
+        The deadline is taken a hair early so that float rounding can never make the
+        look come after the ``now - since >= timeout_s`` it must catch."""
+        self.next_expiry = min(self.next_expiry, waiter.since + waiter.timeout_s - 1e-9)
+
+    def grant(self, role: str, st: RoleState, now: float) -> int:
         """Hand leases to waiters, oldest first, while the role is ready and has free slots;
         how many were granted.
 
@@ -94,12 +108,12 @@ class GrantRules(MachineState):
                 st.waiting_reason = "its backend failed a request; waiting for the restart"
                 kept.append(waiter)
                 continue
-            if waiter.take_slot and st.in_flight >= self._role_cap(role):
-                n = self._role_cap(role)
+            if waiter.take_slot and st.running >= self._role_cap(role):
+                n, most = self._role_cap(role), self.state.limits.max_concurrency
                 st.waiting_reason = (
-                    f"all {n} slot(s) are busy, --max-concurrency {self.limits.max_concurrency}"
+                    f"all {n} slot(s) are busy, --max-concurrency {most}"
                     f" and the backend's {n} parallel slot(s)"
-                    if n < self.limits.max_concurrency
+                    if n < most
                     else f"all {n} slot(s) are busy, --max-concurrency {n}"
                 )
                 blocked = True
@@ -113,7 +127,7 @@ class GrantRules(MachineState):
                 continue
             if waiter.take_slot and not self._node_slot_free():
                 st.waiting_reason = (
-                    f"the node already runs {self.node_in_flight()} generations at once, "
+                    f"the node already runs {self.state.node_running()} generations at once, "
                     "its limit (the node's max_concurrency)"
                 )
                 blocked = True
@@ -126,15 +140,15 @@ class GrantRules(MachineState):
                 continue
             granted += 1
             if waiter.take_slot:
-                st.in_flight += 1
+                st.running += 1
                 st.last_used = now
             waited = now - waiter.since
             lease = GrantLease(
                 waiter.ticket, role, st.endpoint, st.generation, waited, waiter.take_slot
             )
-            self._out.append(lease)
+            self.state.out.append(lease)
         st.waiters = kept
-        self._gauges(role)
+        self.state.gauges(role)
         return granted
 
     def _grantable(self, st: RoleState) -> bool:
@@ -148,7 +162,7 @@ class GrantRules(MachineState):
             return False  # it waits for the restarted backend
         if not waiter.take_slot:
             return True
-        if st.in_flight >= self._role_cap(st.spec.role):
+        if st.running >= self._role_cap(st.spec.role):
             return False
         if st.hold_since is not None and waiter.since >= st.hold_since:
             return False  # an older request waits for this role's room: let it drain
@@ -157,18 +171,20 @@ class GrantRules(MachineState):
     def _role_cap(self, role: str) -> int:
         """Leases ``role`` may hold at once: ``max_concurrency``, and no more than the
         parallel slots its backend was launched with (``NodeConcurrency.role_caps``)."""
-        caps = self.concurrency.role_caps if self.concurrency is not None else {}
-        return min(self.limits.max_concurrency, caps.get(role, self.limits.max_concurrency))
+        caps = self.state.concurrency.role_caps if self.state.concurrency is not None else {}
+        return min(
+            self.state.limits.max_concurrency, caps.get(role, self.state.limits.max_concurrency)
+        )
 
     def _node_slot_free(self) -> bool:
-        limit = self.node_limit()
-        return limit is None or self.node_in_flight() < limit
+        limit = self.state.node_limit()
+        return limit is None or self.state.node_running() < limit
 
     def _older_elsewhere(self, role: str, since: float) -> bool:
         """Whether, under a node-wide limit, another role's grantable request is older."""
-        if self.concurrency is None:
+        if self.state.concurrency is None:
             return False
-        for other, st in self._roles.items():
+        for other, st in self.state.roles.items():
             if other != role and self._grantable(st):
                 head = st.waiters[0]
                 if head.take_slot and head.since < since:

@@ -10,7 +10,9 @@ come back, in order: it resolves the callers' futures (``GrantLease``,
 back as ``LoadDone``/``StopDone``/``ProbeDone`` events, sets revocation futures,
 updates the metrics (:mod:`rosterd.metrics`), logs (logger ``rosterd.scheduler``)
 and keeps the bounded event log (:attr:`NodeLoop.events`). When the inbox stays
-empty for ``tick_s`` it sends a ``Tick``, so the machine checks its timers.
+empty for ``tick_s`` it sends a ``Tick``, so the machine checks its timers. What a
+backend did by itself (the supervisor's ``BackendEvent``, a node agent's, a restart
+of its own that failed) enters as ``BackendChanged`` (:meth:`NodeLoop.backend_event`).
 
 Plain asyncio: scheduling is rosterd's own job.
 """
@@ -28,6 +30,7 @@ from rosterd.backends.interface import BackendEventSource, RoleBackends
 from rosterd.errors import NodeLostError, NodeUnreachableError
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (
+    BackendChanged,
     Effect,
     Event,
     FailWaiter,
@@ -39,6 +42,7 @@ from rosterd.scheduler.events import (
     LogNote,
     ProbeBackend,
     ProbeDone,
+    Reconfigured,
     RecordEvent,
     Release,
     RestartBackend,
@@ -52,8 +56,7 @@ from rosterd.scheduler.events import (
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import Revocation, SchedulerEvent, SchedulerLimits
-from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent
+from rosterd.supervisor import BackendEvent, describe_exit
 
 log = logging.getLogger("rosterd.scheduler")
 
@@ -63,18 +66,17 @@ _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING}
 class NodeLoop:
     """The loop of one node, applying ``machine``'s effects (see the module).
 
-    ``name``: the node; ``capacity_bytes``: its budget (for the log and the
-    metrics); ``backends``: the backends boundary that starts its roles;
+    ``name``: the node; ``machine``: its pure machine, which alone holds the node's
+    state; ``backends``: the backends boundary that starts its roles;
     ``limits``: the knobs (``tick_s``); ``metrics``, ``clock`` (monotonic
     seconds), ``wall_clock`` (seconds since the epoch, for the event log),
-    ``event_log_size`` and ``backend_events`` as :class:`~rosterd.scheduler.node.NodeScheduler`
-    takes them. :meth:`backend_event` is the public API's (``NodeScheduler``).
+    ``event_log_size``, ``backend_events`` and ``pids_are_local`` as
+    :class:`~rosterd.scheduler.node.NodeScheduler` takes them.
     """
 
     def __init__(
         self,
         name: str,
-        capacity_bytes: int,
         machine: NodeMachine,
         backends: RoleBackends,
         *,
@@ -84,14 +86,14 @@ class NodeLoop:
         wall_clock: Callable[[], float],
         event_log_size: int,
         backend_events: BackendEventSource | None,
+        pids_are_local: bool,
     ) -> None:
         self.name = name
-        self.capacity_bytes = capacity_bytes
         self.limits = limits
         self._backends = backends
         self._started_by: dict[str, RoleBackends] = {}  # a role's stop goes where its start went
-        self._retiring: dict[str, InferenceSpec] = {}  # removed by a re-plan, still draining
         self._backend_events = backend_events
+        self.pids_are_local = pids_are_local
         self._metrics = metrics
         self._clock = clock
         self._wall_clock = wall_clock
@@ -105,11 +107,37 @@ class NodeLoop:
         self.events: deque[SchedulerEvent] = deque(maxlen=event_log_size)
         self.listeners: list[Callable[[SchedulerEvent], None]] = []
         if metrics is not None:
-            metrics.capacity_bytes.labels(node=name).set(capacity_bytes)
+            metrics.capacity_bytes.labels(node=name).set(machine.capacity_bytes)
             metrics.resident_bytes.labels(node=name).set(0)
 
+    @property
+    def capacity_bytes(self) -> int:
+        """The node's budget in force, as its machine holds it."""
+        return self._machine.capacity_bytes
+
     def backend_event(self, event: BackendEvent) -> None:
-        raise NotImplementedError  # NodeScheduler's: tell the machine what a backend did
+        """Tell the node what the supervisor saw happen to a role's backend (any task).
+
+        ``exited``/``restarting`` of a ready role: it goes to ``restarting``;
+        ``ready``: the restarted process (``event.pid``) serves it again;
+        a final ``restart_failed``: it is no longer resident. Events for other
+        names (a shared server) or phases (a load or stop under way) are ignored.
+        """
+        if event.name not in self._machine.role_ids():
+            return  # another node's role, or a shared server (the machine ignores it too)
+        code = event.exit_code
+        self._post(
+            BackendChanged(
+                self._clock(),
+                event.name,
+                event.kind,
+                pid=event.pid,
+                exit_reason=describe_exit(code) if code is not None else None,
+                detail=event.detail,
+                final=event.final,
+                pid_is_local=self.pids_are_local,
+            )
+        )
 
     def _post(self, event: Event) -> None:
         self._inbox.put_nowait(event)
@@ -133,17 +161,27 @@ class NodeLoop:
             while not self._inbox.empty():
                 self._handle(self._inbox.get_nowait())
 
-    def _handle(self, event: Event) -> None:
+    def _take_now(self, event: Event) -> list[Effect]:
+        """Hand ``event`` to the machine now, after every event the inbox holds (in order,
+        so nothing overtakes what was posted before it), and apply the effects; they are
+        returned too. Synchronous, on the loop's thread: ``_run`` finds those events gone,
+        and nothing else runs in between, so the machine still has one owner."""
+        while not self._inbox.empty():
+            self._handle(self._inbox.get_nowait())
+        return self._handle(event)
+
+    def _handle(self, event: Event) -> list[Effect]:
         try:
             effects = self._machine.handle(event)
         except Exception:  # a bug here must not kill the node's task silently
             log.exception("node %s: scheduling step failed on %s", self.name, event)
-            return
+            return []
         for effect in effects:
             try:
                 self._apply(effect)
             except Exception:
                 log.exception("node %s: applying %s failed", self.name, effect)
+        return effects
 
     def _apply(self, effect: Effect) -> None:
         if isinstance(effect, GrantLease):
@@ -157,7 +195,7 @@ class NodeLoop:
         elif isinstance(effect, UpdateGauges):
             if self._metrics is not None:
                 labels = {"node": self.name, "role": effect.role}
-                self._metrics.in_flight.labels(**labels).set(effect.in_flight)
+                self._metrics.in_flight.labels(**labels).set(effect.running)
                 self._metrics.queued.labels(**labels).set(effect.queued)
         elif isinstance(effect, StartBackend):
             self._started_by[effect.role] = self._backends
@@ -180,9 +218,12 @@ class NodeLoop:
             if done is not None and not done.done():
                 done.set_result(None)
         elif isinstance(effect, ForgetRole):
-            self._retiring.pop(effect.role, None)
             self._started_by.pop(effect.role, None)
             self._revocations.pop(effect.role, None)
+        elif isinstance(effect, Reconfigured):
+            budget = effect.change.capacity_bytes
+            if self._metrics is not None and budget is not None:
+                self._metrics.capacity_bytes.labels(node=self.name).set(budget[1])
         else:
             assert isinstance(effect, FinishShutdown)
             if self._shut_down is not None and not self._shut_down.done():

@@ -2,15 +2,16 @@
 
 Callers never read the resident set and then act on it. They ask the node
 (:meth:`NodeScheduler.acquire`, ``release``, ``suspect``, ``unload``,
-``backend_event``, ``node_lost``, ``shutdown``); each call becomes an event
-(:mod:`rosterd.scheduler.events`) stamped with the node's clock and put in the
-node's inbox, and where it waits, it waits on a future the loop resolves. The
-loop, which hands events to the pure :class:`~rosterd.scheduler.machine.NodeMachine`
-and is the only place its effects are applied, is
-:class:`~rosterd.scheduler.loop.NodeLoop`, which ``NodeScheduler`` extends. A
-re-plan (:meth:`NodeScheduler.apply`) is events too, queued in one step with
-the swap of what the node serves. :meth:`NodeScheduler.snapshot` reads the
-machine for display only.
+``backend_event``, ``node_lost``, ``measured_peak``, ``apply``, ``shutdown``); each
+call becomes an event (:mod:`rosterd.scheduler.events`) stamped with the node's clock
+and put in the node's inbox, and where it waits, it waits on a future the loop
+resolves. The loop, which hands events to the pure
+:class:`~rosterd.scheduler.machine.NodeMachine` and is the only place its effects are
+applied, is :class:`~rosterd.scheduler.loop.NodeLoop`, which ``NodeScheduler``
+extends. The machine alone holds the node's state: what is placed here, what cannot
+be served, the budget, the limits, the memory figures. ``NodeScheduler`` keeps no
+copy; what it shows (:attr:`NodeScheduler.specs`, :meth:`NodeScheduler.snapshot`)
+it reads from the machine, for display and routing only.
 
 Plain asyncio: scheduling is rosterd's own job.
 """
@@ -22,8 +23,6 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import replace
-from typing import Final
 
 from rosterd.backends.interface import (
     BackendEventSource,
@@ -31,22 +30,18 @@ from rosterd.backends.interface import (
     MeasuredBackends,
     RoleBackends,
 )
-from rosterd.errors import RoleUnavailableError, RosterdError, ShuttingDownError, UnknownRoleError
+from rosterd.errors import RosterdError, ShuttingDownError, UnknownRoleError
 from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import CopyState
 from rosterd.scheduler.events import (
     Acquire,
-    AddRole,
-    BackendChanged,
     Cancel,
-    Event,
+    MeasuredPeak,
     NodeLost,
+    Reconfigure,
+    Reconfigured,
     RecordEvent,
     Release,
-    ReplaceSpec,
-    RetireRole,
-    SetCapacity,
-    SetConcurrency,
     Shutdown,
     Suspect,
     Unload,
@@ -54,16 +49,8 @@ from rosterd.scheduler.events import (
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.loop import NodeLoop
 from rosterd.scheduler.machine import NodeMachine
-from rosterd.scheduler.replan import launch_changed
-from rosterd.scheduler.values import (
-    NodeChange,
-    NodeConcurrency,
-    Phase,
-    SchedulerLimits,
-    client_reason,
-)
+from rosterd.scheduler.values import NodeChange, NodeConcurrency, Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec
-from rosterd.supervisor import BackendEvent, describe_exit
 
 #: A copy's state by its role's phase (``ready`` is decided with its probe, above).
 _COPY_STATES: dict[Phase, CopyState] = {
@@ -75,11 +62,6 @@ _COPY_STATES: dict[Phase, CopyState] = {
     Phase.LOST: CopyState.LOST,
     Phase.READY: CopyState.READY,
 }
-
-#: How far a running backend's measured RSS may pass the figure counted for it before the
-#: count follows the measurement (issue 20: llama-server's RAM prompt cache grew one role
-#: to 1.85x its counted figure over twelve conversations, and nothing was said).
-MEASURED_OVER_COUNTED: Final[float] = 1.10
 
 
 class NodeScheduler(NodeLoop):
@@ -98,7 +80,8 @@ class NodeScheduler(NodeLoop):
     node agent's: an endpoint then never carries one, even after a restart). ``concurrency``: the
     node-wide limit on generations at once (``None``: only the per-role limit).
     ``memory``: role -> its memory figures (``RoleMemory.as_json``), shown in
-    :meth:`snapshot`.
+    :meth:`snapshot`. All of the node's state but its backends is handed to its
+    machine, which alone holds it from then on.
     """
 
     #: How long :meth:`measured_bytes` waits for the backends to answer, seconds.
@@ -123,10 +106,11 @@ class NodeScheduler(NodeLoop):
         memory: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         limits = limits or SchedulerLimits()
-        machine = NodeMachine(capacity_bytes, dict(specs), limits, concurrency)
+        machine = NodeMachine(
+            capacity_bytes, specs, limits, concurrency, unavailable=unavailable, memory=memory
+        )
         super().__init__(
             name,
-            capacity_bytes,
             machine,
             backends,
             limits=limits,
@@ -135,15 +119,10 @@ class NodeScheduler(NodeLoop):
             wall_clock=wall_clock,
             event_log_size=event_log_size,
             backend_events=backend_events,
+            pids_are_local=pids_are_local,
         )
-        self.pids_are_local = pids_are_local
-        self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
-        self.specs = dict(specs)
-        self.memory = dict(memory or {})
-        self.concurrency = concurrency
         self._task: asyncio.Task[None] | None = None
         self._tickets = itertools.count(1)
-        self._shutting_down = False
 
     # ---- public API (any task) ------------------------------------------------
 
@@ -172,19 +151,14 @@ class NodeScheduler(NodeLoop):
         ``newer_than``: a lease generation whose backend failed this request
         before it answered; the lease returned is of a later one (the restarted
         backend), unless a generation probe finds that backend alive after all.
-        Cancelling the caller only removes its place in the queue.
+        Cancelling the caller only removes its place in the queue. Whether the role is
+        placed here and can be served is the machine's to decide, as the rest is.
 
         Raises:
-            UnknownRoleError, RoleUnavailableError, QueueFullError,
+            UnknownRoleError, RoleMovedError, RoleUnavailableError, QueueFullError,
             QueueTimeoutError, RoleRefusedError, LoadFailedError, ShuttingDownError.
         """
-        if role not in self.specs:
-            raise UnknownRoleError(f"role {role!r} is not placed on node {self.name!r}")
-        if role in self.unavailable:
-            raise RoleUnavailableError(
-                f"role {role!r} is unavailable: {client_reason(self.unavailable[role])}"
-            )
-        if self._shutting_down:
+        if self._shut_down is not None:  # the loop ends with the shutdown: it would not answer
             raise ShuttingDownError("rosterd is shutting down")
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         ticket = next(self._tickets)
@@ -212,29 +186,11 @@ class NodeScheduler(NodeLoop):
         ``wedged``: the request's progress check saw the backend stuck: ``unhealthy`` now."""
         self._post(Suspect(self._clock(), lease.role, lease.generation, reason, wedged))
 
-    def backend_event(self, event: BackendEvent) -> None:
-        """Tell the node what the supervisor saw happen to a role's backend (any task).
-
-        ``exited``/``restarting`` of a ready role: it goes to ``restarting``;
-        ``ready``: the restarted process (``event.pid``) serves it again;
-        a final ``restart_failed``: it is no longer resident. Events for other
-        names (a shared server) or phases (a load or stop under way) are ignored.
-        """
-        if event.name not in self.specs and event.name not in self._retiring:
-            return
-        code = event.exit_code
-        self._post(
-            BackendChanged(
-                self._clock(),
-                event.name,
-                event.kind,
-                pid=event.pid,
-                exit_reason=describe_exit(code) if code is not None else None,
-                detail=event.detail,
-                final=event.final,
-                pid_is_local=self.pids_are_local,
-            )
-        )
+    @property
+    def specs(self) -> dict[str, InferenceSpec]:
+        """The roles placed on the node now (role -> spec; retiring ones are not), read from
+        its machine: for routing and display, never to decide a request."""
+        return self._machine.placed()
 
     @property
     def backends(self) -> RoleBackends:
@@ -263,10 +219,8 @@ class NodeScheduler(NodeLoop):
         copies (``rosterd.replica_choice``); ``None``: it cannot serve it here (not
         placed, unavailable, retiring). A ready role a stalled request made suspect
         counts as unhealthy until its probe answers."""
-        if role not in self.specs or role in self.unavailable or role in self._retiring:
+        if not self._machine.serves(role):
             return None
-        if role not in self._machine.specs:
-            return CopyState.COLD  # added by apply() a moment ago
         if self._machine.lost_reason is not None:
             return CopyState.LOST
         phase, suspected, _load = self._machine.copy_load(role)
@@ -291,32 +245,15 @@ class NodeScheduler(NodeLoop):
                 measured = await backends.measured_bytes()
         except (RosterdError, TimeoutError):
             return {}
-        return {role: rss for role, rss in measured.items() if role in self.specs}
+        placed = self.specs
+        return {role: rss for role, rss in measured.items() if role in placed}
 
-    def follow_measured(self, role: str, measured_bytes: int) -> int | None:
-        """Count ``measured_bytes`` for ``role`` from now on when its backend holds more than
-        ``MEASURED_OVER_COUNTED`` times what is counted (its RAM prompt cache grew, say):
-        its spec's overhead grows by the difference and applies at once, without a restart
-        (``ReplaceSpec``; the machine evicts other roles if the node no longer fits, as
-        for a re-plan). Returns the figure counted before (``None``: nothing changed)."""
-        spec = self.specs.get(role)
-        if spec is None or role in self._retiring:
-            return None
-        counted = spec.memory.resident_bytes
-        if measured_bytes <= counted * MEASURED_OVER_COUNTED:
-            return None
-        grown = replace(
-            spec,
-            memory=replace(
-                spec.memory, overhead_bytes=spec.memory.overhead_bytes + measured_bytes - counted
-            ),
-        )
-        self.specs[role] = grown
-        view = self.memory.get(role)
-        if view is not None:
-            self.memory[role] = {**view, "counted_bytes": measured_bytes, "counted_from": "live"}
-        self._post(ReplaceSpec(self._clock(), grown, restart=False))
-        return counted
+    def measured_peak(self, role: str, peak_bytes: int, run_peak_bytes: int) -> None:
+        """Tell the node what ``role``'s backend was measured holding (any task):
+        ``peak_bytes`` its run's peak RSS, ``run_peak_bytes`` the largest of this ``up``
+        under the same settings (shown in :meth:`snapshot`). The machine decides whether
+        the role's count follows it (``MeasuredPeak``)."""
+        self._post(MeasuredPeak(self._clock(), role, peak_bytes, run_peak_bytes))
 
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
@@ -326,7 +263,7 @@ class NodeScheduler(NodeLoop):
         exited (at once if it was not resident).
         Raises ``UnknownRoleError``.
         """
-        if role not in self.specs:
+        if role not in self.specs:  # read from the machine: an unload asks nothing of it
             raise UnknownRoleError(f"role {role!r} is not placed on node {self.name!r}")
         if self._shut_down is not None and self._shut_down.done():
             return  # nothing is resident any more
@@ -350,66 +287,41 @@ class NodeScheduler(NodeLoop):
     ) -> NodeChange:
         """Serve ``specs`` within ``capacity_bytes`` from now on (a re-plan); what changes.
 
-        Synchronous: the node's roles, budget, backends and unavailable roles are
-        swapped and the machine's events queued in one step, so every request
-        after this call sees the new set and the machine takes the change before
-        any later event. Roles no longer in ``specs`` retire (their requests are
-        served, then they stop; new requests for them raise
-        ``UnknownRoleError``); a role whose spec changed what it launches, or
-        named in ``restart`` (its weights or launch options changed outside the
-        spec), restarts once idle; a smaller budget evicts to fit. ``backends``
-        starts every role from now on; a role is stopped by the backends that
-        started it. ``moved``: role -> the node a retired role moved to; its waiters
-        this node does not serve fail with ``RoleMovedError`` (to be queued there).
-        ``memory``: role -> its memory figures for :meth:`snapshot` (replacing those
-        given before for the same roles). ``concurrency``: the node-wide limit from now
-        on (``None``: the one in force stays). See ``docs/scheduler.md`` (re-plan).
+        One ``Reconfigure`` event carries the desired state whole; the machine compares
+        it with its own state and acts on the difference (see ``docs/scheduler.md``,
+        re-plan). Roles no longer in ``specs`` retire (their requests are served, then
+        they stop; new requests for them raise ``UnknownRoleError``); a role whose spec
+        changed what it launches, or named in ``restart`` (its weights or launch options
+        changed outside the spec), restarts once idle; a smaller budget evicts to fit.
+        ``backends`` starts every role from now on; a role is stopped by the backends
+        that started it. ``moved``: role -> the node a retired role moved to; its
+        waiters this node does not serve fail with ``RoleMovedError`` (to be queued
+        there). ``unavailable``: role -> why it cannot be served (its requests fail at
+        once). ``memory``: role -> its memory figures for :meth:`snapshot` (replacing
+        those given before for the same roles). ``concurrency``: the node-wide limit
+        from now on (``None``: the one in force stays).
+
+        Synchronous, and the loop takes the event at once, after what its inbox holds
+        (``NodeLoop._take_now``): every request after this call, and every read of
+        :attr:`specs`, sees the new set in the machine itself, so nothing outside it
+        keeps a copy to stay in step with. The ``NodeChange`` returned is the machine's
+        own answer (its ``Reconfigured`` effect), the difference between its state and
+        the desired one: it stays right when two re-plans come one after the other, as
+        a diff against anything kept here would not. Needs a running event loop.
         """
-        old = dict(self.specs)
-        now = self._clock()
-        events: list[Event] = []
-        before = self.capacity_bytes
-        if capacity_bytes != before:
-            events.append(SetCapacity(now, capacity_bytes))
-        if concurrency is not None and concurrency != self.concurrency:
-            self.concurrency = concurrency
-            events.append(SetConcurrency(now, concurrency))
-        retired = sorted(set(old) - set(specs))
-        added = sorted(set(specs) - set(old))
-        restarted: list[str] = []
-        updated: list[str] = []
-        for role in retired:
-            events.append(RetireRole(now, role, (moved or {}).get(role)))
-            self._retiring[role] = old[role]
-        for role in sorted(set(old) & set(specs)):
-            new = specs[role]
-            if role in restart or launch_changed(old[role], new):
-                restarted.append(role)
-                events.append(ReplaceSpec(now, new, restart=True))
-            elif new != old[role]:
-                updated.append(role)
-                events.append(ReplaceSpec(now, new, restart=False))
-        for role in added:
-            was = self._retiring.pop(role, None)
-            again = was is not None and (role in restart or launch_changed(was, specs[role]))
-            events.append(AddRole(now, specs[role], restart=again))
-        self.specs = dict(specs)
-        self.capacity_bytes = capacity_bytes
         self._backends = backends
-        self.unavailable = {r: why for r, why in (unavailable or {}).items() if r in specs}
-        if memory:
-            self.memory.update(memory)
-        if self._metrics is not None:
-            self._metrics.capacity_bytes.labels(node=self.name).set(capacity_bytes)
-        for event in events:
-            self._post(event)
-        return NodeChange(
-            added=tuple(added),
-            retired=tuple(retired),
-            restarted=tuple(restarted),
-            updated=tuple(updated),
-            capacity_bytes=(before, capacity_bytes) if capacity_bytes != before else None,
+        event = Reconfigure(
+            self._clock(),
+            dict(specs),
+            capacity_bytes,
+            concurrency,
+            dict(unavailable or {}),
+            {role: dict(figures) for role, figures in (memory or {}).items()},
+            frozenset(restart),
+            dict(moved or {}),
         )
+        answers = [e.change for e in self._take_now(event) if isinstance(e, Reconfigured)]
+        return answers[0] if answers else NodeChange()  # none: the step failed, and said so
 
     async def shutdown(self) -> None:
         """Stop taking requests, let in-flight ones finish (up to ``drain_s``), stop every backend.
@@ -417,7 +329,6 @@ class NodeScheduler(NodeLoop):
         Waiting requests fail with ``ShuttingDownError``; a load under way is
         aborted at once. Returns after every backend this node started has exited.
         """
-        self._shutting_down = True
         if self._shut_down is None:
             self._shut_down = asyncio.get_running_loop().create_future()
             self.start()  # a node never started still answers its shutdown
@@ -444,42 +355,35 @@ class NodeScheduler(NodeLoop):
 
         ``{"capacity_bytes", "resident_bytes", "resident": [...], "transition",
         "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
-        "in_flight", "queued", "idle_s", "loaded_for_s", "waiting_reason",
+        "running", "queued", "idle_s", "loaded_for_s", "waiting_reason",
         "waiting_s", "last_error", "last_error_age_s", "load_backoff_s",
         "base_url", "pid", "restart_pending", "unavailable_reason"}}, "lost_reason"}``
-        (``restart_pending``: a re-plan changed what it launches and it restarts once
+        (``running``: requests its backend runs now, their leases granted; ``queued``:
+        requests waiting for a lease; ``restart_pending``: a re-plan changed what it
+        launches and it restarts once
         idle, or after ``drain_s``; durations in seconds,
         ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
         cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
         re-plan removed the role and it drains before it stops; ``memory``: the
-        role's figures given at construction, or ``None``; ``kv``: what is kept of its
-        KV cache across stops (``KeptKvSource.kept_kv``), or ``None``); per node also
-        ``in_flight`` and ``max_concurrency`` (the node-wide limit now, or ``None``).
+        role's figures, or ``None``; ``kv``: what is kept of its KV cache across stops
+        (``KeptKvSource.kept_kv``), or ``None``); per node also ``running`` (requests
+        its backends run now) and ``max_concurrency`` (the node-wide limit now, or
+        ``None``).
         """
         now = self._clock()
+        backends = self._backends
         roles: dict[str, object] = {}
-        for role in sorted({*self.specs, *self._retiring}):
-            if role in self._machine.specs:
-                view = self._machine.role_view(role, now)
-            else:  # added by apply() a moment ago; the loop has not taken the event yet
-                spec = self.specs[role]
-                view = NodeMachine(0, {role: spec}, self.limits).role_view(role, now)
-            if role in self.unavailable:
-                view["phase"] = "unavailable"
-            view["unavailable_reason"] = self.unavailable.get(role)
-            view["retiring"] = role in self._retiring
-            figures = self.memory.get(role)
-            view["memory"] = dict(figures) if figures is not None else None
-            backends = self._backends
+        for role in self._machine.role_ids():
+            view = self._machine.role_view(role, now)
             view["kv"] = backends.kept_kv(role) if isinstance(backends, KeptKvSource) else None
             roles[role] = view
         return {
-            "capacity_bytes": self.capacity_bytes,
+            "capacity_bytes": self._machine.capacity_bytes,
             "resident_bytes": self._machine.resident_bytes(),
             "resident": list(self._machine.resident()),
             "transition": self._machine.transition_under_way,
             "lost_reason": self._machine.lost_reason,
             "roles": roles,
-            "in_flight": self._machine.node_in_flight(),
+            "running": self._machine.node_running(),
             "max_concurrency": self._machine.node_limit(),
         }

@@ -1,11 +1,16 @@
 """A re-plan on one node (DESIGN.md layer 6, pure): the node machine's rules for
-``SetCapacity``, ``SetConcurrency``, ``RetireRole``, ``ReplaceSpec`` and ``AddRole``.
+``Reconfigure`` and ``MeasuredPeak``.
 
 A reload of the roster, overlay or fleet, or a node of the fleet lost, changes
-what a node serves while it serves. The change reaches the node's machine as
-these events (``rosterd.scheduler.events``), and :class:`ReplanRules` keeps them
-under the machine's own rules: one transition per node, memory free only at
-``StopDone``, no eviction under a request before ``drain_s``.
+what a node serves while it serves. The change reaches the node's machine as one
+event, ``Reconfigure`` (``rosterd.scheduler.events``): the desired state whole
+(specs, capacity, concurrency, unavailable roles, memory figures, what must
+restart, what moved). :class:`ReplanRules` compares it with the machine's own
+state and acts on the difference, level-based as controller-runtime's reconciler
+does: the same desired state taken twice changes nothing, and nothing depends on
+what came before it. The changes stay under the machine's own rules: one
+transition per node, memory free only at ``StopDone``, no eviction under a
+request before ``drain_s``.
 
 - **A new role** is stopped until a request wants it.
 - **A retired role** takes no new request (``UnknownRoleError``); the requests
@@ -27,6 +32,9 @@ under the machine's own rules: one transition per node, memory free only at
   requests) and are cut after ``drain_s``.
 - **A new node-wide concurrency limit** (the fleet's ``max_concurrency`` or the
   roles' slots changed) applies to the next grant; leases already given run on.
+- **A measured peak** (``MeasuredPeak``) past the counted figure by more than
+  :data:`MEASURED_OVER_COUNTED`: the count follows the measurement, as a new spec
+  without a restart does (the spec's overhead grows by the difference).
 
 Evictions of a re-plan count under the metric label ``replan``. No clock, no
 I/O, no logging: every event carries ``now`` and the rules return effects.
@@ -36,28 +44,34 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping
+from typing import Final
 
 from rosterd.errors import RoleMovedError, UnknownRoleError
 from rosterd.residency import fit_to_capacity, gib
 from rosterd.scheduler.events import (
-    AddRole,
-    FinishShutdown,
     FinishUnload,
     ForgetRole,
     LogNote,
-    ReplaceSpec,
-    RetireRole,
-    SetCapacity,
-    SetConcurrency,
-    StopBackend,
+    MeasuredPeak,
+    Reconfigure,
+    Reconfigured,
     UpdateGauges,
 )
+from rosterd.scheduler.grants import GrantRules
+from rosterd.scheduler.shutdown import ShutdownRules
 from rosterd.scheduler.state import MachineState, RoleState, Waiter
-from rosterd.scheduler.values import HOLDS_MEMORY, NodeConcurrency, Phase, SchedulerLimits
+from rosterd.scheduler.transition import Transitions
+from rosterd.scheduler.values import (
+    HOLDS_MEMORY,
+    NodeChange,
+    Phase,
+)
 from rosterd.spec import InferenceSpec, LatencyClass, MemorySpec
 
-ReplanEvent = SetCapacity | SetConcurrency | RetireRole | ReplaceSpec | AddRole
+#: How far a running backend's measured RSS may pass the figure counted for it before the
+#: count follows the measurement (issue 20: llama-server's RAM prompt cache grew one role
+#: to 1.85x its counted figure over twelve conversations, and nothing was said).
+MEASURED_OVER_COUNTED: Final[float] = 1.10
 
 
 def launch_changed(old: InferenceSpec, new: InferenceSpec) -> bool:
@@ -77,116 +91,155 @@ def launch_changed(old: InferenceSpec, new: InferenceSpec) -> bool:
 REPLAN_LABEL = "replan"
 
 
-class ReplanRules(MachineState):
-    """The re-plan half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module).
+class ReplanRules:
+    """The re-plan rules of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module).
 
-    ``NodeMachine`` calls :meth:`_on_replan` for the five events,
-    :meth:`_settle_replan` early in every step and :meth:`_schedule_replan`
-    when no transition is under way; it provides ``_begin_transition``.
+    ``NodeMachine`` calls :meth:`on_reconfigure` and :meth:`on_measured_peak` for their
+    events, :meth:`settle` early in every step and :meth:`schedule` when no transition
+    is under way. ``state``: the node's shared state; ``grants``, ``transitions``,
+    ``shutdown``: the rules it works with. It owns its timers: since when the resident
+    roles exceed the capacity, since when two of them exclude each other.
     """
 
     def __init__(
         self,
-        capacity_bytes: int,
-        specs: Mapping[str, InferenceSpec],
-        limits: SchedulerLimits,
-        concurrency: NodeConcurrency | None = None,
+        state: MachineState,
+        grants: GrantRules,
+        transitions: Transitions,
+        shutdown: ShutdownRules,
     ) -> None:
-        super().__init__(capacity_bytes, specs, limits, concurrency)
+        self.state = state
+        self.grants = grants
+        self.transitions = transitions
+        self.shutdown = shutdown
         self._over_since: float | None = None  # since when the resident roles exceed capacity
         self._conflict_since: float | None = None  # since when two resident roles exclude
-        self._new_capacity = False  # SetCapacity came since the roles last fit
+        self._new_capacity = False  # a Reconfigure changed the budget since the roles last fit
         # Restart loads are waiters nobody outside waits on: negative tickets, which no
         # node loop hands out, so their grants and failures are answered to no one.
         self._restart_tickets = itertools.count(-1, -1)
 
-    def _begin_transition(
-        self,
-        evict: Iterable[str],
-        load: str | None,
-        cause: str,
-        label: str,
-        for_role: str | None,
-        now: float,
-    ) -> None:
-        raise NotImplementedError  # NodeMachine's: stop ``evict``, then load ``load``
-
-    def retiring(self, role: str) -> bool:
-        """Whether ``role`` is retiring here (draining before it is forgotten)."""
-        st = self._roles.get(role)
-        return st is not None and st.retiring_since is not None
-
-    # ---- events ----------------------------------------------------------------------
-
-    def _on_replan(self, event: ReplanEvent, now: float) -> None:
-        if isinstance(event, SetCapacity):
-            self.capacity_bytes = event.capacity_bytes
+    def on_reconfigure(self, ev: Reconfigure, now: float) -> None:
+        """Compare ``ev``'s desired state with the machine's own and act on the difference
+        (level-based: what woke it does not matter, and the same state twice changes
+        nothing). What changed goes out as ``Reconfigured``."""
+        placed = self.state.placed()  # each role's spec in force, or the one it restarts with
+        before = self.state.capacity_bytes
+        if ev.capacity_bytes != before:
+            self.state.capacity_bytes = ev.capacity_bytes
             self._new_capacity = True
-            if self.resident_bytes() > self.capacity_bytes and self._over_since is None:
+            if self.state.resident_bytes() > self.state.capacity_bytes and self._over_since is None:
                 self._over_since = now
-            self._out.append(LogNote("info", f"capacity is now {gib(event.capacity_bytes)}"))
-        elif isinstance(event, SetConcurrency):
-            self.concurrency = event.concurrency
-        elif isinstance(event, RetireRole):
-            self._on_retire(event.role, event.moved_to, now)
-        elif isinstance(event, ReplaceSpec):
-            self._on_replace_spec(event.spec, event.restart, now)
-        else:
-            st = self._roles.get(event.spec.role)
-            if st is None:
-                self.specs[event.spec.role] = event.spec
-                self._roles[event.spec.role] = RoleState(event.spec)
-                self._roles = dict(sorted(self._roles.items()))  # ties break by id
-            else:
-                st.retiring_since = st.moved_to = None  # taken back before it was forgotten
-                if event.spec != st.spec or st.next_spec is not None:
-                    self._on_replace_spec(event.spec, event.restart, now)
+            self.state.out.append(LogNote("info", f"capacity is now {gib(ev.capacity_bytes)}"))
+        if ev.concurrency is not None:
+            self.state.concurrency = ev.concurrency
+        retired = sorted(set(placed) - set(ev.specs))
+        added = sorted(set(ev.specs) - set(placed))
+        restarted: list[str] = []
+        updated: list[str] = []
+        for role in retired:
+            self._on_retire(role, ev.moved.get(role), now)
+        for role in sorted(set(placed) & set(ev.specs)):
+            new = ev.specs[role]
+            if role in ev.restart or launch_changed(placed[role], new):
+                restarted.append(role)
+                self._on_replace_spec(new, True, now)
+            elif new != placed[role]:
+                updated.append(role)
+                self._on_replace_spec(new, False, now)
+        for role in added:
+            self._add_role(ev.specs[role], ev.restart, now)
+        for role, st in self.state.roles.items():
+            st.unavailable = ev.unavailable.get(role) if role in ev.specs else None
+            figures = ev.memory.get(role)
+            if figures is not None:
+                st.memory = dict(figures)
+        changed = (before, ev.capacity_bytes) if ev.capacity_bytes != before else None
+        change = NodeChange(tuple(added), tuple(retired), tuple(restarted), tuple(updated), changed)
+        self.state.out.append(Reconfigured(change))
+
+    def _add_role(self, spec: InferenceSpec, restart: frozenset[str], now: float) -> None:
+        """Place ``spec.role`` here: stopped until a request wants it, or, still retiring,
+        taken back (restarting if what it launches changed, or it is named in ``restart``)."""
+        st = self.state.roles.get(spec.role)
+        if st is None:
+            self.state.specs[spec.role] = spec
+            self.state.roles[spec.role] = RoleState(spec)
+            self.state.roles = dict(sorted(self.state.roles.items()))  # ties break by id
+            return
+        st.retiring_since = st.moved_to = None  # taken back before it was forgotten
+        again = spec.role in restart or launch_changed(st.spec, spec)
+        if spec != st.spec or st.next_spec is not None:
+            self._on_replace_spec(spec, again, now)
+
+    def on_measured_peak(self, ev: MeasuredPeak, now: float) -> None:
+        """Show ``ev.run_peak_bytes``; count ``ev.peak_bytes`` from now on when it passes
+        the counted figure by more than ``MEASURED_OVER_COUNTED``: the spec's overhead
+        grows by the difference, at once, without a restart (the machine evicts other
+        roles if the node no longer fits, as for a re-plan). Said once per role."""
+        st = self.state.roles.get(ev.role)
+        if st is None:
+            return
+        if st.memory is not None:
+            st.memory["run_peak_bytes"] = ev.run_peak_bytes
+        spec = st.next_spec or st.spec
+        counted = spec.memory.resident_bytes
+        if st.retiring_since is not None or ev.peak_bytes <= counted * MEASURED_OVER_COUNTED:
+            return
+        grown = dataclasses.replace(
+            spec,
+            memory=dataclasses.replace(
+                spec.memory, overhead_bytes=spec.memory.overhead_bytes + ev.peak_bytes - counted
+            ),
+        )
+        if st.memory is not None:
+            st.memory.update(counted_bytes=ev.peak_bytes, counted_from="live")
+        if not st.grew:
+            st.grew = True
+            self.state.out.append(
+                LogNote(
+                    "warning",
+                    f"role {ev.role} holds {ev.peak_bytes / 2**20:.0f} MiB, "
+                    f"{(ev.peak_bytes / counted - 1) * 100:.0f}% more than the "
+                    f"{counted / 2**20:.0f} MiB counted for it; counting what it holds from now on",
+                )
+            )
+        self._on_replace_spec(grown, False, now)
 
     def _on_retire(self, role: str, moved_to: str | None, now: float) -> None:
-        st = self._roles.get(role)
+        st = self.state.roles.get(role)
         if st is None or st.retiring_since is not None:
             return
         st.retiring_since = now
         st.moved_to = moved_to
         if st.next_spec is not None:
-            st.spec = self.specs[role] = st.next_spec  # it stops anyway; no restart
+            st.spec = self.state.specs[role] = st.next_spec  # it stops anyway; no restart
             st.next_spec, st.restart_after = None, False
-        self._cancel_load_of(role)
+        self.transitions.cancel_load_of(role)
 
     def _on_replace_spec(self, spec: InferenceSpec, restart: bool, now: float) -> None:
         role = spec.role
-        st = self._roles.get(role)
+        st = self.state.roles.get(role)
         if st is None:
             return
         if st.next_spec is not None:
             st.next_spec = spec  # a restart is pending already: it takes this spec
             return
         if not restart or st.phase is Phase.STOPPED:
-            self._cancel_load_of(role)  # a load decided on the old memory figure
-            st.spec = self.specs[role] = spec
+            self.transitions.cancel_load_of(role)  # a load decided on the old memory figure
+            st.spec = self.state.specs[role] = spec
             return
         st.next_spec = spec
         st.respec_since = now
         st.restart_after = st.phase in HOLDS_MEMORY and st.phase is not Phase.STOPPING
 
-    def _cancel_load_of(self, role: str) -> None:
-        """Drop the pending load of ``role`` from the transition (and the evictions made
-        for it that have not begun); its waiters are decided on again."""
-        tr = self._transition
-        if tr is not None and tr.load == role:
-            tr.load = None
-            if tr.for_role == role:
-                tr.evict.clear()
-
-    # ---- the step ----------------------------------------------------------------------
-
-    def _settle_replan(self, now: float) -> None:
+    def settle(self, now: float) -> None:
         """Forget retired roles that stopped; give stopped roles their pending spec (and
         queue their restart). Runs in every step, transition or not."""
-        tr = self._transition
+        tr = self.transitions.current
         held = set() if tr is None else {tr.role, *tr.evict, tr.load}
-        for role in list(self._roles):
-            st = self._roles[role]
+        for role in list(self.state.roles):
+            st = self.state.roles[role]
             # A lost role holds nothing and its node does nothing: forget it at once.
             lost = st.phase is Phase.LOST and st.retiring_since is not None
             if (st.phase is not Phase.STOPPED and not lost) or role in held:
@@ -194,50 +247,52 @@ class ReplanRules(MachineState):
             if st.retiring_since is not None:
                 self._forget(role, st)
             elif st.next_spec is not None:
-                st.spec = self.specs[role] = st.next_spec
+                st.spec = self.state.specs[role] = st.next_spec
                 st.next_spec = None
-                if st.restart_after and not self.shutting_down:
+                if st.restart_after and not self.shutdown.under_way:
                     ticket = next(self._restart_tickets)
-                    timeout = self.limits.queue_timeout_s
+                    timeout = self.state.limits.queue_timeout_s
                     restart_waiter = Waiter(ticket, now, timeout, False, True)
                     st.waiters.append(restart_waiter)
-                    self._expires_at(restart_waiter)
-                    self._gauges(role)
+                    self.grants.expires_at(restart_waiter)
+                    self.state.gauges(role)
                 st.restart_after = False
 
     def _forget(self, role: str, st: RoleState) -> None:
-        del self._roles[role]
-        del self.specs[role]
+        del self.state.roles[role]
+        del self.state.specs[role]
         why = f"role {role!r} is no longer served here (a re-plan removed it)"
         error: type[UnknownRoleError] = UnknownRoleError
         if st.moved_to is not None:
             why = f"role {role!r} moved to node {st.moved_to!r} (a re-plan)"
             error = RoleMovedError
         for w in st.waiters:
-            self._fail(w.ticket, error, why)
-        self._out.extend(FinishUnload(t) for t in st.unload_tickets)
+            self.state.fail(w.ticket, error, why)
+        self.state.out.extend(FinishUnload(t) for t in st.unload_tickets)
         if st.gauges != (0, 0):
-            self._out.append(UpdateGauges(role, 0, 0))
-        self._out.append(LogNote("info", f"{role} retired: a re-plan removed it from this node"))
-        self._out.append(ForgetRole(role))
+            self.state.out.append(UpdateGauges(role, 0, 0))
+        self.state.out.append(
+            LogNote("info", f"{role} retired: a re-plan removed it from this node")
+        )
+        self.state.out.append(ForgetRole(role))
 
-    def _schedule_replan(self, now: float, holds: dict[str, float]) -> bool:
+    def schedule(self, now: float, holds: dict[str, float]) -> bool:
         """Begin the stop a re-plan needs next, if any (``True``); busy roles that must
         go for the capacity get their hold in ``holds``."""
-        drain_s = self.limits.drain_s
-        for role, st in self._roles.items():
+        drain_s = self.state.limits.drain_s
+        for role, st in self.state.roles.items():
             if st.retiring_since is not None:
-                idle = st.in_flight == 0 and not st.waiters
+                idle = st.running == 0 and not st.waiters
                 drained = now - st.retiring_since >= drain_s
                 cause = "a re-plan removed it from this node"
             elif st.next_spec is not None:
-                idle = st.in_flight == 0
+                idle = st.running == 0
                 drained = now - st.respec_since >= drain_s
                 cause = "a re-plan changed what it launches; restarting it"
             else:
                 continue
             if st.phase is Phase.RESTARTING or (st.phase is Phase.READY and (idle or drained)):
-                self._begin_transition((role,), None, cause, REPLAN_LABEL, None, now)
+                self.transitions.begin((role,), None, cause, REPLAN_LABEL, None, now)
                 return True
         return self._schedule_exclusions(now, holds) or self._schedule_fit(now, holds)
 
@@ -246,13 +301,13 @@ class ReplanRules(MachineState):
         ``excludes`` applies at once, without a restart): the one kept has the residency
         policy's precedence (interactive, then sticky, then the smaller id); the other
         stops when idle, or after ``drain_s`` (newer requests wait meanwhile)."""
-        held = [r for r, st in self._roles.items() if st.phase in HOLDS_MEMORY]
+        held = [r for r, st in self.state.roles.items() if st.phase in HOLDS_MEMORY]
         pair = next(
             (
                 (a, b)
                 for i, a in enumerate(held)
                 for b in held[i + 1 :]
-                if b in self._roles[a].spec.excludes or a in self._roles[b].spec.excludes
+                if b in self.state.roles[a].spec.excludes or a in self.state.roles[b].spec.excludes
             ),
             None,
         )
@@ -265,83 +320,44 @@ class ReplanRules(MachineState):
         def keep_first(role: str) -> tuple[bool, bool, str]:
             # The residency policy's precedence (interactive, then sticky, then the
             # smaller id), so the set kept is the one requests would have led to.
-            spec = self._roles[role].spec
+            spec = self.state.roles[role].spec
             return (spec.latency_class is not LatencyClass.INTERACTIVE, not spec.sticky, role)
 
         keep, stop = sorted(pair, key=keep_first)
-        st = self._roles[stop]
+        st = self.state.roles[stop]
         if st.phase is not Phase.READY:
             return False  # a load or stop of it is under way: decided again after it
-        if st.in_flight and now - self._conflict_since < self.limits.drain_s:
+        if st.running and now - self._conflict_since < self.state.limits.drain_s:
             holds[stop] = min(holds.get(stop, self._conflict_since), self._conflict_since)
             return False
         cause = f"a re-plan made it exclude {keep}, which stays resident"
-        self._begin_transition((stop,), None, cause, REPLAN_LABEL, None, now)
+        self.transitions.begin((stop,), None, cause, REPLAN_LABEL, None, now)
         return True
 
     def _schedule_fit(self, now: float, holds: dict[str, float]) -> bool:
-        if self.resident_bytes() <= self.capacity_bytes:
+        if self.state.resident_bytes() <= self.state.capacity_bytes:
             self._over_since = None
             self._new_capacity = False
             return False
         if self._over_since is None:  # a resident role's memory grew
             self._over_since = now
         since = self._over_since
-        drained = now - since >= self.limits.drain_s
-        fit = fit_to_capacity(self._node_state(now, ignore_in_flight=drained, for_role=None))
+        drained = now - since >= self.state.limits.drain_s
+        fit = fit_to_capacity(self.state.node_state(now, ignore_in_flight=drained, for_role=None))
         evict = [
             *fit.evict,
-            *(b for b in fit.blocking if drained or self._roles[b].phase is Phase.RESTARTING),
+            *(b for b in fit.blocking if drained or self.state.roles[b].phase is Phase.RESTARTING),
         ]
         if evict:
             cause = (
-                f"the node's capacity is now {gib(self.capacity_bytes)}: {fit.reason}"
+                f"the node's capacity is now {gib(self.state.capacity_bytes)}: {fit.reason}"
                 if self._new_capacity
                 else f"a re-plan raised the resident roles' memory over the node's capacity "
-                f"of {gib(self.capacity_bytes)}: {fit.reason}"
+                f"of {gib(self.state.capacity_bytes)}: {fit.reason}"
             )
-            self._begin_transition(evict, None, cause, REPLAN_LABEL, None, now)
+            self.transitions.begin(evict, None, cause, REPLAN_LABEL, None, now)
             return True
         for b in fit.blocking:  # they drain: newer requests wait for the capacity
-            if self._roles[b].phase is Phase.READY and self._roles[b].in_flight:
+            if self.state.roles[b].phase is Phase.READY and self.state.roles[b].running:
                 holds[b] = min(holds.get(b, since), since)
         return False
-
-    # ---- shutdown: the last change, to serving nothing ----------------------------------
-
-    def _on_shutdown(self, now: float, *, at_once: bool = False) -> None:
-        if at_once:  # the drain is over now: in-flight requests are cut at the next step
-            self._shutdown_since = min(self._shutdown_since or now, now - self.limits.drain_s)
-        if self.shutting_down and not at_once:
-            return
-        if self._shutdown_since is None:
-            self._shutdown_since = now
-        tr = self._transition
-        if tr is None:
-            return
-        tr.evict.clear()  # shutdown stops whatever is resident itself
-        tr.load = None
-        if tr.step == "loading":
-            # A load may take minutes: abort it rather than wait (RoleBackends.stop
-            # makes a start under way fail promptly).
-            tr.step = "aborting"
-            tr.pending = {"load", "stop"}
-            self._out.append(StopBackend(tr.role))
-
-    def _shutdown_step(self, now: float) -> None:
-        if self._transition is not None or self._shut_down:
-            return
-        assert self._shutdown_since is not None
-        busy = any(st.in_flight for st in self._roles.values())
-        if busy and now - self._shutdown_since < self.limits.drain_s:
-            return  # let in-flight requests finish, up to drain_s
-        live = (Phase.READY, Phase.LOADING, Phase.RESTARTING, Phase.UNHEALTHY)
-        resident = [r for r, st in self._roles.items() if st.phase in live]
-        if resident:
-            self._begin_transition(resident, None, "shutdown", "shutdown", None, now)
-            return
-        for st in self._roles.values():
-            self._out.extend(FinishUnload(t) for t in st.unload_tickets)  # stopped, as asked
-            st.unload_tickets.clear()
-        self._shut_down = True
-        self._out.append(FinishShutdown())

@@ -1,10 +1,13 @@
-"""The node state machine's state and bookkeeping (DESIGN.md layer 6, pure).
+"""The node state machine's shared state and bookkeeping (DESIGN.md layer 6, pure).
 
-``MachineState`` holds what ``NodeMachine`` (``machine.py``) decides on: each
-role's phase, leases in flight and queued waiters, the node's one transition,
-and the effects gathered while one event is handled. Its helpers read that
-state for the residency policy and for display, and append effects; none reads
-a clock, does I/O or logs.
+``MachineState`` holds what every rule family of ``NodeMachine`` (``machine.py``)
+decides on: the node's budget, limits and roles (each role's phase, leases out,
+queued waiters, its spec, whether it can be served, its memory figures), and the
+effects gathered while one event is handled. Each rule family keeps its own fields
+beside it (the grants their next deadline, the transition the one under way, the
+re-plan its timers, the shutdown its start); this is what they share. Its helpers
+read that state for the residency policy and for display, and append effects; none
+reads a clock, does I/O or logs.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from rosterd.backends.values import Endpoint
 from rosterd.errors import SchedulerError
@@ -28,10 +30,6 @@ from rosterd.scheduler.values import (
     client_reason,
 )
 from rosterd.spec import InferenceSpec
-
-#: What the transition under way waits for: revoked leases' releases, a stop, a
-#: start, the stop after a failed start, or both after a shutdown abort.
-Step = Literal["revoking", "stopping", "loading", "cleanup", "aborting"]
 
 
 @dataclass(eq=False)
@@ -50,7 +48,7 @@ class RoleState:
     phase: Phase = Phase.STOPPED
     endpoint: Endpoint | None = None
     generation: int = 0
-    in_flight: int = 0
+    running: int = 0  # leases taken with a slot: requests its backend runs now
     waiters: deque[Waiter] = field(default_factory=deque)
     loaded_at: float | None = None
     last_used: float = 0.0
@@ -61,13 +59,13 @@ class RoleState:
     # New leases go only to waiters older than this: a request for another role
     # that needs this role's room came first (None: no one waits for its room).
     hold_since: float | None = None
-    gauges: tuple[int, int] = (0, 0)  # (in_flight, queued) as last reported
+    gauges: tuple[int, int] = (0, 0)  # (running, queued) as last reported
     # Turns (issue 22): whether a role in this role's way served its own queue first
     # while this role waited, and since when the roles in its way drain for it.
     turn_given: bool = False
     drain_from: float | None = None
-    # A re-plan (replan.py): RetireRole since when; ReplaceSpec's spec still to apply
-    # (since when), and whether to load the role again afterwards.
+    # A re-plan (replan.py): retired since when; a new spec still to apply (since
+    # when), and whether to load the role again afterwards.
     retiring_since: float | None = None
     moved_to: str | None = None  # the node a retirement moved it to (None: nowhere)
     next_spec: InferenceSpec | None = None
@@ -86,35 +84,19 @@ class RoleState:
     # Its node did not answer a probe (a remote node, silent): its requests wait for the
     # node's verdict, and the probe is asked again at this time (None: the node answers).
     silent_retry_at: float | None = None
-
-
-@dataclass(eq=False)
-class Transition:
-    """The node's one transition: stop ``evict`` one by one, then load ``load``."""
-
-    evict: deque[str]
-    load: str | None
-    cause: str
-    label: str
-    for_role: str | None
-    role: str = ""  # the role being stopped or loaded now
-    step: Step = "stopping"
-    started: float = 0.0
-    stop_cause: str = ""
-    stop_label: str = ""
-    revoke_until: float = 0.0
-    pending: set[str] = field(default_factory=set)  # aborting: "load", "stop" still to come
-    loaded: bool = False  # aborting: the start returned a backend anyway
-    abort_label: str = "shutdown"  # aborting: why (the eviction label if the start had won)
+    unavailable: str | None = None  # why it cannot be served (its requests fail at once)
+    memory: dict[str, object] | None = None  # its figures as /status shows them
+    grew: bool = False  # its count followed a measurement past it (said once)
 
 
 class MachineState:
-    """The state of one node's machine and the helpers over it (see ``NodeMachine``).
+    """The state one node's rule families share, and the helpers over it (see the module).
 
     ``capacity_bytes``: the node's budget; ``specs``: the roles placed on it;
     ``limits``: the knobs; ``concurrency``: the node-wide limit on generations at
-    once (``None``: none beyond the per-role limit). Roles are kept sorted by id
-    (ties break by id).
+    once (``None``: none beyond the per-role limit); ``unavailable``: role -> why it
+    cannot be served; ``memory``: role -> its figures as ``/status`` shows them. Roles
+    are kept sorted by id (ties break by id).
     """
 
     def __init__(
@@ -123,45 +105,38 @@ class MachineState:
         specs: Mapping[str, InferenceSpec],
         limits: SchedulerLimits,
         concurrency: NodeConcurrency | None = None,
+        *,
+        unavailable: Mapping[str, str] | None = None,
+        memory: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         self.capacity_bytes = capacity_bytes
         self.specs = dict(specs)
         self.limits = limits
         self.concurrency = concurrency
-        self._roles = {role: RoleState(spec) for role, spec in sorted(self.specs.items())}
-        self._transition: Transition | None = None
-        self._shutdown_since: float | None = None
-        self._shut_down = False
-        # The earliest deadline of a waiter (seconds, the events' clock): ``_expire``
-        # looks at the queues only once it is due.
-        self._next_expiry = math.inf
+        self.roles = {role: RoleState(spec) for role, spec in sorted(self.specs.items())}
+        for role, st in self.roles.items():
+            st.unavailable = (unavailable or {}).get(role)
+            figures = (memory or {}).get(role)
+            st.memory = dict(figures) if figures is not None else None
         #: Why the node is lost (``NodeLost``), ``None`` while it is not.
         self.lost_reason: str | None = None
-        self._load_seconds: deque[float] = deque(maxlen=20)
-        self._now = -math.inf
-        self._out: list[Effect] = []
-
-    @property
-    def shutting_down(self) -> bool:
-        """Whether ``Shutdown`` was handled."""
-        return self._shutdown_since is not None
-
-    @property
-    def transition_under_way(self) -> bool:
-        """Whether a start or stop is under way on the node."""
-        return self._transition is not None
+        self.load_seconds: deque[float] = deque(maxlen=20)
+        #: The latest ``now`` handled: an event older than it counts as happening then.
+        self.now = -math.inf
+        #: The effects gathered while one event is handled, in order.
+        self.out: list[Effect] = []
 
     def resident(self) -> tuple[str, ...]:
         """The roles holding memory (every phase but ``stopped``), by id."""
-        return tuple(r for r, st in self._roles.items() if st.phase in HOLDS_MEMORY)
+        return tuple(r for r, st in self.roles.items() if st.phase in HOLDS_MEMORY)
 
     def resident_bytes(self) -> int:
         """The spec bytes of :meth:`resident`."""
-        return sum(self._roles[r].spec.memory.resident_bytes for r in self.resident())
+        return sum(self.roles[r].spec.memory.resident_bytes for r in self.resident())
 
-    def node_in_flight(self) -> int:
+    def node_running(self) -> int:
         """Leases taken with a slot across the node's roles."""
-        return sum(st.in_flight for st in self._roles.values())
+        return sum(st.running for st in self.roles.values())
 
     def node_limit(self) -> int | None:
         """Generations the node may run at once now (``None``: no node-wide limit)."""
@@ -169,28 +144,46 @@ class MachineState:
             return None
         return self.concurrency.limit(self.resident())
 
+    def placed(self) -> dict[str, InferenceSpec]:
+        """The roles placed here (retiring ones are not), each with its spec in force or,
+        while a restart is pending, the spec it restarts with: what the node serves."""
+        return {
+            role: st.next_spec or st.spec
+            for role, st in self.roles.items()
+            if st.retiring_since is None
+        }
+
+    def role_ids(self) -> tuple[str, ...]:
+        """Every role the machine holds: placed, or retiring (not forgotten yet), by id."""
+        return tuple(self.roles)
+
+    def serves(self, role: str) -> bool:
+        """Whether ``role`` takes requests here: placed, not retiring, not unavailable."""
+        st = self.roles.get(role)
+        return st is not None and st.retiring_since is None and st.unavailable is None
+
     def copy_load(self, role: str) -> tuple[Phase, bool, int]:
         """``role``'s phase, whether a stalled request made it suspect, and its requests in
         flight plus queued (a replica's load, for the choice among copies)."""
-        st = self._roles[role]
-        return st.phase, st.suspected, st.in_flight + len(st.waiters)
+        st = self.roles[role]
+        return st.phase, st.suspected, st.running + len(st.waiters)
 
     def waiting_reason(self, role: str) -> str | None:
         """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""
-        return self._roles[role].waiting_reason
+        return self.roles[role].waiting_reason
 
     def role_view(self, role: str, now: float) -> dict[str, object]:
         """``role``'s state as JSON-ready data (see ``NodeScheduler.snapshot``)."""
-        st = self._roles[role]
+        st = self.roles[role]
         resident = st.phase in HOLDS_MEMORY
-        idle = st.phase is Phase.READY and st.in_flight == 0
+        idle = st.phase is Phase.READY and st.running == 0
         backoff = st.backoff_until - now if st.backoff_until is not None else 0.0
         return {
-            "phase": st.phase.value,
+            "phase": "unavailable" if st.unavailable is not None else st.phase.value,
             "latency_class": st.spec.latency_class.value,
             "sticky": st.spec.sticky,
             "resident_bytes": st.spec.memory.resident_bytes,
-            "in_flight": st.in_flight,
+            "running": st.running,
             "queued": len(st.waiters),
             "idle_s": round(now - st.last_used, 3) if idle else None,
             "loaded_for_s": round(now - st.loaded_at, 3)
@@ -207,40 +200,43 @@ class MachineState:
             "pid": st.endpoint.pid if st.endpoint else None,
             # a re-plan changed what it launches: it restarts once idle (cut after drain_s)
             "restart_pending": st.next_spec is not None,
+            "unavailable_reason": st.unavailable,
+            "retiring": st.retiring_since is not None,
+            "memory": dict(st.memory) if st.memory is not None else None,
         }
 
     def typical_load_s(self) -> float:
         """Seconds a load takes here (the slowest of the last 20, rounded up; 5 if none)."""
-        if not self._load_seconds:
+        if not self.load_seconds:
             return 5.0
-        return float(math.ceil(max(self._load_seconds)))
+        return float(math.ceil(max(self.load_seconds)))
 
-    def _exclusion_blockers(self, role: str) -> tuple[str, ...] | None:
+    def exclusion_blockers(self, role: str) -> tuple[str, ...] | None:
         """The resident roles that exclude ``role``, if they are what keeps it out and
         may yield: ``None`` when none excludes it (the refusal is about memory) or
         when an interactive winner keeps out a batch role (interactive roles stay)."""
-        spec = self._roles[role].spec
+        spec = self.roles[role].spec
         blockers = tuple(
             other
             for other in self.resident()
-            if other != role and excludes_each_other(spec, self._roles[other].spec)
+            if other != role and excludes_each_other(spec, self.roles[other].spec)
         )
         if not blockers:
             return None
-        if not spec.interactive and any(self._roles[b].spec.interactive for b in blockers):
+        if not spec.interactive and any(self.roles[b].spec.interactive for b in blockers):
             return None
         return blockers
 
-    def _can_yield(self, role: str, now: float, for_role: str) -> bool:
-        st = self._roles[role]
+    def can_yield(self, role: str, now: float, for_role: str) -> bool:
+        st = self.roles[role]
         return (
             st.phase is Phase.READY
-            and st.in_flight == 0
+            and st.running == 0
             and not st.waiters
-            and not self._recently_loaded(st, now, for_role)
+            and not self.recently_loaded(st, now, for_role)
         )
 
-    def _recently_loaded(self, st: RoleState, now: float, for_role: str | None) -> bool:
+    def recently_loaded(self, st: RoleState, now: float, for_role: str | None) -> bool:
         """Whether min residency holds ``st``'s role against ``for_role``: it was loaded less
         than ``min_busy_residency_s`` ago, evicting ``for_role`` to make room (the ping-pong the
         rule prevents), and it has work (a request in flight or queued).
@@ -252,13 +248,13 @@ class MachineState:
         (``None``: a re-plan fitting a smaller capacity)."""
         return (
             for_role is not None
-            and (st.in_flight > 0 or bool(st.waiters))
+            and (st.running > 0 or bool(st.waiters))
             and st.loaded_at is not None
             and now - st.loaded_at < self.limits.min_busy_residency_s
             and for_role in st.displaced
         )
 
-    def _turn_start(self, for_role: str, since: float) -> float:
+    def turn_start(self, for_role: str, since: float) -> float:
         """When the wait of ``for_role``'s oldest request (waiting since ``since``) starts
         to count against the turn of the roles in its way: its arrival, or the latest
         load of another ready role if later. Counting from the turn's start, not the
@@ -266,12 +262,12 @@ class MachineState:
         the arrival, every turn after the first would end as it began."""
         loads = [
             st.loaded_at
-            for role, st in self._roles.items()
+            for role, st in self.roles.items()
             if role != for_role and st.phase is Phase.READY and st.loaded_at is not None
         ]
         return max([since, *loads])
 
-    def _turn_left_s(self, for_role: str, since: float, now: float) -> float:
+    def turn_left_s(self, for_role: str, since: float, now: float) -> float:
         """Seconds left of the turn of a role that ``for_role``'s oldest request (waiting
         since ``since``) cannot be resident with: while it lasts, that role serves its
         own queue (same-role batching) instead of draining for ``for_role``.
@@ -280,56 +276,56 @@ class MachineState:
         interactive request, which keeps its precedence (the roles in its way drain
         at once). The resident role's turn also ends when its queue is empty (the
         caller checks): demand ends it first (issue 22, llama-swap#612)."""
-        if self._roles[for_role].spec.interactive:
+        if self.roles[for_role].spec.interactive:
             return 0.0
-        return max(0.0, self._turn_start(for_role, since) + self.limits.max_wait_s - now)
+        return max(0.0, self.turn_start(for_role, since) + self.limits.max_wait_s - now)
 
-    def _hold_note(self, blocking: Iterable[str], for_role: str, since: float, now: float) -> str:
+    def hold_note(self, blocking: Iterable[str], for_role: str, since: float, now: float) -> str:
         """Words for ``for_role``'s waiting reason (``ps``, the page, a 503) on what holds
         the ``blocking`` roles and until when, in seconds from ``now``: their turn
         (``--max-wait``), their minimum residency (``--min-busy-residency``), or the
         drain before their requests are cut (``--drain``). Empty if none applies."""
         notes = []
-        turn_left = self._turn_left_s(for_role, since, now)
+        turn_left = self.turn_left_s(for_role, since, now)
         for b in blocking:
-            st = self._roles[b]
+            st = self.roles[b]
             if st.phase is not Phase.READY:
                 continue
-            if self._recently_loaded(st, now, for_role) and st.loaded_at is not None:
+            if self.recently_loaded(st, now, for_role) and st.loaded_at is not None:
                 left = st.loaded_at + self.limits.min_busy_residency_s - now
                 notes.append(f"{b} holds its room {left:.0f} s more (--min-busy-residency)")
             elif turn_left > 0 and st.waiters:
                 notes.append(f"{b} serves its turn {turn_left:.0f} s more at most (--max-wait)")
-            elif st.in_flight:
-                waiting = self._roles[for_role]
+            elif st.running:
+                waiting = self.roles[for_role]
                 start = waiting.drain_from if waiting.drain_from is not None else since
                 left = max(0.0, start + self.limits.drain_s - now)
                 notes.append(f"{b} drains; its requests are cut in {left:.0f} s (--drain)")
         return "".join(f"; {note}" for note in notes)
 
-    def _drained(self, for_role: str, since: float, now: float) -> bool:
+    def drained(self, for_role: str, since: float, now: float) -> bool:
         """Whether busy roles in the way of ``for_role``'s oldest request (waiting since
         ``since``) have had their ``drain_s`` and may be cut: counted from its arrival,
         or, once a role in its way took its turn, from when that turn ended."""
-        st = self._roles[for_role]
+        st = self.roles[for_role]
         if st.drain_from is not None:
             return now - st.drain_from >= self.limits.drain_s
         if st.turn_given:
             return False  # a turn is under way: nothing drains for it yet
         return now - since >= self.limits.drain_s
 
-    def _node_state(self, now: float, *, ignore_in_flight: bool, for_role: str | None) -> NodeState:
+    def node_state(self, now: float, *, ignore_in_flight: bool, for_role: str | None) -> NodeState:
         resident = self.resident()
         busy: dict[str, int] = {}
         for role in resident:
-            st = self._roles[role]
+            st = self.roles[role]
             if st.phase is not Phase.READY:
                 busy[role] = 1  # loading or stopping: never a candidate to evict
-            elif st.in_flight and not ignore_in_flight:
-                busy[role] = st.in_flight
-        recency = tuple(sorted(resident, key=lambda r: (self._roles[r].last_used, r)))
+            elif st.running and not ignore_in_flight:
+                busy[role] = st.running
+        recency = tuple(sorted(resident, key=lambda r: (self.roles[r].last_used, r)))
         recent = frozenset(
-            r for r in resident if self._recently_loaded(self._roles[r], now, for_role)
+            r for r in resident if self.recently_loaded(self.roles[r], now, for_role)
         )
         return NodeState(
             capacity_bytes=self.capacity_bytes,
@@ -340,7 +336,7 @@ class MachineState:
             recently_loaded=recent,
         )
 
-    def _revocation(self, role: str, label: str, for_role: str | None) -> Revocation:
+    def revocation(self, role: str, label: str, for_role: str | None) -> Revocation:
         """What a client whose request to ``role`` is cut by this stop is told."""
         after = f"after --drain {self.limits.drain_s:g} s"
         if label == "shutdown":
@@ -359,49 +355,42 @@ class MachineState:
             why = "was unloaded"
         return Revocation("evicted", f"role {role} {why} {after}")
 
-    def _mark_stopped(self, role: str) -> None:
-        st = self._roles[role]
+    def mark_stopped(self, role: str) -> None:
+        st = self.roles[role]
         st.phase = Phase.STOPPED
         st.endpoint = None
-        st.in_flight = 0
+        st.running = 0
         st.loaded_at = None
         st.displaced = frozenset()
         st.probing = st.suspected = False
 
-    def _note_error(self, role: str, error: str, now: float) -> None:
+    def note_error(self, role: str, error: str, now: float) -> None:
         """Keep ``error`` (short, for ``ps``) as ``role``'s last error."""
-        st = self._roles[role]
+        st = self.roles[role]
         st.last_error = client_reason(error)
         st.last_error_at = now
 
-    def _retry_after(self) -> float:
+    def retry_after(self) -> float:
         return max(1.0, self.typical_load_s())
 
-    def _expires_at(self, waiter: Waiter) -> None:
-        """Note ``waiter``'s deadline: ``_expire`` looks again once the earliest is due.
-
-        The deadline is taken a hair early so that float rounding can never make the
-        look come after the ``now - since >= timeout_s`` it must catch."""
-        self._next_expiry = min(self._next_expiry, waiter.since + waiter.timeout_s - 1e-9)
-
-    def _fail(
+    def fail(
         self,
         ticket: int,
         error: type[SchedulerError],
         message: str,
         retry_after_s: float | None = None,
     ) -> None:
-        self._out.append(FailWaiter(ticket, error, message, retry_after_s))
+        self.out.append(FailWaiter(ticket, error, message, retry_after_s))
 
-    def _fail_waiters(self, role: str, error: type[SchedulerError], message: str) -> None:
+    def fail_waiters(self, role: str, error: type[SchedulerError], message: str) -> None:
         """Fail every waiter of ``role`` with ``error(message)``; the queue is empty after."""
-        st = self._roles[role]
+        st = self.roles[role]
         for w in st.waiters:
-            self._fail(w.ticket, error, message)
+            self.fail(w.ticket, error, message)
         st.waiters.clear()
-        self._gauges(role)
+        self.gauges(role)
 
-    def _record(
+    def record(
         self,
         kind: str,
         role: str,
@@ -410,7 +399,7 @@ class MachineState:
         duration_s: float | None = None,
         label: str | None = None,
     ) -> None:
-        self._out.append(
+        self.out.append(
             RecordEvent(
                 kind=kind,
                 role=role,
@@ -422,9 +411,9 @@ class MachineState:
             )
         )
 
-    def _gauges(self, role: str) -> None:
-        st = self._roles[role]
-        now = (st.in_flight, len(st.waiters))
+    def gauges(self, role: str) -> None:
+        st = self.roles[role]
+        now = (st.running, len(st.waiters))
         if now != st.gauges:
             st.gauges = now
-            self._out.append(UpdateGauges(role, *now))
+            self.out.append(UpdateGauges(role, *now))

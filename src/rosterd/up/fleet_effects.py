@@ -2,7 +2,7 @@
 applied to this run's world (``rosterd.fleet_scheduler.loop.FleetEffects``).
 
 :class:`UpFleetEffects` holds what the effects act on and nothing they decide on:
-the node schedulers (:class:`~rosterd.scheduler.Scheduler`), the routes, each node's
+the node schedulers (:class:`~rosterd.scheduler.NodeDirectory`), the routes, each node's
 backends (this machine's ``SupervisorBackends`` over one
 :class:`~rosterd.backends.node_host.NodeHost`, or a node agent's ``AgentBackends``
 over Ray), the peak recorders and the warm-up. Which node runs what, which is lost
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rosterd.adapters import adapter_for
-from rosterd.backends.interface import NodeBackends, PeakSource
+from rosterd.backends.interface import NodeBackends, PeakSource, RoleBackends
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost
 from rosterd.errors import RosterdError, SchedulerError
@@ -38,7 +38,7 @@ from rosterd.fleet_scheduler.effects import (
     Warm,
 )
 from rosterd.fleet_scheduler.events import AgentsStarted, Taught
-from rosterd.fleet_scheduler.values import NodeRun, ServedConfig
+from rosterd.fleet_scheduler.values import NodeRun, NodeServing, ServedConfig
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.memory.watch import PeakRecorder, follow_peaks
 from rosterd.metrics import RosterdMetrics
@@ -47,7 +47,7 @@ from rosterd.placement import Plan, plan
 from rosterd.ray_cluster import RayCluster
 from rosterd.ray_match import RayNode
 from rosterd.router import RoleRoute, RouteTable
-from rosterd.scheduler.fleet import NodeConfig, Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeConcurrency
 from rosterd.supervisor import BackendEvent
@@ -131,7 +131,7 @@ class UpFleetEffects:
         self.state_dir = state_dir
         self.after_plan = after_plan
         self.on_lost = on_lost
-        self.scheduler = Scheduler({}, new_node=self._new_node)
+        self.scheduler = NodeDirectory({}, new_node=self._new_node)
         self.routes = RouteTable({}, {})
         self._local: dict[str, SupervisorBackends] = {}
         self._agents: dict[str, AgentBackends] = {}
@@ -169,22 +169,21 @@ class UpFleetEffects:
             return self._local[node]
         return self._agents[node]
 
-    def _new_node(self, config: NodeConfig) -> NodeScheduler:
-        node = self._config.fleet.node(config.name) if self._config is not None else None
+    def _new_node(self, serving: NodeServing, backends: RoleBackends) -> NodeScheduler:
+        node = self._config.fleet.node(serving.name) if self._config is not None else None
         return NodeScheduler(
-            config.name,
-            config.capacity_bytes,
-            config.specs,
-            config.backends,
+            serving.name,
+            serving.capacity_bytes,
+            serving.specs,
+            backends,
             limits=self.options.limits,
             metrics=self.metrics,
-            unavailable=config.unavailable,
-            backend_events=config.backend_events,
+            unavailable=serving.unavailable,
             # a node agent's pids are processes of its node, not of this machine
-            pids_are_local=self._applying[config.name].pids_are_local,
-            concurrency=config.concurrency
+            pids_are_local=self._applying[serving.name].pids_are_local,
+            concurrency=serving.concurrency
             or NodeConcurrency(node.max_concurrency if node is not None else None, {}),
-            memory=config.memory,
+            memory=serving.memory,
         )
 
     # ---- the effects ------------------------------------------------------------------
@@ -289,19 +288,9 @@ class UpFleetEffects:
         if self._taught_config is not None:
             self._config = self._taught_config
         self._applying = {n: self._backends_of(n, s.run) for n, s in effect.nodes.items()}
-        configs = {
-            name: NodeConfig(
-                name,
-                serving.capacity_bytes,
-                serving.specs,
-                self._applying[name],
-                serving.unavailable,
-                memory=serving.memory,
-                concurrency=serving.concurrency,
-            )
-            for name, serving in effect.nodes.items()
-        }
-        change = self.scheduler.apply_plan(configs, restart=effect.restart, replace=effect.replace)
+        change = self.scheduler.apply_plan(
+            effect.nodes, self._applying, restart=effect.restart, replace=effect.replace
+        )
         self._follow_peaks()
         return dict(change.as_json())
 

@@ -28,7 +28,7 @@ from rosterd.router.body import parse_json_object, read_body, requested_model
 from rosterd.router.ollama.answers import error_line
 from rosterd.router.ollama.requests import LATEST_TAG, resolve_ollama_name
 from rosterd.router.routing import ModelNames, RoleRoute
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 
 #: The Ollama API version ``/api/version`` reports: the one whose reference this follows
 #: (clients such as Open WebUI read it to pick the calls they make).
@@ -96,7 +96,7 @@ def _size(route: RoleRoute) -> int:
 
 
 def catalog_routes(
-    scheduler: Scheduler,
+    scheduler: NodeDirectory,
     routes: Mapping[str, RoleRoute],
     names: ModelNames,
     started_at_s: float,

@@ -303,7 +303,7 @@ function renderNodes(nodes) {
 
 function nodeCard(name) {
   const head = el("tr", {},
-    ...["role", "phase", "class", "sticky", "in flight", "queued", "idle", "counted GiB",
+    ...["role", "phase", "class", "sticky", "running", "queued", "idle", "counted GiB",
       "RSS GiB", "KV kept", "notes", ""].map((t, i) => el("th", { class: i >= 4 && i <= 8 ? "num" : "", text: t })));
   return el("section", { class: "panel node", "data-node": name },
     el("div", { class: "node-head" },
@@ -377,7 +377,7 @@ function roleRow(role) {
     el("td", {}, el("span", { class: "phase" })),
     el("td", { class: "class" }),
     el("td", { class: "sticky" }),
-    el("td", { class: "num in-flight" }),
+    el("td", { class: "num running" }),
     el("td", { class: "num queued" }),
     el("td", { class: "num idle" }),
     el("td", { class: "num counted" }),
@@ -394,7 +394,7 @@ function updateRow(row, role, info) {
   row.dataset.phase = info.phase;
   row.querySelector(".class").textContent = info.latency_class;
   row.querySelector(".sticky").textContent = info.sticky ? "sticky" : "–";
-  row.querySelector(".in-flight").textContent = String(info.in_flight);
+  row.querySelector(".running").textContent = String(info.running);
   row.querySelector(".queued").textContent = String(info.queued);
   row.querySelector(".idle").textContent = age(info.idle_s);
   const memory = info.memory || {};

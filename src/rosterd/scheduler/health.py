@@ -1,6 +1,7 @@
-"""Whether a node's backends are alive (DESIGN.md layer 6, pure): the node machine's liveness rules.
+"""Whether a node's backends are healthy (DESIGN.md layer 6, pure): the node machine's probe
+and backoff policy.
 
-:class:`LivenessRules` keeps what happens when a backend stops serving:
+:class:`HealthRules` keeps what happens when a backend stops serving:
 
 - **Crash restarts.** A ready role whose process exited is ``restarting``: it
   keeps its memory, its leases are void, waiters wait for the ``ready`` of the
@@ -26,10 +27,11 @@
   :data:`SILENT_NODE_REPROBE_S`, until it answers (the node is back) or the node is lost.
 - **A lost node** (``NodeLost``): every role is ``lost``, holding nothing.
 
-It builds on :class:`~rosterd.scheduler.grants.GrantRules` (a restarted backend
-grants its waiters at once); :class:`~rosterd.scheduler.machine.NodeMachine`
-extends it. No clock, no I/O, no logging: every event carries ``now`` and the
-rules return effects.
+It asks :class:`~rosterd.scheduler.grants.GrantRules` to grant a restarted backend's
+waiters at once, and reads the node's transition
+(:class:`~rosterd.scheduler.transition.Transitions`) to abort a load nobody waits
+for; :class:`~rosterd.scheduler.machine.NodeMachine` calls it. No clock, no I/O, no
+logging: every event carries ``now`` and the rules return effects.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from rosterd.scheduler.events import (
     Suspect,
 )
 from rosterd.scheduler.grants import GrantRules
-from rosterd.scheduler.state import RoleState
+from rosterd.scheduler.state import MachineState, RoleState
+from rosterd.scheduler.transition import Transitions
 from rosterd.scheduler.values import Phase, Revocation, backoff_s
 
 #: Where a client whose request failed on a backend is pointed for the details.
@@ -63,106 +66,111 @@ SEE_LOG = "see `rosterd ps` / the backend log"
 SILENT_NODE_REPROBE_S = 2.0
 
 
-class LivenessRules(GrantRules):
-    """The liveness half of :class:`~rosterd.scheduler.machine.NodeMachine` (see the module);
-    built as ``MachineState`` is."""
+class HealthRules:
+    """The node's probe and backoff policy (see the module); ``state``: the node's shared
+    state, ``grants``: who gets a lease, ``transitions``: the node's one transition."""
 
-    def _back_off(self, st: RoleState, now: float) -> None:
+    def __init__(self, state: MachineState, grants: GrantRules, transitions: Transitions) -> None:
+        self.state = state
+        self.grants = grants
+        self.transitions = transitions
+
+    def back_off(self, st: RoleState, now: float) -> None:
         """Count a failed load of ``st`` and refuse its requests for the backoff after it."""
         # Back off as crash restarts do: a broken model is not reloaded by every request.
         st.load_failures += 1
-        limits = self.limits
+        limits = self.state.limits
         delay = backoff_s(st.load_failures, limits.load_backoff_s, limits.max_load_backoff_s)
         st.backoff_until = now + delay
 
-    def _fail_backoff(self, ticket: int, role: str, now: float) -> None:
-        st = self._roles[role]
+    def fail_backoff(self, ticket: int, role: str, now: float) -> None:
+        st = self.state.roles[role]
         assert st.backoff_until is not None
         left = st.backoff_until - now
         message = (
             f"role {role!r} failed to load {st.load_failures} time(s) in a row "
             f"(last: {st.last_error}); the next load is tried in {left:.1f} s; {SEE_LOG}"
         )
-        self._fail(ticket, LoadBackoffError, message, left)
+        self.state.fail(ticket, LoadBackoffError, message, left)
 
-    def _on_backend_changed(self, ev: BackendChanged, now: float) -> None:
+    def on_backend_changed(self, ev: BackendChanged, now: float) -> None:
         role = ev.role
-        st = self._roles.get(role)
+        st = self.state.roles.get(role)
         if st is None:
             return
         restarting = (Phase.RESTARTING, Phase.UNHEALTHY)
         if ev.kind in ("exited", "restarting") and st.phase is Phase.READY:
             st.phase = Phase.RESTARTING
             st.generation += 1  # leases of the dead process are void
-            st.in_flight = 0
+            st.running = 0
             st.probing = st.suspected = False
             if st.endpoint is not None:  # same address and name; no live pid until it is back
                 st.endpoint = dataclasses.replace(st.endpoint, pid=None)
             st.waiting_reason = "its backend crashed and is being restarted"
             why = ev.exit_reason or "exited"
-            self._note_error(role, f"backend {why}", now)
-            self._record("crashed", role, f"backend pid {ev.pid} {why}; restarting")
-            self._gauges(role)
+            self.state.note_error(role, f"backend {why}", now)
+            self.state.record("crashed", role, f"backend pid {ev.pid} {why}; restarting")
+            self.state.gauges(role)
         elif ev.kind == "ready" and st.phase in restarting and st.endpoint is not None:
             st.phase = Phase.READY
             pid = ev.pid if ev.pid_is_local else None  # never take a remote pid for ours
             st.endpoint = dataclasses.replace(st.endpoint, pid=pid)
             st.last_used = st.last_probe = now
             st.waiting_reason = None
-            self._record("restarted", role, f"backend restarted as pid {ev.pid}")
-            self._grant(role, st, now)
+            self.state.record("restarted", role, f"backend restarted as pid {ev.pid}")
+            self.grants.grant(role, st, now)
         elif ev.kind == "restart_failed" and st.phase in restarting:
             if not ev.final:
                 st.waiting_reason = "its backend was restarted; that failed, trying again"
-                self._note_error(role, f"restart failed: {ev.detail}", now)
+                self.state.note_error(role, f"restart failed: {ev.detail}", now)
                 return
             st.phase = Phase.STOPPED  # the supervisor gave up: no process is left
             st.endpoint = None
             st.loaded_at = None
-            self._note_error(role, f"restart given up: {ev.detail}", now)
+            self.state.note_error(role, f"restart given up: {ev.detail}", now)
             message = f"backend for role {role!r} crashed and could not be restarted"
-            self._out.append(LogNote("warning", f"{message}: {ev.detail}"))
-            self._fail_waiters(role, LoadFailedError, f"{message}; {SEE_LOG}")
-            self._record("restart_failed", role, "the supervisor gave up restarting it")
-            self._gauges(role)
+            self.state.out.append(LogNote("warning", f"{message}: {ev.detail}"))
+            self.state.fail_waiters(role, LoadFailedError, f"{message}; {SEE_LOG}")
+            self.state.record("restart_failed", role, "the supervisor gave up restarting it")
+            self.state.gauges(role)
 
-    def _on_node_lost(self, ev: NodeLost) -> None:
-        if self.lost_reason is not None:
+    def on_node_lost(self, ev: NodeLost) -> None:
+        if self.state.lost_reason is not None:
             return
-        self.lost_reason = ev.reason
+        self.state.lost_reason = ev.reason
         # Nothing of the node answers any more: a start or stop under way ends with it
         # (its LoadDone/StopDone are then ignored), and no new one is asked for.
-        self._transition = None
-        for role, st in self._roles.items():
-            if st.in_flight:
+        self.transitions.current = None
+        for role, st in self.state.roles.items():
+            if st.running:
                 # A power cut leaves their connections open, unanswered: cut them, and
                 # let the router send those not answered yet where the role goes next.
                 message = f"the node serving role {role} is lost ({ev.reason})"
                 revocation = Revocation("node_lost", message, resend=True)
-                self._out.append(RevokeLeases(role, st.generation, revocation))
+                self.state.out.append(RevokeLeases(role, st.generation, revocation))
             st.phase = Phase.LOST
             st.endpoint = None
             st.generation += 1  # leases of its processes are void
-            st.in_flight = 0
+            st.running = 0
             st.loaded_at = None
             st.hold_since = None
             st.probing = st.suspected = False
             st.silent_retry_at = None
             st.waiting_reason = f"{ev.reason}; waiting for it to be served elsewhere"
-            self._record("lost", role, ev.reason)
-            self._gauges(role)
+            self.state.record("lost", role, ev.reason)
+            self.state.gauges(role)
 
-    def _on_suspect(self, ev: Suspect) -> None:
-        st = self._roles.get(ev.role)
+    def on_suspect(self, ev: Suspect) -> None:
+        st = self.state.roles.get(ev.role)
         if st is not None and st.generation == ev.generation and st.phase is Phase.READY:
             if ev.wedged:
                 self._mark_unhealthy(ev.role, ev.reason, ev.now, why=ev.reason)
                 return
-            self._probe(ev.role, ev.reason)
+            self.probe(ev.role, ev.reason)
             st.suspected = True  # no new request goes to it until the probe answered
 
-    def _on_probe_done(self, ev: ProbeDone, now: float) -> None:
-        st = self._roles.get(ev.role)
+    def on_probe_done(self, ev: ProbeDone, now: float) -> None:
+        st = self.state.roles.get(ev.role)
         if st is None or ev.generation != st.generation:
             return  # a probe of a process that is gone already
         st.probing = False
@@ -175,7 +183,7 @@ class LivenessRules(GrantRules):
         st.suspected = False
         if st.silent_retry_at is not None:
             st.silent_retry_at = None
-            self._record("node_answers", ev.role, "its node answers again; serving it there")
+            self.state.record("node_answers", ev.role, "its node answers again; serving it there")
         if ev.ok:
             st.last_probe = now
             for w in st.waiters:
@@ -186,25 +194,25 @@ class LivenessRules(GrantRules):
     def _node_silent(self, role: str, detail: str, now: float) -> None:
         """``role``'s node did not answer its probe: hold its requests for the node's verdict
         (back: served there; lost: the role moves), probe again later, restart nothing."""
-        st = self._roles[role]
+        st = self.state.roles[role]
         st.suspected = True  # no new request goes to a backend nobody can reach
         if st.silent_retry_at is None:
-            self._note_error(role, f"its node does not answer: {detail}", now)
-            self._record("node_silent", role, f"{detail}; waiting for the node's verdict")
+            self.state.note_error(role, f"its node does not answer: {detail}", now)
+            self.state.record("node_silent", role, f"{detail}; waiting for the node's verdict")
         st.silent_retry_at = now + SILENT_NODE_REPROBE_S
         st.waiting_reason = (
             f"its node does not answer ({detail}); waiting for the node's verdict: "
             "back (served there) or lost (served elsewhere)"
         )
 
-    def _probe(self, role: str, reason: str) -> None:
+    def probe(self, role: str, reason: str) -> None:
         """Run ``role``'s generation probe unless one is under way (ready roles only)."""
-        st = self._roles[role]
+        st = self.state.roles[role]
         if st.phase is not Phase.READY or st.probing:
             return
         st.probing = True
-        self._out.append(LogNote("info", f"probing {role}: {reason}"))
-        self._out.append(ProbeBackend(role, st.generation, self.limits.probe_timeout_s))
+        self.state.out.append(LogNote("info", f"probing {role}: {reason}"))
+        self.state.out.append(ProbeBackend(role, st.generation, self.state.limits.probe_timeout_s))
 
     def _mark_unhealthy(self, role: str, detail: str, now: float, why: str | None = None) -> None:
         """``role``'s backend answers HTTP but does not generate: end its requests, restart it.
@@ -212,58 +220,58 @@ class LivenessRules(GrantRules):
         It keeps its memory (the same role comes back); waiters wait for the restart.
         ``why``: what found it (default: its generation probe failed with ``detail``).
         """
-        st = self._roles[role]
+        st = self.state.roles[role]
         old = st.generation
         st.phase = Phase.UNHEALTHY
         st.generation += 1  # leases of the wedged process are void
-        st.in_flight = 0
+        st.running = 0
         if st.endpoint is not None:
             st.endpoint = dataclasses.replace(st.endpoint, pid=None)
         why = why or f"its generation probe failed ({detail})"
         st.waiting_reason = f"its backend stopped generating ({detail}) and is being restarted"
-        self._note_error(role, f"unhealthy: {why}", now)
+        self.state.note_error(role, f"unhealthy: {why}", now)
         message = f"the backend of role {role} stopped generating ({detail}); it is being restarted"
-        self._out.append(RevokeLeases(role, old, Revocation("backend_unhealthy", message)))
-        self._record("unhealthy", role, f"{why}; restarting it")
-        self._out.append(RestartBackend(role))
-        self._gauges(role)
+        self.state.out.append(RevokeLeases(role, old, Revocation("backend_unhealthy", message)))
+        self.state.record("unhealthy", role, f"{why}; restarting it")
+        self.state.out.append(RestartBackend(role))
+        self.state.gauges(role)
 
-    def _schedule_probes(self, now: float) -> None:
+    def schedule_probes(self, now: float) -> None:
         """Probe each ready role idle for ``probe_interval_s`` (since its last request or probe)."""
-        for role, st in self._roles.items():
+        for role, st in self.state.roles.items():
             retry_at = st.silent_retry_at
             if retry_at is not None and now >= retry_at and st.phase is Phase.READY:
-                self._probe(role, "its node did not answer; asking again")
-        interval = self.limits.probe_interval_s
+                self.probe(role, "its node did not answer; asking again")
+        interval = self.state.limits.probe_interval_s
         if math.isinf(interval):
             return
-        for role, st in self._roles.items():
+        for role, st in self.state.roles.items():
             if (
                 st.phase is Phase.READY
                 and not st.probing
-                and st.in_flight == 0
+                and st.running == 0
                 and not st.unload_tickets
                 and now - max(st.last_used, st.last_probe) >= interval
             ):
-                self._probe(role, f"idle for {interval:g} s")
+                self.probe(role, f"idle for {interval:g} s")
 
-    def _cancel_unwanted_load(self, now: float) -> None:
+    def cancel_unwanted_load(self, now: float) -> None:
         """Abort the load under way when nobody waits for it any more and a waiting request of
         another role needs its room; otherwise the load finishes and the role stays."""
-        tr = self._transition
+        tr = self.transitions.current
         assert tr is not None
-        if tr.step != "loading" or self._roles[tr.role].waiters:
+        if tr.step != "loading" or self.state.roles[tr.role].waiters:
             return
-        for role, st in self._roles.items():
+        for role, st in self.state.roles.items():
             if role == tr.role or st.phase is not Phase.STOPPED or not st.waiters:
                 continue
             if all(w.no_evict for w in st.waiters):
                 continue  # a warm-up never evicts, nor cancels a load
-            state = self._node_state(now, ignore_in_flight=False, for_role=role)
+            state = self.state.node_state(now, ignore_in_flight=False, for_role=role)
             decision = decide(state, role)
             if isinstance(decision, Wait) and tr.role in decision.blocking:
                 cause = f"nobody waits for it any more and {role} needs its room"
-                self._record("load_cancelled", tr.role, cause)
+                self.state.record("load_cancelled", tr.role, cause)
                 tr.step, tr.pending, tr.abort_label = "aborting", {"load", "stop"}, "make_room"
-                self._out.append(StopBackend(tr.role))
+                self.state.out.append(StopBackend(tr.role))
                 return

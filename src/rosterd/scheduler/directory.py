@@ -1,15 +1,20 @@
-"""The fleet-level scheduler (DESIGN.md layer 6): the node schedulers of one process, by role.
+"""The directory of this process's node schedulers (DESIGN.md layer 6): which node serves a role.
+
+Not the fleet's scheduler: that is :mod:`rosterd.fleet_scheduler`, the one owner of the
+plan, which tells this directory the plan to serve (``docs/fleet.md`` names the four
+"fleet" words).
 
 It owns no state of its own beyond which nodes serve which role and how many
-requests each copy of a role has in flight: every call goes to that role's
-:class:`~rosterd.scheduler.node.NodeScheduler`. A role with replicas has a copy on
-several nodes; a request goes to the copy :mod:`rosterd.replica_choice` picks (its
-prefix's copy within a bounded load, else the least loaded ready one). The count in
-flight is kept here, at the acquire, rather than read from the node machines, whose
-queues fill only once their loops run: a burst would otherwise all see the same load. A re-plan
-(a reload, a node lost) is one call, :meth:`Scheduler.apply_plan`: each node
-kept gets its new roles, budget and backends (``NodeScheduler.apply``), a new
-node gets a scheduler, a node left out drains and stops.
+requests each copy of a role has, queued or running (``copy_requests``): every call
+goes to that role's :class:`~rosterd.scheduler.node.NodeScheduler`. A role with
+replicas has a copy on several nodes; a request goes to the copy
+:mod:`rosterd.replica_choice` picks (its prefix's copy within a bounded load, else the
+least loaded ready one). That count is kept here, at the acquire, rather than read
+from the node machines, whose queues fill only once their loops run: a burst would
+otherwise all see the same load. A re-plan (a reload, a node lost) is one call,
+:meth:`NodeDirectory.apply_plan`: each node kept gets its new roles, budget and
+backends (``NodeScheduler.apply``), a new node gets a scheduler, a node left out
+drains and stops.
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from rosterd.backends.interface import BackendEventSource, RoleBackends
+from rosterd.backends.interface import RoleBackends
 from rosterd.errors import RoleMovedError, UnknownRoleError
+from rosterd.fleet_scheduler.values import NodeServing
 from rosterd.replica_choice import Copy, choose_copy, copy_to_wait_on
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.node import NodeScheduler
-from rosterd.scheduler.values import NodeChange, NodeConcurrency, SchedulerEvent
-from rosterd.spec import InferenceSpec
+from rosterd.scheduler.values import NodeChange, SchedulerEvent
 from rosterd.supervisor import BackendEvent
 
 #: How many times one request follows its role to a new node before it gets the error.
@@ -33,29 +38,8 @@ MAX_MOVES: Final[int] = 3
 
 
 @dataclass(frozen=True)
-class NodeConfig:
-    """What a plan gives one node: its ``name``, budget (``capacity_bytes``), the roles
-    placed on it (``specs``: role -> spec), the ``backends`` that start and stop them,
-    the roles it cannot serve (``unavailable``: role -> why), for a node whose
-    backends are not in this process, where their events come from (``backend_events``),
-    each role's memory figures as ``/status`` shows them (``memory``: role ->
-    ``RoleMemory.as_json``) and the node-wide limit on generations at once
-    (``concurrency``; ``None``: a node kept keeps its own, a new one has none).
-    """
-
-    name: str
-    capacity_bytes: int
-    specs: Mapping[str, InferenceSpec]
-    backends: RoleBackends
-    unavailable: Mapping[str, str] = field(default_factory=dict)
-    backend_events: BackendEventSource | None = None
-    memory: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
-    concurrency: NodeConcurrency | None = None
-
-
-@dataclass(frozen=True)
 class PlanChange:
-    """What :meth:`Scheduler.apply_plan` changed.
+    """What :meth:`NodeDirectory.apply_plan` changed.
 
     ``nodes``: node -> its :class:`NodeChange` (nodes kept or added; a node added
     lists its roles as ``added``); ``added_nodes`` / ``drained_nodes``: nodes that
@@ -89,32 +73,33 @@ class PlanChange:
         }
 
 
-def default_node(config: NodeConfig) -> NodeScheduler:
-    """A :class:`NodeScheduler` for ``config`` with the default limits and no metrics."""
+def default_node(serving: NodeServing, backends: RoleBackends) -> NodeScheduler:
+    """A :class:`NodeScheduler` serving ``serving`` through ``backends``, with the default
+    limits and no metrics."""
     return NodeScheduler(
-        config.name,
-        config.capacity_bytes,
-        config.specs,
-        config.backends,
-        unavailable=config.unavailable,
-        backend_events=config.backend_events,
+        serving.name,
+        serving.capacity_bytes,
+        serving.specs,
+        backends,
+        unavailable=serving.unavailable,
     )
 
 
-class Scheduler:
+class NodeDirectory:
     """The node schedulers of one ``rosterd up`` process, addressed by role.
 
     ``nodes``: node name -> :class:`NodeScheduler`; each role is placed on
     exactly one of them (the plan's placements restricted to the nodes this
-    process runs). ``new_node`` builds the scheduler of a node a re-plan adds
-    (default :func:`default_node`; ``rosterd up`` gives its limits and metrics).
+    process runs). ``new_node(serving, backends)`` builds the scheduler of a node a
+    re-plan adds (default :func:`default_node`; ``rosterd up`` gives its limits and
+    metrics).
     """
 
     def __init__(
         self,
         nodes: Mapping[str, NodeScheduler],
         *,
-        new_node: Callable[[NodeConfig], NodeScheduler] = default_node,
+        new_node: Callable[[NodeServing, RoleBackends], NodeScheduler] = default_node,
     ) -> None:
         self.nodes = dict(nodes)
         self._new_node = new_node
@@ -123,8 +108,9 @@ class Scheduler:
         self._started = False
         self._node_of: dict[str, NodeScheduler] = {}
         self._nodes_of: dict[str, tuple[NodeScheduler, ...]] = {}
-        #: (role, node) -> requests acquired there and not yet released (replicas' load)
-        self._in_flight: dict[tuple[str, str], int] = {}
+        #: (role, node) -> requests acquired there and not yet released, queued or running
+        #: (replicas' load)
+        self._copy_requests: dict[tuple[str, str], int] = {}
         self._index()
 
     def _index(self) -> None:
@@ -167,8 +153,8 @@ class Scheduler:
         for node in nodes:
             state = node.copy_state(role)
             if state is not None:
-                in_flight = self._in_flight.get((role, node.name), 0)
-                copies.append(Copy(node.name, state, in_flight, node.limits.max_concurrency))
+                requests = self._copy_requests.get((role, node.name), 0)
+                copies.append(Copy(node.name, state, requests, node.limits.max_concurrency))
         name = choose_copy(copies, prefix, exclude=avoid) or copy_to_wait_on(copies, avoid)
         if name is None:
             if nodes and not avoid:
@@ -184,12 +170,16 @@ class Scheduler:
 
     def apply_plan(
         self,
-        nodes: Mapping[str, NodeConfig],
+        nodes: Mapping[str, NodeServing],
+        backends: Mapping[str, RoleBackends],
         *,
         restart: Collection[str] = (),
         replace: Collection[str] = (),
     ) -> PlanChange:
-        """Serve the plan ``nodes`` (node name -> :class:`NodeConfig`) from now on; what changed.
+        """Serve the plan ``nodes`` (node name -> what it serves, a
+        :class:`~rosterd.fleet_scheduler.values.NodeServing`) from now on, each node
+        through its ``backends`` (node name -> the backends that start its roles); what
+        changed.
 
         Synchronous, so it is atomic for every caller on the loop: when it returns,
         requests resolve roles on the new plan (a role no longer placed anywhere
@@ -202,8 +192,8 @@ class Scheduler:
         background (:meth:`shutdown` waits for it). A role that moved retires on
         its old node and is added on the new one; its requests the old node does
         not serve are queued on the new one (:meth:`acquire`). ``replace``: nodes whose
-        scheduler is drained and made afresh from their config (a node lost, then back:
-        its old scheduler holds the loss). Needs a running event loop when a node is
+        scheduler is drained and made afresh from what they serve (a node lost, then
+        back: its old scheduler holds the loss). Needs a running event loop when a node is
         left out or replaced.
         """
         before = dict(self._node_of)
@@ -219,34 +209,34 @@ class Scheduler:
                 )
                 self._drain(name, old)
         placed: dict[str, str] = {}  # role -> a node holding it (the first by name)
-        for name, config in sorted(nodes.items(), reverse=True):
-            for role in config.specs:
+        for name, serving in sorted(nodes.items(), reverse=True):
+            for role in serving.specs:
                 placed[role] = name
         changes: dict[str, NodeChange] = {}
         added_nodes: list[str] = []
-        for name, config in sorted(nodes.items()):
+        for name, serving in sorted(nodes.items()):
             node = self.nodes.get(name)
             if node is None:
-                node = self._new_node(config)
+                node = self._new_node(serving, backends[name])
                 self.nodes[name] = node
                 added_nodes.append(name)
-                changes[name] = NodeChange(added=tuple(sorted(config.specs)))
+                changes[name] = NodeChange(added=tuple(sorted(serving.specs)))
                 if self._started:
                     node.start()
                 continue
             changes[name] = node.apply(
-                config.specs,
-                capacity_bytes=config.capacity_bytes,
-                backends=config.backends,
-                unavailable=config.unavailable,
+                serving.specs,
+                capacity_bytes=serving.capacity_bytes,
+                backends=backends[name],
+                unavailable=serving.unavailable,
                 restart=restart,
                 moved={
                     role: placed[role]
                     for role in node.specs
-                    if role in placed and role not in config.specs
+                    if role in placed and role not in serving.specs
                 },
-                memory=config.memory,
-                concurrency=config.concurrency,
+                memory=serving.memory,
+                concurrency=serving.concurrency,
             )
         drained = sorted(set(self.nodes) - set(nodes))
         for name in drained:
@@ -305,7 +295,7 @@ class Scheduler:
             return node.acquire(role, timeout_s=left_s, newer_than=newer)
 
         key = (role, start.name)
-        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        self._copy_requests[key] = self._copy_requests.get(key, 0) + 1
         try:
             lease = await self._follow_moves(role, timeout_s, ask, start)
         except BaseException:
@@ -314,15 +304,15 @@ class Scheduler:
         if lease.node != start.name:  # followed a move: counted where it is served
             self._count_done(key)
             moved = (role, lease.node)
-            self._in_flight[moved] = self._in_flight.get(moved, 0) + 1
+            self._copy_requests[moved] = self._copy_requests.get(moved, 0) + 1
         return lease
 
     def _count_done(self, key: tuple[str, str]) -> None:
-        left = self._in_flight.get(key, 0) - 1
+        left = self._copy_requests.get(key, 0) - 1
         if left > 0:
-            self._in_flight[key] = left
+            self._copy_requests[key] = left
         else:
-            self._in_flight.pop(key, None)
+            self._copy_requests.pop(key, None)
 
     async def _follow_moves(
         self,
@@ -372,7 +362,7 @@ class Scheduler:
         its role, or left its node out)."""
         self._count_done((lease.role, lease.node))
         node = self.nodes.get(lease.node)
-        if node is None or (lease.role not in node.specs and lease.node in self._draining):
+        if node is None or (lease.node in self._draining and lease.role not in node.specs):
             node = self._draining.get(lease.node, node)
         if node is not None:
             node.release(lease)
@@ -437,7 +427,8 @@ class Scheduler:
         """``{"nodes": {name: NodeScheduler.snapshot() + {"draining"}}}``; ``draining``:
         a re-plan left the node out and it is stopping. A role with replicas has, on each
         node holding a copy, ``copies``: every node holding one (by name) and
-        ``copy_requests``: the requests this process has in flight on this copy."""
+        ``copy_requests``: the requests this process sent to this copy and that are not
+        done, queued there or running (the ``running`` beside it counts the second only)."""
         nodes: dict[str, object] = {}
         for draining, group in ((False, self.nodes), (True, self._draining)):
             for name, node in group.items():
@@ -447,7 +438,7 @@ class Scheduler:
                     held = self._nodes_of.get(role, ())
                     if len(held) > 1 and isinstance(info, dict):
                         info["copies"] = [n.name for n in held]
-                        info["copy_in_flight"] = self._in_flight.get((role, name), 0)
+                        info["copy_requests"] = self._copy_requests.get((role, name), 0)
                 nodes.setdefault(name, view)
         return {"nodes": nodes}
 
