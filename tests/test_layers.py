@@ -43,6 +43,14 @@ LAYERS: dict[str, int] = {
     "rosterd.model_facts.gguf_file": 2,
     "rosterd.model_facts.mlx_folder": 2,
     "rosterd.model_facts.reader": 2,
+    # a node's devices: the listing and breakdown parsers and NVML's reading are files in,
+    # values out; a node's pools are a pure decision; the probe runs llama-server
+    "rosterd.devices": 2,
+    "rosterd.devices.listing": 2,
+    "rosterd.devices.breakdown": 2,
+    "rosterd.devices.nvml": 2,
+    "rosterd.devices.pools": 3,
+    "rosterd.devices.probe": 5,
     # 3. pure decisions
     "rosterd.residency": 3,
     "rosterd.replica_choice": 3,
@@ -50,6 +58,8 @@ LAYERS: dict[str, int] = {
     "rosterd.memory": 3,
     "rosterd.memory.estimate": 3,
     "rosterd.memory.count": 3,
+    # a role's estimate by pool reads its weights' facts and the adapter's launch (5)
+    "rosterd.memory.by_pool": 5,
     # 4. adapters: argv and probe builders per flavor
     "rosterd.adapters": 4,
     # 5. processes and the state folder

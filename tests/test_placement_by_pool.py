@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from rosterd.fleet import Fleet, Node, Platform
 from rosterd.fleet.model import DeviceSpec
 from rosterd.placement import plan
-from rosterd.placement.devices import DeviceNeed, DevicePlan, place_on_devices
+from rosterd.placement.device_need import DeviceNeed
+from rosterd.placement.devices import DevicePlan, place_on_devices
 from rosterd.residency import (
     AlreadyResident,
     Load,

@@ -18,7 +18,7 @@ from rosterd.flavors import DeviceUse
 from rosterd.fleet import Fleet
 from rosterd.memory.estimate import ALL_LAYERS, PoolEstimate
 from rosterd.memory.gathering import RoleMemory, RosterMemory, serving_settings
-from rosterd.placement.devices import DeviceNeed
+from rosterd.placement.device_need import DeviceNeed
 
 
 def gguf_split(figures: RoleMemory, gpu_layers: int = ALL_LAYERS) -> PoolEstimate | None:

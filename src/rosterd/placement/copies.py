@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rosterd.placement.problem import NodeLoad, Problem, gb_text, greedy_order, node_loads
+from rosterd.placement.device_need import gb_text
+from rosterd.placement.problem import NodeLoad, Problem, greedy_order, node_loads
 from rosterd.spec import InferenceSpec
 
 

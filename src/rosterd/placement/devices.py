@@ -34,31 +34,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from rosterd.flavors import DeviceUse
 from rosterd.fleet import Fleet, Node
-from rosterd.fleet.model import DeviceSpec
-from rosterd.placement.problem import NodePlan, Plan, gb_text
+from rosterd.placement.device_need import DeviceNeed, devices_for, gb_text, uses_device
+from rosterd.placement.problem import NodePlan, Plan
 from rosterd.spec import InferenceSpec
-
-
-@dataclass(frozen=True)
-class DeviceNeed:
-    """What one role needs on a device, in bytes.
-
-    ``full_bytes``: every layer offloaded (llama.cpp's ``-ngl 999``; an mlx role: all of
-    it). ``by_layers``: the device bytes for ``-ngl 0, 1, ...`` up to every layer and the
-    output layer (``rosterd.memory.estimate.split_llamacpp``), empty when the weights'
-    facts are unknown. ``offload``: the fleet entry's ``full`` or ``partial``.
-    """
-
-    full_bytes: int
-    by_layers: tuple[int, ...] = ()
-    offload: str = "full"
-
-    @property
-    def layers(self) -> int | None:
-        """Repeating layers (``len(by_layers) - 2``), ``None`` when unknown."""
-        return len(self.by_layers) - 2 if len(self.by_layers) >= 2 else None
 
 
 @dataclass(frozen=True)
@@ -112,38 +91,6 @@ class DevicePlan:
     def device_of(self, role: str, node: str) -> DeviceChoice | None:
         """The device of ``role``'s copy on ``node``; ``None`` for a host-only copy."""
         return self.choices.get((role, node))
-
-
-def uses_device(spec: InferenceSpec, node: Node) -> bool:
-    """Whether ``spec`` on ``node`` runs on one of its devices (its flavor's ``devices``
-    fact, ``rosterd.flavors.DeviceUse``; module docstring)."""
-    return bool(node.devices) and bool(_devices_for(spec, node))
-
-
-def device_eligibility(
-    spec: InferenceSpec, node: Node, need: DeviceNeed | None
-) -> tuple[bool, str]:
-    """Whether any device of ``node`` could ever hold ``spec`` alone, and if not why."""
-    if not uses_device(spec, node) or need is None:
-        return True, ""
-    devices = _devices_for(spec, node)
-    if any(need.full_bytes <= d.capacity_bytes for d in devices) or need.offload == "partial":
-        return True, ""
-    biggest = max(devices, key=lambda d: d.capacity_bytes)
-    return False, (
-        f"{node.name}: needs {gb_text(need.full_bytes)} on a device; its largest is "
-        f"{biggest.id} with {gb_text(biggest.capacity_bytes)} (capacity = memory - reserved)"
-    )
-
-
-def _devices_for(spec: InferenceSpec, node: Node) -> list[DeviceSpec]:
-    """The devices of ``node`` that ``spec``'s flavor runs on."""
-    use = spec.flavor.facts.devices
-    if use is DeviceUse.ANY_DEVICE:
-        return list(node.devices)
-    if use is DeviceUse.GPU_SHARE:
-        return [d for d in node.devices if d.gpu_share]
-    return []
 
 
 class _PoolLoad:
@@ -222,7 +169,7 @@ def place_on_devices(
         )
         for s in here:
             need = need_of(s)
-            allowed = [d.id for d in _devices_for(s, node)]
+            allowed = [d.id for d in devices_for(s, node)]
             fits = [i for i in allowed if need.full_bytes <= loads[i].room_for(s.interactive)]
             choice: DeviceChoice | None = None
             if fits:
@@ -298,7 +245,7 @@ def _no_device_reason(
         else "the interactive roles plus this one"
     )
     details = []
-    for d in _devices_for(s, node):
+    for d in devices_for(s, node):
         load = loads[d.id]
         free = max(load.room_for(s.interactive), 0)
         held = ", ".join(sorted(r for r, (_, i) in load.roles.items() if i or s.interactive))

@@ -21,7 +21,7 @@ from rosterd.placement.problem import (
 from rosterd.spec import InferenceSpec
 
 if TYPE_CHECKING:
-    from rosterd.placement.devices import DeviceNeed
+    from rosterd.placement.device_need import DeviceNeed
 
 
 def plan(

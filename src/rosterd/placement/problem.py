@@ -7,16 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from rosterd.fleet import Fleet, Node
 from rosterd.memory.count import UNMEASURED_NOTE
+from rosterd.placement.device_need import DeviceNeed, device_eligibility, gb_text
 from rosterd.residency import excludes_each_other, gib
 from rosterd.spec import InferenceSpec
-from rosterd.tokens import GB
-
-if TYPE_CHECKING:
-    from rosterd.placement.devices import DeviceNeed
 
 MIB = 1 << 20
 #: Level 5 resolution: free memory share in permille.
@@ -232,8 +228,6 @@ def _device_eligible(
     device_needs: Mapping[str, DeviceNeed] | None,
 ) -> tuple[list[int], str]:
     """The nodes of ``indexes`` whose devices could hold ``s`` alone, and if none, why."""
-    from rosterd.placement.devices import DeviceNeed, device_eligibility
-
     need = (device_needs or {}).get(s.role) or DeviceNeed(full_bytes=s.memory.resident_bytes)
     kept: list[int] = []
     reasons: list[str] = []
@@ -246,10 +240,6 @@ def _device_eligible(
     return kept, "no device could ever hold it: " + "; ".join(reasons[:3]) + (
         f"; and {len(reasons) - 3} more nodes" if len(reasons) > 3 else ""
     )
-
-
-def gb_text(n_bytes: int) -> str:
-    return f"{n_bytes / GB:.2f} GiB"
 
 
 def no_flavor_reason(s: InferenceSpec, nodes: Iterable[Node]) -> str:

@@ -6,7 +6,7 @@ sent and each next chunk within ``between_chunks_s`` of the one before.
 :func:`forward_within_deadlines` runs one forwarding under those deadlines, reading the
 progress from the messages it sends to the client, and raises :class:`StalledError`
 when one passes (the upstream request is cancelled, which closes its connection, so the
-backend frees its slot). The proxy then tells the scheduler (``Scheduler.suspect``),
+backend frees its slot). The proxy then tells the scheduler (``NodeDirectory.suspect``),
 which runs the role's generation probe: a wedged backend is found and restarted; the
 client gets :func:`stalled_error`.
 

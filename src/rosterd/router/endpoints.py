@@ -32,7 +32,7 @@ from rosterd.router.routing import RoleRoute, RouteTable, shown_name
 from rosterd.router.streams import LiveStreams
 from rosterd.router.upstream import Upstream
 from rosterd.router.wait_report import evicted_for
-from rosterd.scheduler.fleet import Scheduler
+from rosterd.scheduler.directory import NodeDirectory
 from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.router")
@@ -48,7 +48,7 @@ class Endpoints:
     ``node_views``). ``started_at``: seconds since the epoch (``created`` of every model,
     the base of ``uptime_s``); ``restores``: the proxy's checks of restored KV caches."""
 
-    scheduler: Scheduler
+    scheduler: NodeDirectory
     routes: RouteTable
     metrics: RosterdMetrics
     history: History
