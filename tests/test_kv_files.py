@@ -78,3 +78,24 @@ def test_the_disk_budget_prunes_the_least_recently_used_first(tmp_path: Path) ->
     assert kv.kept("old").file_bytes == 0
     assert not (tmp_path / "kv" / "old" / "slot0-1.bin").exists()
     assert (kv.kept("mid").tokens, kv.kept("new").file_bytes) == (10, 1000)
+
+
+async def test_a_refused_or_unanswered_slot_call_is_a_slot_file_error() -> None:
+    """llama-server's refusal (its error body) and a server that does not answer both raise
+    ``SlotFileError``, an ``AdapterError``, with the server's own words where it gave any."""
+    from rosterd.adapters.llamacpp_slots import LlamaServerSlots
+    from rosterd.errors import AdapterError, SlotFileError
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"message": "failed to restore slot"}})
+
+    slots = LlamaServerSlots()
+    async with httpx.AsyncClient(
+        base_url="http://127.0.0.1:1", transport=httpx.MockTransport(refuse)
+    ) as client:
+        with pytest.raises(SlotFileError, match=r"refused to restore .*failed to restore slot"):
+            await slots.restore(client, 0, "slot0.bin", timeout_s=5.0)
+    async with httpx.AsyncClient(base_url="http://127.0.0.1:1", trust_env=False) as client:
+        with pytest.raises(SlotFileError, match="did not answer") as raised:
+            await slots.save(client, 0, "slot0.bin", timeout_s=5.0)
+    assert isinstance(raised.value, AdapterError)
