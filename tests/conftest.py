@@ -11,10 +11,10 @@ from typing import Any, cast
 
 import pytest
 
-from backend_helpers import fake_launch, pick_free_port
-from ray_helpers import HAVE_RAY, HEAD_IP, WORKER_IP
 from rosterd.adapters.base import Launch
 from rosterd.supervisor import Supervisor
+from support.backends import fake_launch, pick_free_port
+from support.ray_nodes import HAVE_RAY, HEAD_IP, WORKER_IP
 
 # The openai and anthropic SDKs name the platform in every request's headers, and the
 # first ``platform.platform()`` forks ``uname -p``. Forked from this process once many

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import spec_helpers
+import support.specs as spec_helpers
 from rosterd.backends.local import SupervisorBackends
 from rosterd.supervisor import Supervisor
 from rosterd.supervisor.ports import (
@@ -24,7 +24,7 @@ from rosterd.supervisor.ports import (
     free_port,
 )
 from rosterd.weights import ResolvedWeights
-from test_up_support import MODELS, prepare_example_models
+from support.up import MODELS, prepare_example_models
 
 
 def test_picked_ports_lie_outside_the_ephemeral_range_and_are_free() -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backend_helpers import gone
 from rosterd.supervisor import logs as backend_logs
 from rosterd.supervisor.process import REASON_CHARS, failure_reason, output_tail, spawn_logged
+from support.backends import gone
 
 #: A child that writes ``N`` numbered lines of about 100 bytes each, then exits.
 WRITER = (

@@ -29,8 +29,8 @@ from rosterd.fleet.reader import parse_fleet
 from rosterd.roster.importer import import_roster
 from rosterd.roster.overlay import RosterOverlay
 from rosterd.router import RouterConfig
-from router_support import serve
-from test_up_support import rosterd_argv
+from support.router import serve
+from support.up import rosterd_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from test_up_support import (
+from support.up import (
     EXAMPLE_LAB,
     MODELS,
     llama_entry,

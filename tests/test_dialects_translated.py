@@ -25,12 +25,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from support.backends import NoLiveness, pick_free_port
 
 MIB = 2**20
 TEXT = "Paris is the capital of France."

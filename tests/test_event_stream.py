@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from rosterd.router import RouterConfig
-from router_support import serve
+from support.router import serve
 
 
 async def _events(lines: object, want: int) -> list[tuple[str, object]]:

@@ -2,7 +2,7 @@
 
 Each test posts what happens to a fleet (its start, reloads, a node lost, a node back)
 to a :class:`~rosterd.fleet_scheduler.machine.FleetMachine` through the
-:class:`fleet_machine_bench.FleetBench`, which plays the effects' part, and checks what the
+:class:`support.fleet_bench.FleetBench`, which plays the effects' part, and checks what the
 machine asked for and what it keeps. The last test runs random sequences of reloads,
 losses and returns and checks the budget, the exclusions and stickiness after every
 step.
@@ -16,7 +16,6 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet_machine_bench import FleetBench, cluster, config, local, node, on_ray
 from rosterd.fleet.model import ModelSource
 from rosterd.fleet_scheduler.effects import (
     ApplyPlan,
@@ -37,7 +36,8 @@ from rosterd.fleet_scheduler.values import NodeRun
 from rosterd.fleet_scheduler.views import fleet_status, node_views
 from rosterd.placement import score, violations
 from rosterd.spec import InferenceSpec
-from spec_helpers import spec
+from support.fleet_bench import FleetBench, cluster, config, local, node, on_ray
+from support.specs import spec
 
 RAY = "10.0.0.1:6379"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from netns_lab import (
+from support.netns_lab import (
     FIRST_IP,
     SECOND_IP,
     Lab,
@@ -22,8 +22,8 @@ from netns_lab import (
     wait,
     write_lab,
 )
-from ray_helpers import needs_ray
-from test_up_support import rosterd_argv
+from support.ray_nodes import needs_ray
+from support.up import rosterd_argv
 
 __all__ = ["lab"]  # the fixture, used by name
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from netns_lab import FIRST_IP, Lab, env, ip, lab, running_fleet, wait, write_lab
-from ray_helpers import needs_ray
-from test_up_support import rosterd_argv
+from support.netns_lab import FIRST_IP, Lab, env, ip, lab, running_fleet, wait, write_lab
+from support.ray_nodes import needs_ray
+from support.up import rosterd_argv
 
 __all__ = ["lab"]  # the fixture, used by name
 

@@ -17,8 +17,8 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import pick_free_port
-from test_up_support import EXAMPLE_LAB, Up, prepare_example_models, start_up, wait_resident
+from support.backends import pick_free_port
+from support.up import EXAMPLE_LAB, Up, prepare_example_models, start_up, wait_resident
 
 pytestmark = pytest.mark.slow
 

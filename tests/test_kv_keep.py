@@ -25,7 +25,7 @@ import httpx
 import psutil
 import pytest
 
-from test_up_support import (
+from support.up import (
     GEMMA,
     MODELS,
     Up,

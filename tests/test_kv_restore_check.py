@@ -24,11 +24,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.router.restore_check import RestoreChecks, kv_summary, restore_verdict
 from rosterd.scheduler.lease import Lease
-from router_support import serve
+from support.backends import NoLiveness, pick_free_port
+from support.router import serve
 
 
 def plain_answer(*, cache_n: int, prompt_n: int) -> bytes:

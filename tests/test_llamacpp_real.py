@@ -19,7 +19,13 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import (
+from rosterd.adapters.llamacpp import LlamaCppAdapter
+from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from rosterd.supervisor import BackendStartError, Supervisor
+from rosterd.supervisor.process import REASON_CHARS
+from rosterd.tokens import GB
+from rosterd.weights import ResolvedWeights
+from support.backends import (
     gone,
     kill_rosterd_child,
     port_is_free,
@@ -27,12 +33,6 @@ from backend_helpers import (
     wait_gone,
     wait_port_free,
 )
-from rosterd.adapters.llamacpp import LlamaCppAdapter
-from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
-from rosterd.supervisor import BackendStartError, Supervisor
-from rosterd.supervisor.process import REASON_CHARS
-from rosterd.tokens import GB
-from rosterd.weights import ResolvedWeights
 
 pytestmark = pytest.mark.slow
 

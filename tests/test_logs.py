@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from rosterd.router import RouterConfig
-from router_support import serve
-from test_up_support import rosterd_argv
+from support.router import serve
+from support.up import rosterd_argv
 
 
 def numbered(first: int, last: int) -> str:

@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend_helpers import gone, port_is_free
 from rosterd.adapters.mlx_lm import MlxLmAdapter
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import Supervisor
 from rosterd.tokens import GB
 from rosterd.weights import ResolvedWeights
+from support.backends import gone, port_is_free
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def tiny_mlx_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random MLX llama model folder (mlx_lm's own classes, a small BPE vocab)."""
     pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx-lm[cpu]')")
     pytest.importorskip("mlx_lm", reason="mlx_lm is not installed (pip install 'mlx-lm[cpu]')")
-    from tiny_mlx import write_tiny_mlx_model
+    from support.tiny_mlx import write_tiny_mlx_model
 
     return write_tiny_mlx_model(tmp_path_factory.mktemp("mlx") / "tiny-mlx")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
-from test_up_support import (
+from support.up import (
     MODELS,
     llama_entry,
     prepare_example_models,

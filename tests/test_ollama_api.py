@@ -17,9 +17,9 @@ import httpx
 import ollama
 import pytest
 
-from backend_helpers import pick_free_port
 from rosterd.up.runtime import UpOptions
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     GEMMA,
     MODELS,
     llama_entry,

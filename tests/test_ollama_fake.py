@@ -1,4 +1,4 @@
-"""The ollama adapter against a FAKE ollama server (tests/fake_ollama.py), because ollama
+"""The ollama adapter against a FAKE ollama server (tests/support/fake_ollama.py), because ollama
 cannot run on this machine. The fake follows Ollama's documented API for the calls the
 adapter makes; the supervisor starts it as the node's one shared `ollama serve`."""
 
@@ -13,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend_helpers import gone
 from rosterd.adapters.ollama import OllamaAdapter
 from rosterd.errors import OllamaError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import Supervisor, run_probe
+from support.backends import gone
 
-FAKE_OLLAMA = Path(__file__).resolve().parent / "fake_ollama.py"
+FAKE_OLLAMA = Path(__file__).resolve().parent / "support" / "fake_ollama.py"
 
 
 def fake_ollama_binary(folder: Path) -> Path:

@@ -2,7 +2,7 @@
 ``ollama`` client.
 
 Ollama cannot run on the test machine, so the role's server is the FAKE ollama of
-``tests/fake_ollama.py``, which stands in for ``ollama serve``: it follows Ollama's
+``tests/support/fake_ollama.py``, which stands in for ``ollama serve``: it follows Ollama's
 documented API, and its chat reply says which model and ``keep_alive`` it was sent. A
 translation to the OpenAI routes would fail there (the fake has none), so every answer
 below shows the request went through on Ollama's own path.
@@ -16,10 +16,10 @@ from pathlib import Path
 import ollama
 import pytest
 
-from backend_helpers import pick_free_port
 from rosterd.up.runtime import UpOptions
+from support.backends import pick_free_port
+from support.up import llama_entry, serving, write_box_fleet, write_roster
 from test_ollama_fake import fake_ollama_binary
-from test_up_support import llama_entry, serving, write_box_fleet, write_roster
 
 #: What the fake's chat reply says for the role's tag: rosterd sent the tag and asked the
 #: server to keep the model (its scheduler decides when it leaves memory).

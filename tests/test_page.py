@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from backend_helpers import pick_free_port
-from test_up_support import EXAMPLE_LAB, Up, prepare_example_models, start_up
+from support.backends import pick_free_port
+from support.up import EXAMPLE_LAB, Up, prepare_example_models, start_up
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver

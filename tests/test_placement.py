@@ -14,7 +14,7 @@ from rosterd.placement import Plan, greedy_plan, plan, score, violations
 from rosterd.residency import Load, NodeState, decide, excludes_each_other
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.tokens import GB
-from spec_helpers import spec
+from support.specs import spec
 
 LLAMA = InferFlavor.LLAMACPP
 MLX = InferFlavor.MLX_LM

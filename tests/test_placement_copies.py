@@ -15,7 +15,7 @@ from rosterd.fleet import Fleet, ModelSource, Node, Platform
 from rosterd.fleet.reader import parse_fleet
 from rosterd.placement import greedy_plan, plan, violations
 from rosterd.tokens import GB
-from spec_helpers import spec
+from support.specs import spec
 
 
 def node(name: str, capacity_gb: float, platform: Platform = Platform.LINUX_X86_64) -> Node:

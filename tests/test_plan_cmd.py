@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
 from rosterd.tokens import GB
-from test_up_support import prepare_example_models
+from support.up import prepare_example_models
 
 _register()
 

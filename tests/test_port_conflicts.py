@@ -18,15 +18,15 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-import spec_helpers
-from backend_helpers import pick_free_port
+import support.specs as spec_helpers
 from rosterd.cli import _register, app
 from rosterd.fleet.local import local_fleet
 from rosterd.placement import plan
 from rosterd.placement.conflicts import port_conflicts, without_port_conflicts
 from rosterd.spec import InferenceSpec, InferFlavor, ServeSpec
 from rosterd.up.runtime import UpOptions
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     MODELS,
     llama_entry,
     prepare_example_models,

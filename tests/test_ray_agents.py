@@ -27,9 +27,6 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import gone
-from fleet_machine_bench import config as served_config
-from ray_helpers import ABSENT_IP, HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 from rosterd.backends.node_host import NodeHost, ServingFacts
 from rosterd.errors import (
     ClusterError,
@@ -52,6 +49,9 @@ from rosterd.supervisor import BackendEvent, BackendStartError, StateDirLockedEr
 from rosterd.tokens import GB
 from rosterd.up.fleet_effects import UpFleetEffects
 from rosterd.up.options import UpOptions
+from support.backends import gone
+from support.fleet_bench import config as served_config
+from support.ray_nodes import ABSENT_IP, HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -1,7 +1,7 @@
 """Coverage-guided fuzzing (atheris) of the roster, overlay and fleet readers and the router's
 body parsing: every input is accepted or refused with one of rosterd's own errors.
 
-Each target of tests/fuzz_targets.py runs in its own process (libFuzzer exits the
+Each target of tests/support/fuzz_targets.py runs in its own process (libFuzzer exits the
 process when its runs are done) for ``Budget.fuzz_inputs`` inputs, seeded with
 the example lab's files and a chat request; a crash is any other exception, and
 libFuzzer saves the input that raised it under the test's temporary folder.
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from reliability_support import HERE, budget, print_figures
+from support.reliability import HERE, budget, print_figures
 
 pytestmark = [pytest.mark.slow, pytest.mark.reliability]
 
-EXAMPLES = HERE.parent / "examples"
+EXAMPLES = HERE.parents[1] / "examples"
 SEEDS: dict[str, list[Path]] = {
     "roster": [EXAMPLES / "roster.yaml"],
     "overlay": [EXAMPLES / "overlay.yaml"],
@@ -50,7 +50,7 @@ def test_fuzzed_input_raises_only_rosterd_errors(
     if not long_reliability:
         # CI's bounded run is the same every time; the long run explores from a new seed.
         argv.append("-seed=1")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), str(HERE)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "src"), str(HERE)]))
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=60 + runs / 100, env=env, check=False
     )

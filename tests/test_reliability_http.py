@@ -4,7 +4,7 @@ pipelined garbage, 5,000 idle connections), each cut by a deadline while a norma
 client is served as fast as before.
 
 ``rosterd up`` serves one role in front of the fast stand-in backend
-(tests/fake_llama_server.py) so that requests naming it reach a backend.
+(tests/support/fake_llama_server.py) so that requests naming it reach a backend.
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi import checks as openapi_checks
 
-from reliability_support import (
+from rosterd.router.dialects.envelope import ANTHROPIC_PATHS
+from rosterd.router.ollama.catalog import STORE_PATHS
+from rosterd.router.ollama.routes import OLLAMA_PREFIX
+from rosterd.up.http_protocol import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
+from support.reliability import (
     budget,
     documented_error,
     print_figures,
     raise_nofile,
     start_fake_up,
 )
-from rosterd.router.dialects.envelope import ANTHROPIC_PATHS
-from rosterd.router.ollama.catalog import STORE_PATHS
-from rosterd.router.ollama.routes import OLLAMA_PREFIX
-from rosterd.up.http_protocol import BODY_IDLE_TIMEOUT_S, HEADER_TIMEOUT_S
-from test_up_support import Up
+from support.up import Up
 
 pytestmark = [pytest.mark.slow, pytest.mark.reliability]
 

@@ -2,7 +2,7 @@
 
 ``rosterd up`` runs as users run it (a subprocess) with ``--max-concurrency 1000
 --max-queue 1000`` in front of a fast stand-in for llama-server
-(tests/fake_llama_server.py: a real llama-server on two cores cannot hold 1,000
+(tests/support/fake_llama_server.py: a real llama-server on two cores cannot hold 1,000
 streams). 1,000 clients open a streamed chat completion at once; every one must
 get 200, its first byte and ``data: [DONE]``. rosterd's RSS at 1,000 streams
 open is printed.
@@ -20,12 +20,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reliability_support import print_figures, raise_nofile, rss_and_fds, start_fake_up
 from rosterd.errors import RouterError, UpstreamConnectError
 from rosterd.router.openai_errors import upstream_errors
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.runtime import open_files_wanted, raise_open_files_limit
-from test_up_support import all_gone
+from support.reliability import print_figures, raise_nofile, rss_and_fds, start_fake_up
+from support.up import all_gone
 
 STREAMS = 1000
 

@@ -37,8 +37,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reliability_support import budget, documented_error, print_figures, rss_and_fds
-from test_up_support import (
+from support.reliability import budget, documented_error, print_figures, rss_and_fds
+from support.up import (
     MODELS,
     Up,
     all_gone,

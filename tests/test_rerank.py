@@ -19,7 +19,6 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.cli import _register, app
 from rosterd.errors import FleetError
@@ -28,7 +27,8 @@ from rosterd.fleet.reader import parse_fleet
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.up.runtime import UpOptions
 from rosterd.weights import ResolvedWeights, resolve_weights
-from test_up_support import serving
+from support.backends import pick_free_port
+from support.up import serving
 
 _register()
 ROLES = ("rerank", "chat")

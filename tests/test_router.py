@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import httpx
 import uvicorn
 
-from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, RouterConfig, create_app
@@ -25,6 +24,7 @@ from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from support.backends import NoLiveness, pick_free_port
 
 MIB = 2**20
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_up_support import (
+from support.up import (
     MODELS,
     llama_entry,
     prepare_example_models,

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from test_up_support import (
+from support.up import (
     GEMMA,
     Up,
     llama_entry,

@@ -25,7 +25,6 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, create_app
@@ -33,6 +32,7 @@ from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from support.backends import NoLiveness, pick_free_port
 
 MIB = 2**20
 ROLES = ("done", "stops", "hangs")

@@ -3,7 +3,7 @@
 A power cut leaves the router's connection to the dead machine's backend open and
 unanswered: no RST, no FIN. That cannot be made here, so a listener that accepts and
 never answers stands in for that backend (node ``n1``); the backend of node ``n2``,
-where the role moves, is ``tests/fake_backend.py`` (one token per completion). The
+where the role moves, is ``tests/support/fake_backend.py`` (one token per completion). The
 router, the schedulers and the re-plan are rosterd's own, served by uvicorn on
 127.0.0.1; the request is sent with httpx.
 """
@@ -22,12 +22,12 @@ import httpx
 import pytest
 import uvicorn
 
-from backend_helpers import FAKE_BACKEND, NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, create_app
 from rosterd.scheduler.fleet import NodeConfig, Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from support.backends import FAKE_BACKEND, NoLiveness, pick_free_port
 
 MIB = 2**20
 
@@ -79,7 +79,7 @@ async def _until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) 
 
 @pytest.fixture
 def answering() -> Iterator[str]:
-    """``tests/fake_backend.py`` on a free port: its base URL once it answers."""
+    """``tests/support/fake_backend.py`` on a free port: its base URL once it answers."""
     port = pick_free_port()
     proc = subprocess.Popen(
         [sys.executable, str(FAKE_BACKEND), "--port", str(port)],

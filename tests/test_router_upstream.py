@@ -20,7 +20,6 @@ import httpx
 import pytest
 import uvicorn
 
-from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.errors import UpstreamClosedError
 from rosterd.router import RoleRoute, RouterConfig, RouterError, create_app
@@ -30,6 +29,7 @@ from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from support.backends import NoLiveness, pick_free_port
 
 MIB = 2**20
 ANSWER = b'{"object":"text_completion","choices":[{"index":0,"text":"hi"}]}'

@@ -5,7 +5,7 @@ against a ``rosterd up`` that wants a key or given the OpenAI base URL (``.../v1
 ``rosterd load`` evicted, and ``/openapi.json`` against the routes the app serves.
 
 The client commands run as a user runs them (the ``rosterd`` console script); the router
-runs in this process over stand-in backends (``router_support``, ``test_router``), and the
+runs in this process over stand-in backends (``support.router``, ``test_router``), and the
 embeddings case on a real llama-server through a real ``rosterd up``.
 """
 
@@ -25,7 +25,6 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
-from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, create_app
 from rosterd.router.routing import RouterConfig
@@ -33,10 +32,11 @@ from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
-from router_support import MIB, ROLES, NoBackends, serve
+from support.backends import NoLiveness, pick_free_port
+from support.router import MIB, ROLES, NoBackends, serve
+from support.up import llama_entry, rosterd_argv, start_up, write_roster
 from test_router import chat
 from test_router import serve as serve_stand_ins
-from test_up_support import llama_entry, rosterd_argv, start_up, write_roster
 
 # --------------------------------------------------------------- what the backend answers
 

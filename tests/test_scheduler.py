@@ -18,7 +18,7 @@ from typing import Any, TypeVar, get_args
 
 import pytest
 
-import spec_helpers
+import support.specs as spec_helpers
 from rosterd.backends.values import Endpoint
 from rosterd.errors import (
     LoadBackoffError,

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import spec_helpers
-from backend_helpers import NoLiveness
+import support.specs as spec_helpers
 from rosterd.adapters import WeightsSource
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.values import Endpoint
@@ -34,6 +33,7 @@ from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, PortInUseError, ProbeResult, Supervisor
+from support.backends import NoLiveness
 
 MIB = 2**20
 LIMITS = SchedulerLimits(

@@ -1,7 +1,7 @@
 """ollama roles through the scheduler: one shared server per node, roles loaded and unloaded in it.
 
 Ollama cannot run on the test machine, so this uses the FAKE ollama server of
-``tests/fake_ollama.py`` (it follows Ollama's documented ``/api/generate`` and
+``tests/support/fake_ollama.py`` (it follows Ollama's documented ``/api/generate`` and
 ``/api/ps`` calls). What is checked is rosterd's side: the node's server is
 started once, under the supervisor, however many roles ask at once; a role's
 load is a ``keep_alive: -1`` generate; its eviction unloads it and returns only

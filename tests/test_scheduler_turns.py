@@ -4,7 +4,7 @@ Two roles that cannot be resident together, both with queued requests: the
 resident one serves its own queue until the other's oldest request has waited
 ``max_wait_s`` since the turn began, or until its queue is empty; an
 interactive request keeps its precedence. The runs are simulated
-(``turns_support.simulate``: simulated time, nothing sleeps), over fixed and
+(``support.turns.simulate``: simulated time, nothing sleeps), over fixed and
 random (hypothesis) arrivals.
 """
 
@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rosterd.scheduler.values import SchedulerLimits
+from support.turns import Outcome, Request, simulate
 from test_scheduler import LIMITS, Bench, spec
-from turns_support import Outcome, Request, simulate
 
 LOAD_S, STOP_S = 0.5, 0.1
 TURNS = SchedulerLimits(

@@ -1,4 +1,4 @@
-"""The supervisor against real processes: a small stand-in backend (tests/fake_backend.py)
+"""The supervisor against real processes: a small stand-in backend (tests/support/fake_backend.py)
 that starts in a fraction of a second, so every lifecycle rule is checked quickly.
 The same rules are checked against a real llama-server in test_llamacpp_real.py."""
 
@@ -19,14 +19,6 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import (
-    gone,
-    kill_rosterd_child,
-    port_is_free,
-    run_rosterd_child,
-    wait_gone,
-    wait_port_free,
-)
 from rosterd.adapters.base import Launch, one_token_completion
 from rosterd.supervisor import (
     BackendAlreadySupervisedError,
@@ -45,6 +37,14 @@ from rosterd.supervisor import (
     tree_rss_bytes,
 )
 from rosterd.tokens import GB
+from support.backends import (
+    gone,
+    kill_rosterd_child,
+    port_is_free,
+    run_rosterd_child,
+    wait_gone,
+    wait_port_free,
+)
 
 FakeLaunch = Callable[..., Launch]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from backend_helpers import pick_free_port
 from rosterd.cli import _register, app
 from rosterd.up.listen import is_loopback_host
-from test_up_support import EXAMPLE_LAB, start_up
+from support.backends import pick_free_port
+from support.up import EXAMPLE_LAB, start_up
 
 _register()
 runner = CliRunner()

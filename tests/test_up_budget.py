@@ -24,7 +24,7 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from test_up_support import (
+from support.up import (
     MODELS,
     Up,
     all_gone,

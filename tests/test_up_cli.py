@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from rosterd.cli import _register, app
 from rosterd.cli.client_cmd import role_path
 from rosterd.fleet.addresses import is_this_machine as is_local_address
-from test_up_support import EXAMPLES
+from support.up import EXAMPLES
 
 _register()
 runner = CliRunner()

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_up_support import (
+from support.up import (
     GEMMA,
     MODELS,
     Up,

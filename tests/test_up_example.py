@@ -17,7 +17,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from test_up_support import (
+from support.up import (
     EXAMPLE_LAB,
     all_gone,
     prepare_example_models,

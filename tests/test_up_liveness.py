@@ -4,7 +4,7 @@ a backend killed with a request in flight, a corrupt GGUF, a load nobody waits f
 shutdown during a load, a backend that ignores SIGTERM, clients that never finish their
 request, and the first swap of two idle roles.
 
-The stand-in is ``tests/fake_backend.py`` run through a wrapper given to rosterd as
+The stand-in is ``tests/support/fake_backend.py`` run through a wrapper given to rosterd as
 ``ROSTERD_LLAMA_SERVER``, for what llama-server cannot be made to do here: generate
 nothing while its HTTP side answers, take seconds to load, ignore SIGTERM. Each
 model's ``<file>.args`` picks the stand-in's mode. Deadlines are short flags so that
@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend_helpers import FAKE_BACKEND, pick_free_port
-from test_up_support import (
+from support.backends import FAKE_BACKEND, pick_free_port
+from support.up import (
     MODELS,
     Up,
     llama_entry,

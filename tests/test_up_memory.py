@@ -21,13 +21,13 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli import _register, app
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.tokens import GB
 from rosterd.up.runtime import UpOptions
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     MODELS,
     console_text,
     llama_entry,

@@ -10,7 +10,7 @@ runs stopped by their handles.
   reference does), and counts the roster's figure until ollama held it, then the size
   ollama reported (``/api/ps``): in ``/status`` during the run, and as its measured
   figure and estimate on the next ``rosterd plan``. Ollama cannot run on the test
-  machine, so the FAKE ollama of ``tests/fake_ollama.py`` (Ollama's documented
+  machine, so the FAKE ollama of ``tests/support/fake_ollama.py`` (Ollama's documented
   ``/api/generate`` and ``/api/ps``) stands in for it, found on ``PATH`` as ``ollama``.
 """
 
@@ -27,7 +27,6 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli import _register, app
 from rosterd.fleet.reader import load_fleet
@@ -36,8 +35,8 @@ from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.roster.importer import load_roster
 from rosterd.tokens import GB
 from rosterd.up.runtime import UpOptions
-from test_ollama_fake import fake_ollama_binary
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     MODELS,
     llama_entry,
     prepare_example_models,
@@ -45,6 +44,7 @@ from test_up_support import (
     write_box_fleet,
     write_roster,
 )
+from test_ollama_fake import fake_ollama_binary
 
 _register()
 

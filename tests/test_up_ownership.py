@@ -7,8 +7,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from backend_helpers import pick_free_port
-from test_up_support import EXAMPLE_LAB, rosterd_argv, start_up
+from support.backends import pick_free_port
+from support.up import EXAMPLE_LAB, rosterd_argv, start_up
 
 EXAMPLE = [*EXAMPLE_LAB, "--no-warm-up"]
 

@@ -1,7 +1,7 @@
 """Progress, not a clock, tells a wedged backend: ``rosterd up`` asks a quiet llama-server
 role's ``/slots`` (``--progress-check-after``), on real processes and real HTTP.
 
-- A wedged backend is found in seconds: the stand-in (``tests/fake_backend.py``, mode
+- A wedged backend is found in seconds: the stand-in (``tests/support/fake_backend.py``, mode
   ``wedge-once``) stands in for a wedged llama-server, which cannot be made to hang on
   demand: its ``/health`` says 200 while its completions, ``/slots`` and ``/metrics``
   hang, as llama-server's main loop does when it is stuck. The first-byte deadline stays
@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from backend_helpers import pick_free_port
-from test_up_liveness import event_kinds, post, role_info, stand_in
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     GEMMA,
     llama_entry,
     prepare_example_models,
@@ -30,6 +29,7 @@ from test_up_support import (
     write_box_fleet,
     write_roster,
 )
+from test_up_liveness import event_kinds, post, role_info, stand_in
 
 pytestmark = pytest.mark.slow
 

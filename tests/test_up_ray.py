@@ -27,12 +27,12 @@ import psutil
 import pytest
 from rich.console import Console
 
-from backend_helpers import gone, pick_free_port
-from ray_helpers import HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.runtime import UpOptions
-from test_up_support import rosterd_argv, serving
+from support.backends import gone, pick_free_port
+from support.ray_nodes import HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
+from support.up import rosterd_argv, serving
 
 #: TEST-NET-1, never this machine (its eth0 may sit in 192.0.2.0/24, not at .77).
 ABSENT_REMOTE_IP = "192.0.2.77"

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from ray_helpers import needs_ray
-from test_up_support import EXAMPLE_LAB, prepare_example_models, rosterd_argv
+from support.ray_nodes import needs_ray
+from support.up import EXAMPLE_LAB, prepare_example_models, rosterd_argv
 
 pytestmark = needs_ray
 
-#: A loopback address no Ray test cluster uses (``ray_helpers``'s are 127.0.0.2-127.0.0.4).
+#: A loopback address no Ray test cluster uses (``support.ray_nodes``'s are 127.0.0.2-127.0.0.4).
 SILENT_IP = "127.0.0.21"
 
 

@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from backend_helpers import pick_free_port
 from rosterd.up.runtime import UpOptions
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     GEMMA,
     MODELS,
     Up,

@@ -16,10 +16,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from backend_helpers import pick_free_port
 from rosterd.cli import _register, app
 from rosterd.up.runtime import UpOptions
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     MODELS,
     llama_entry,
     prepare_example_models,

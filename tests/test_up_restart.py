@@ -13,9 +13,9 @@ import httpx
 import psutil
 import pytest
 
-from backend_helpers import pick_free_port
 from rosterd.adapters.llamacpp import find_llama_server
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     MODELS,
     llama_entry,
     prepare_example_models,

@@ -19,8 +19,8 @@ import httpx
 import openai
 import psutil
 
-from backend_helpers import pick_free_port
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     GEMMA,
     MODELS,
     llama_entry,

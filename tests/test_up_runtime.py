@@ -13,12 +13,12 @@ import httpx
 import pytest
 from rich.console import Console
 
-from backend_helpers import pick_free_port, wait_gone
 from rosterd.adapters.llamacpp import find_llama_server
 from rosterd.cli.up_report import ConsoleReporter
 from rosterd.errors import RosterdError
 from rosterd.up.runtime import UpOptions, UpRun
-from test_up_support import (
+from support.backends import pick_free_port, wait_gone
+from support.up import (
     MODELS,
     llama_entry,
     prepare_example_models,

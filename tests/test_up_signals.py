@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_up_support import EXAMPLE_LAB, prepare_example_models, rosterd_argv
+from support.up import EXAMPLE_LAB, prepare_example_models, rosterd_argv
 
 pytestmark = pytest.mark.slow
 

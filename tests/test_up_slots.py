@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_up_support import (
+from support.up import (
     GEMMA,
     llama_entry,
     prepare_example_models,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from backend_helpers import pick_free_port
-from test_up_support import (
+from support.backends import pick_free_port
+from support.up import (
     MODELS,
     llama_entry,
     prepare_example_models,

@@ -13,7 +13,6 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from backend_helpers import NoLiveness, pick_free_port
 from rosterd.backends.interface import RoleBackends
 from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, RouterConfig, create_app
@@ -22,6 +21,7 @@ from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from support.backends import NoLiveness, pick_free_port
 
 MIB = 2**20
 #: The roles a stand-in router serves.

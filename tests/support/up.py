@@ -22,11 +22,11 @@ import httpx
 import psutil
 from rich.console import Console
 
-from backend_helpers import gone
 from rosterd.cli.up_report import ConsoleReporter
 from rosterd.up.runtime import UpOptions, UpRun
+from support.backends import gone
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MODELS = EXAMPLES / "models"
 GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"

@@ -87,7 +87,7 @@ def fake_launch(
     load_s: float = 0.0,
     child_pid_file: Path | None = None,
 ) -> Launch:
-    """A ``Launch`` of ``tests/fake_backend.py`` (readiness ``GET /health``)."""
+    """A ``Launch`` of ``tests/support/fake_backend.py`` (readiness ``GET /health``)."""
     argv = [sys.executable, str(FAKE_BACKEND), "--port", str(port), "--mode", mode]
     argv += ["--load-s", str(load_s)]
     if child_pid_file is not None:

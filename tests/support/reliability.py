@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from backend_helpers import pick_free_port
 from rosterd.error_table import ERROR_KINDS
-from test_up_support import Up, llama_entry, start_up, write_roster
+from support.backends import pick_free_port
+from support.up import Up, llama_entry, start_up, write_roster
 
 HERE = Path(__file__).resolve().parent
 FAKE_LLAMA_SERVER = HERE / "fake_llama_server.py"

@@ -1,6 +1,6 @@
 """A small stand-in for a backend server, for supervisor tests (stdlib only, starts fast).
 
-    python tests/fake_backend.py --port P [--mode MODE] [--load-s S] [--child-pid-file F]
+    python tests/support/fake_backend.py --port P [--mode MODE] [--load-s S] [--child-pid-file F]
                                  [--marker F] [llama-server's other options, ignored]
 
 Modes:

@@ -1,7 +1,7 @@
 """A fast stand-in for llama-server, for the load tests (uvicorn, no model): it stands in for
 speed, since a real llama-server on this machine's two cores cannot hold 1,000 streams.
 
-    python tests/fake_llama_server.py -m MODEL --host H --port P [-c N] [-np N] [--alias A]
+    python tests/support/fake_llama_server.py -m MODEL --host H --port P [-c N] [-np N] [--alias A]
 
 It takes llama-server's arguments (rosterd's llamacpp adapter launches it through
 ``ROSTERD_LLAMA_SERVER``; a wrapper script execs it) and ignores those it does not

@@ -32,7 +32,7 @@ from rosterd.scheduler.events import (
 )
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import SchedulerLimits
-from spec_helpers import spec
+from support.specs import spec
 
 MIB = 2**20
 ROLES = ("a", "b")

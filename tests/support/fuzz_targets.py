@@ -1,7 +1,7 @@
 """Coverage-guided fuzz targets (atheris, libFuzzer's engine) for rosterd's readers of untrusted
 input: the roster, the overlay, the fleet file and the router's request body.
 
-    python tests/fuzz_targets.py TARGET [CORPUS_DIR ...] [-runs=N] [-max_total_time=S] ...
+    python tests/support/fuzz_targets.py TARGET [CORPUS_DIR ...] [-runs=N] [-max_total_time=S] ...
 
 ``TARGET`` is one of ``roster``, ``overlay``, ``fleet``, ``body``; the other
 arguments are libFuzzer's. Each input must either be accepted or raise one of

@@ -32,7 +32,7 @@ import pytest
 
 FIRST_IP, SECOND_IP = "192.0.2.101", "192.0.2.102"
 RAY_PORT, ROUTER_PORT = 6380, 8400
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 RAY = Path(sys.executable).with_name("ray")
 
 #: A one-request HTTP client run inside a namespace: METHOD URL [JSON] -> {"status", "body"}.
