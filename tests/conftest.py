@@ -3,17 +3,17 @@ backend, the tiny random GGUF and the llama-server binary (skipped with a reason
 
 from __future__ import annotations
 
-import importlib.util
 import platform
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from rosterd.adapters.base import Launch
 from rosterd.supervisor import Supervisor
 from support.backends import fake_launch, pick_free_port
+from support.gguf import write_tiny_gguf
 from support.ray_nodes import HAVE_RAY, HEAD_IP, WORKER_IP
 
 # The openai and anthropic SDKs name the platform in every request's headers, and the
@@ -22,8 +22,6 @@ from support.ray_nodes import HAVE_RAY, HEAD_IP, WORKER_IP
 # pytest's timeout in ``Popen``); asked here, at collection, with one thread, the answer
 # is cached for the session.
 platform.platform()
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -46,22 +44,6 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
         yield sup
     finally:
         await sup.stop_all()
-
-
-def _load_script(name: str) -> object:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
-    """``scripts/make_tiny_gguf.write_tiny_gguf``: a tiny random llama GGUF at ``path``."""
-    module = _load_script("make_tiny_gguf")
-    writer = cast(Callable[[Path, int], Path], module.write_tiny_gguf)  # type: ignore[attr-defined]
-    return writer(path, seed)
 
 
 @pytest.fixture(scope="session")

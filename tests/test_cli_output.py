@@ -14,8 +14,8 @@ from typing import Any
 import typer
 
 from rosterd.cli import _register, app
+from support.router_stand_ins import LIMITS, serve
 from support.up import llama_entry, rosterd_argv, write_roster
-from test_router import LIMITS, serve
 
 LONG_MODEL = "gemma-3-270m-it-a-rather-long-model-name-for-a-narrow-terminal-Q4_K_M"
 

@@ -24,7 +24,7 @@ from rosterd.memory.estimate import (
 from rosterd.model_facts import ModelFacts
 from rosterd.model_facts.reader import read_model_facts
 from rosterd.spec import InferFlavor
-from test_model_facts import write_gguf
+from support.gguf import write_gguf
 
 pytest.importorskip("gguf", reason="the gguf package (dev extra) writes and reads GGUFs")
 

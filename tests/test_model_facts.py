@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 import pytest
 
-from conftest import _load_script
 from rosterd.errors import ModelFactsError, RosterdError
 from rosterd.model_facts.gguf_file import swa_layers
 from rosterd.model_facts.reader import read_model_facts
+from support.gguf import write_gguf
 
 pytest.importorskip("gguf", reason="the gguf package (dev extra) writes and reads GGUFs")
-
-
-def write_gguf(path: Path, seed: int = 0, **shape: object) -> Path:
-    module = _load_script("make_tiny_gguf")
-    writer = cast(Callable[..., Path], module.write_tiny_gguf)  # type: ignore[attr-defined]
-    return writer(path, seed, **shape)
 
 
 def test_default_tiny_gguf_facts(tiny_gguf: Path) -> None:

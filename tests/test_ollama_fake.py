@@ -4,8 +4,6 @@ adapter makes; the supervisor starts it as the node's one shared `ollama serve`.
 
 from __future__ import annotations
 
-import stat
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,16 +16,7 @@ from rosterd.errors import OllamaError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import Supervisor, run_probe
 from support.backends import gone
-
-FAKE_OLLAMA = Path(__file__).resolve().parent / "support" / "fake_ollama.py"
-
-
-def fake_ollama_binary(folder: Path) -> Path:
-    """An executable named `ollama` that runs the fake with this interpreter."""
-    binary = folder / "ollama"
-    binary.write_text(f"#!{sys.executable}\n" + FAKE_OLLAMA.read_text())
-    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
-    return binary
+from support.ollama import fake_ollama_binary
 
 
 @pytest.fixture

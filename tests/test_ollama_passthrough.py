@@ -18,8 +18,8 @@ import pytest
 
 from rosterd.up.runtime import UpOptions
 from support.backends import pick_free_port
+from support.ollama import fake_ollama_binary
 from support.up import llama_entry, serving, write_box_fleet, write_roster
-from test_ollama_fake import fake_ollama_binary
 
 #: What the fake's chat reply says for the role's tag: rosterd sent the tag and asked the
 #: server to keep the model (its scheduler decides when it leaves memory).

@@ -34,9 +34,9 @@ from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from support.backends import NoLiveness, pick_free_port
 from support.router import MIB, ROLES, NoBackends, serve
+from support.router_stand_ins import chat
+from support.router_stand_ins import serve as serve_stand_ins
 from support.up import llama_entry, rosterd_argv, start_up, write_roster
-from test_router import chat
-from test_router import serve as serve_stand_ins
 
 # --------------------------------------------------------------- what the backend answers
 

@@ -28,7 +28,7 @@ from rosterd.scheduler.events import (
 )
 from rosterd.scheduler.liveness import SILENT_NODE_REPROBE_S
 from rosterd.scheduler.values import Phase, backoff_s
-from test_scheduler import LIMITS, Bench, assert_failed, spec
+from support.node_bench import LIMITS, Bench, assert_failed, spec
 
 PROBING = dataclasses.replace(LIMITS, probe_interval_s=30.0, probe_timeout_s=5.0)
 

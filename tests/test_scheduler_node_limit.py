@@ -14,7 +14,7 @@ from rosterd.scheduler.events import GrantLease, SetConcurrency
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import NodeConcurrency, SchedulerLimits
 from rosterd.spec import InferenceSpec
-from test_scheduler import LIMITS, Bench, assert_failed, spec
+from support.node_bench import LIMITS, Bench, assert_failed, spec
 
 
 class LimitedBench(Bench):

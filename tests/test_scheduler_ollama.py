@@ -22,7 +22,7 @@ from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec, ServeSpec
 from rosterd.supervisor import Supervisor
-from test_ollama_fake import fake_ollama_binary
+from support.ollama import fake_ollama_binary
 
 GIB = 2**30
 

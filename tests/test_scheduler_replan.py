@@ -28,9 +28,9 @@ from rosterd.scheduler.events import (
 from rosterd.scheduler.fleet import NodeConfig, Scheduler
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeChange, Phase, Revocation
-from test_scheduler import LIMITS, MIB, Bench, assert_failed, spec
-from test_scheduler_node import GatedBackends, make_node, use
-from test_scheduler_node import spec as node_spec
+from support.node_bench import LIMITS, MIB, Bench, assert_failed, spec
+from support.node_loop import GatedBackends, make_node, use
+from support.node_loop import spec as node_spec
 
 
 def retire(bench: Bench, role: str) -> None:

@@ -15,7 +15,7 @@ from rosterd.replica_choice import CopyState, prefix_key
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.node import NodeScheduler
-from test_scheduler_node import LIMITS, MIB, GatedBackends, spec
+from support.node_loop import LIMITS, MIB, GatedBackends, spec
 
 
 def two_copies(gated: tuple[str, ...] = ()) -> tuple[Scheduler, dict[str, GatedBackends]]:

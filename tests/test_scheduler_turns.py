@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rosterd.scheduler.values import SchedulerLimits
+from support.node_bench import LIMITS, Bench, spec
 from support.turns import Outcome, Request, simulate
-from test_scheduler import LIMITS, Bench, spec
 
 LOAD_S, STOP_S = 0.5, 0.1
 TURNS = SchedulerLimits(

@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,13 +26,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.backends import FAKE_BACKEND, pick_free_port
+from support.backends import pick_free_port
 from support.up import (
     MODELS,
-    Up,
+    event_kinds,
     llama_entry,
+    post,
     prepare_example_models,
+    role_info,
     rosterd_argv,
+    stand_in,
     start_up,
     wait_resident,
     write_box_fleet,
@@ -41,46 +43,6 @@ from support.up import (
 )
 
 pytestmark = pytest.mark.slow
-
-WRAPPER = """#!{python}
-import json, os, sys
-argv = sys.argv[1:]
-model = argv[argv.index("-m") + 1]
-extra = json.loads(open(model + ".args").read()) if os.path.exists(model + ".args") else []
-os.execv({python!r}, [{python!r}, {fake!r}, *argv, *extra])
-"""
-
-
-def stand_in(
-    tmp: Path, models: dict[str, list[str]], *, memory_gb: float = 4
-) -> tuple[Path, dict[str, str]]:
-    """A fleet whose roles (one per key) run the stand-in with the given extra options, and
-    the environment that makes rosterd run it as llama-server."""
-    wrapper = tmp / "llama-server"
-    wrapper.write_text(WRAPPER.format(python=sys.executable, fake=str(FAKE_BACKEND)))
-    wrapper.chmod(0o755)
-    entries: dict[str, object] = {}
-    for role, options in models.items():
-        gguf = tmp / f"{role}.gguf"
-        gguf.write_bytes(b"GGUF stand-in")
-        Path(f"{gguf}.args").write_text(json.dumps(options))
-        entries[role] = {"path": str(gguf), "grace_s": 0.5}
-    fleet = tmp / "fleet.yaml"
-    node = {"name": "box", "memory_gb": memory_gb, "reserved_gb": 1, "platform": "linux-x86_64"}
-    fleet.write_text(json.dumps({"nodes": [node], "models": entries, "model_roots": [str(tmp)]}))
-    return fleet, {"ROSTERD_LLAMA_SERVER": str(wrapper)}
-
-
-def role_info(up: Up, role: str) -> dict[str, object]:
-    return dict(up.get("/status")["nodes"]["box"]["roles"][role])
-
-
-def event_kinds(up: Up, role: str) -> list[str]:
-    return [e["kind"] for e in up.get("/rosterd/events")["events"] if e["role"] == role]
-
-
-def post(up: Up, body: dict[str, object], timeout_s: float = 30.0) -> httpx.Response:
-    return httpx.post(up.url + "/v1/completions", json=body, timeout=timeout_s, trust_env=False)
 
 
 def wait_for(check: object, timeout_s: float = 20.0) -> None:

@@ -36,6 +36,7 @@ from rosterd.roster.importer import load_roster
 from rosterd.tokens import GB
 from rosterd.up.runtime import UpOptions
 from support.backends import pick_free_port
+from support.ollama import fake_ollama_binary
 from support.up import (
     MODELS,
     llama_entry,
@@ -44,7 +45,6 @@ from support.up import (
     write_box_fleet,
     write_roster,
 )
-from test_ollama_fake import fake_ollama_binary
 
 _register()
 

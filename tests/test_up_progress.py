@@ -22,14 +22,17 @@ import pytest
 from support.backends import pick_free_port
 from support.up import (
     GEMMA,
+    event_kinds,
     llama_entry,
+    post,
     prepare_example_models,
+    role_info,
+    stand_in,
     start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
 )
-from test_up_liveness import event_kinds, post, role_info, stand_in
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,6 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -32,7 +31,7 @@ from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.runtime import UpOptions
 from support.backends import gone, pick_free_port
 from support.ray_nodes import HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
-from support.up import rosterd_argv, serving
+from support.up import console, eventually, listener_of, rosterd_argv, serving
 
 #: TEST-NET-1, never this machine (its eth0 may sit in 192.0.2.0/24, not at .77).
 ABSENT_REMOTE_IP = "192.0.2.77"
@@ -71,35 +70,10 @@ def write_lab(tmp: Path, gguf: Path, nodes: dict[str, str]) -> tuple[Path, Path,
     return roster, overlay, fleet
 
 
-def console() -> Console:
-    return Console(file=io.StringIO(), width=200, highlight=False)
-
-
 def printed(c: Console) -> str:
     stream = c.file
     assert isinstance(stream, io.StringIO)
     return " ".join(stream.getvalue().split())
-
-
-def listener_of(base_url: str) -> psutil.Process:
-    """The process listening at ``base_url``'s address and port."""
-    parts = urlsplit(base_url)
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.pid is None:
-            continue
-        if (conn.laddr.ip, conn.laddr.port) == (parts.hostname, parts.port):
-            return psutil.Process(conn.pid)
-    raise AssertionError(f"nothing listens at {base_url}")
-
-
-async def eventually(check: Any, timeout_s: float) -> Any:
-    """``await check()`` every 0.2 s until it is truthy (then returned) or ``timeout_s`` passed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = await check()
-        if got or time.monotonic() > deadline:
-            return got
-        await asyncio.sleep(0.2)
 
 
 @pytest.mark.slow

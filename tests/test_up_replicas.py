@@ -27,8 +27,7 @@ from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.runtime import UpOptions
 from support.backends import pick_free_port
 from support.ray_nodes import HEAD_IP, WORKER_IP, needs_ray
-from support.up import serving
-from test_up_ray import console, eventually, listener_of
+from support.up import console, eventually, listener_of, serving
 
 #: Slots per copy: each copy keeps the KV cache of up to this many conversations.
 SLOTS = 8

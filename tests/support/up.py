@@ -1,6 +1,7 @@
 """Helpers for the ``rosterd up`` tests: run it as a user does (a subprocess) or in this
 event loop (:func:`serving`, an :class:`UpRun`), talk to it over real HTTP, stop it and
-check that no backend is left. No tests here."""
+check that no backend is left; a fleet whose roles run the stand-in backend as llama-server
+(:func:`stand_in`). No tests here."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -24,7 +26,7 @@ from rich.console import Console
 
 from rosterd.cli.up_report import ConsoleReporter
 from rosterd.up.runtime import UpOptions, UpRun
-from support.backends import gone
+from support.backends import FAKE_BACKEND, gone
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -298,3 +300,69 @@ async def _until_ended(run: asyncio.Task[None], timeout_s: float) -> None:
             await run
         raise AssertionError(f"rosterd up did not stop within {timeout_s} s of its stop()")
     run.result()
+
+
+WRAPPER = """#!{python}
+import json, os, sys
+argv = sys.argv[1:]
+model = argv[argv.index("-m") + 1]
+extra = json.loads(open(model + ".args").read()) if os.path.exists(model + ".args") else []
+os.execv({python!r}, [{python!r}, {fake!r}, *argv, *extra])
+"""
+
+
+def stand_in(
+    tmp: Path, models: dict[str, list[str]], *, memory_gb: float = 4
+) -> tuple[Path, dict[str, str]]:
+    """A fleet whose roles (one per key) run the stand-in with the given extra options, and
+    the environment that makes rosterd run it as llama-server."""
+    wrapper = tmp / "llama-server"
+    wrapper.write_text(WRAPPER.format(python=sys.executable, fake=str(FAKE_BACKEND)))
+    wrapper.chmod(0o755)
+    entries: dict[str, object] = {}
+    for role, options in models.items():
+        gguf = tmp / f"{role}.gguf"
+        gguf.write_bytes(b"GGUF stand-in")
+        Path(f"{gguf}.args").write_text(json.dumps(options))
+        entries[role] = {"path": str(gguf), "grace_s": 0.5}
+    fleet = tmp / "fleet.yaml"
+    node = {"name": "box", "memory_gb": memory_gb, "reserved_gb": 1, "platform": "linux-x86_64"}
+    fleet.write_text(json.dumps({"nodes": [node], "models": entries, "model_roots": [str(tmp)]}))
+    return fleet, {"ROSTERD_LLAMA_SERVER": str(wrapper)}
+
+
+def role_info(up: Up, role: str) -> dict[str, object]:
+    return dict(up.get("/status")["nodes"]["box"]["roles"][role])
+
+
+def event_kinds(up: Up, role: str) -> list[str]:
+    return [e["kind"] for e in up.get("/rosterd/events")["events"] if e["role"] == role]
+
+
+def post(up: Up, body: dict[str, object], timeout_s: float = 30.0) -> httpx.Response:
+    return httpx.post(up.url + "/v1/completions", json=body, timeout=timeout_s, trust_env=False)
+
+
+def console() -> Console:
+    return Console(file=io.StringIO(), width=200, highlight=False)
+
+
+def listener_of(base_url: str) -> psutil.Process:
+    """The process listening at ``base_url``'s address and port."""
+    parts = urlsplit(base_url)
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.pid is None:
+            continue
+        if (conn.laddr.ip, conn.laddr.port) == (parts.hostname, parts.port):
+            return psutil.Process(conn.pid)
+    raise AssertionError(f"nothing listens at {base_url}")
+
+
+async def eventually(check: Any, timeout_s: float) -> Any:
+    """``await check()`` every 0.2 s until it is truthy (then returned) or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = await check()
+        if got or time.monotonic() > deadline:
+            return got
+        await asyncio.sleep(0.2)
