@@ -7,7 +7,7 @@ input: the roster, the overlay, the fleet file and the router's request body.
 arguments are libFuzzer's. Each input must either be accepted or raise one of
 rosterd's own errors (a ``rosterd.errors.RosterdError`` subclass): anything else
 escapes, and libFuzzer reports it as a crash (exit code non-zero, the input saved
-under ``-artifact_prefix``). tests/test_reliability_fuzz.py runs each target for a
+under ``-artifact_prefix``). tests/reliability/test_reliability_fuzz.py runs each target for a
 bounded number of inputs; ``--long-reliability`` runs more.
 """
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 #: What only `up` and `plan` need: the solver (and numpy/pandas with it), the HTTP
 #: server, metrics, process tools, pydantic (Typer's checks of typed options) and

@@ -345,7 +345,7 @@ async def test_rosterd_load_says_what_it_evicted_for_an_exclusion(tmp_path: Path
 
 
 #: The README, whose ``rosterd ps`` samples are checked against what ``ps`` prints.
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 async def test_readme_ps_samples_have_the_columns_and_caption_ps_prints(tmp_path: Path) -> None:

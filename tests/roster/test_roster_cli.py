@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "roster.yaml"
 EXAMPLE_OVERLAY = ROOT / "examples" / "overlay.yaml"
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 INTERVAL_S = 0.02
 POINTS = 360
 #: How much rosterd's RSS may grow from one full window to two windows later, bytes: the
-#: history itself is bounded (tests/test_history.py measures it flat); this leaves room
+#: history itself is bounded (tests/router/test_history.py measures it flat); this leaves room
 #: for the allocator's and the HTTP stack's own jitter, far below a window's worth of
 #: unbounded growth at this rate (about 40 series of 360 points each window).
 RSS_SLACK_BYTES = 6 * 2**20

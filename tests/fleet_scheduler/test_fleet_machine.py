@@ -333,7 +333,7 @@ def test_docs_fleet_md_names_every_event_and_effect() -> None:
 
     from rosterd.fleet_scheduler import effects, events
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "fleet.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "fleet.md").read_text()
     names = [t.__name__ for t in typing.get_args(events.FleetEvent)]
     names += [t.__name__ for t in typing.get_args(effects.FleetEffect)]
     missing = [n for n in names if f"`{n}`" not in text]

@@ -719,7 +719,7 @@ def test_client_reason_cuts_paths_but_not_urls() -> None:
 
 # --------------------------------------------------------------------------- the page and purity
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "scheduler.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "scheduler.md"
 
 
 def test_the_state_table_names_every_phase_event_and_effect() -> None:

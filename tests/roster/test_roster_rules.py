@@ -24,7 +24,7 @@ from rosterd.roster.overlay import RosterOverlay
 from rosterd.spec import InferFlavor, LatencyClass
 from rosterd.tokens import GB
 
-DATA = Path(__file__).resolve().parent / "data" / "roster-rules"
+DATA = Path(__file__).resolve().parents[1] / "data" / "roster-rules"
 
 
 def entry(**fields: str) -> str:

@@ -42,7 +42,7 @@ def long_context_gguf(path: Path) -> Path:
     """The tiny GGUF with an 8192-token training context (the default's 512 caps each slot's
     context, too short for six turns with a long system prompt)."""
     pytest.importorskip("gguf", reason="the gguf package (dev extra) writes the tiny model")
-    script = Path(__file__).resolve().parent.parent / "scripts" / "make_tiny_gguf.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_gguf.py"
     spec = importlib.util.spec_from_file_location("make_tiny_gguf", script)
     assert spec is not None
     assert spec.loader is not None

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "data" / "roster-cases"
 #: The team's upstream copy of the cases, beside the repository (optional).
 UPSTREAM_CASES = ROOT.parent / "shared" / "roster-cases"

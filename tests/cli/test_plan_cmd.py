@@ -156,7 +156,7 @@ def test_console_script_exit_code(files: tuple[Path, Path]) -> None:
     assert json.loads(proc.stdout)["placements"]["planner"] == "mac"
 
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_example_lab_plan() -> None:
@@ -226,7 +226,7 @@ def test_json_keeps_stdout_one_document_and_warns_on_stderr(
 
 def _readme_plan_samples() -> list[str]:
     """The ``text`` blocks of the README's "Planning" section: the samples of `rosterd plan`."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     section = readme.split("\n## Planning\n", 1)[1].split("\n## ", 1)[0]
     return [block.split("```", 1)[0] for block in section.split("```text\n")[1:3]]
 

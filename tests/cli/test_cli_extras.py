@@ -32,7 +32,7 @@ from rosterd.router import RouterConfig
 from support.router import serve
 from support.up import rosterd_argv
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CASES = ROOT / "tests" / "data" / "roster-cases"
 

@@ -53,7 +53,7 @@ from support.backends import gone
 from support.fleet_bench import config as served_config
 from support.ray_nodes import ABSENT_IP, HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def node(name: str, address: str) -> Node:

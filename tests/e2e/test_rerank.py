@@ -39,7 +39,7 @@ DOCUMENTS = ["the cat sat", "a dog ran", "rain fell", "bread rose"]
 def tiny_gguf(path: Path, *, rerank: bool) -> Path:
     """``scripts/make_tiny_gguf.write_tiny_gguf``: the tiny reranker or the tiny chat model."""
     pytest.importorskip("gguf", reason="the gguf package (dev extra) writes the tiny model")
-    script = Path(__file__).resolve().parent.parent / "scripts" / "make_tiny_gguf.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_gguf.py"
     spec = importlib.util.spec_from_file_location("make_tiny_gguf", script)
     assert spec is not None
     assert spec.loader is not None

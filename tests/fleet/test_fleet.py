@@ -15,7 +15,7 @@ from rosterd.fleet.reader import load_fleet, parse_fleet
 from rosterd.spec import InferFlavor
 from rosterd.tokens import GB
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 README = EXAMPLES.parent / "README.md"
 
 

@@ -25,7 +25,7 @@ from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.tokens import GB
 from rosterd.weights import ResolvedWeights, WeightsSource
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVER = Path("/opt/llama/bin/llama-server")
 
 
