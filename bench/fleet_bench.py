@@ -26,7 +26,7 @@ tiny GGUF included).
 
 Replicas (``--replicas``): the same two nodes serve ``one`` (one copy) and ``two``
 (``replicas: 2``, a copy on each node), both backends the stand-in of
-``tests/fake_llama_server.py`` with a fixed service time (``--service-ms``, one slot:
+``tests/support/fake_llama_server.py`` with a fixed service time (``--service-ms``, one slot:
 a copy serves at most 1000 / MS requests a second). It prints the throughput of ``N``
 requests at 8 connections to each role and their ratio (two copies should give about
 twice one's), then the routing cost at one connection: the p50 through the router to
@@ -294,7 +294,7 @@ def main() -> None:
         # processes, started below) the node agent's.
         wrapper_dir = Path(tempfile.mkdtemp(prefix="rosterd-fleet-bench-bin-"))
         wrapper = wrapper_dir / "llama-server"
-        fake = ROOT / "tests" / "fake_llama_server.py"
+        fake = ROOT / "tests" / "support" / "fake_llama_server.py"
         wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
         wrapper.chmod(0o755)
         os.environ["ROSTERD_LLAMA_SERVER"] = str(wrapper)

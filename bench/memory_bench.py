@@ -104,7 +104,7 @@ def prepare_models(work: Path) -> dict[str, Path]:
     )
     try:
         sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_mlx import write_tiny_mlx_model
+        from support.tiny_mlx import write_tiny_mlx_model
 
         models["tiny-mlx"] = write_tiny_mlx_model(work / "tiny-mlx")
     except ImportError as err:

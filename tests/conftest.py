@@ -1,20 +1,32 @@
 """Shared test fixtures: free ports, a supervisor in a temporary state folder, the fake
-backend, the tiny random GGUF and the llama-server binary (skipped with a reason if absent)."""
+backend, the tiny random GGUF and the llama-server binary (skipped with a reason if absent);
+and the ``process`` marker, put on every test that starts processes or servers.
+
+A test is ``process`` when it sits in a folder of such tests (``e2e/``, ``reliability/``),
+uses a fixture that starts one (:data:`PROCESS_FIXTURES`), or when its code, or the code of
+its module's functions, classes and fixtures it reaches, calls what starts one
+(:data:`STARTS_PROCESSES`). ``pytest -m "not process"`` runs the rest, the pure tiers; a
+test left there that starts a process or a server anyway fails and says to mark it.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import inspect
 import platform
+import re
+import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-from backend_helpers import fake_launch, pick_free_port
-from ray_helpers import HAVE_RAY, HEAD_IP, WORKER_IP
 from rosterd.adapters.base import Launch
 from rosterd.supervisor import Supervisor
+from support.backends import fake_launch, pick_free_port
+from support.gguf import write_tiny_gguf
+from support.ray_nodes import HAVE_RAY, HEAD_IP, WORKER_IP
 
 # The openai and anthropic SDKs name the platform in every request's headers, and the
 # first ``platform.platform()`` forks ``uname -p``. Forked from this process once many
@@ -22,8 +34,6 @@ from rosterd.supervisor import Supervisor
 # pytest's timeout in ``Popen``); asked here, at collection, with one thread, the answer
 # is cached for the session.
 platform.platform()
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -46,22 +56,6 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
         yield sup
     finally:
         await sup.stop_all()
-
-
-def _load_script(name: str) -> object:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
-    """``scripts/make_tiny_gguf.write_tiny_gguf``: a tiny random llama GGUF at ``path``."""
-    module = _load_script("make_tiny_gguf")
-    writer = cast(Callable[[Path, int], Path], module.write_tiny_gguf)  # type: ignore[attr-defined]
-    return writer(path, seed)
 
 
 @pytest.fixture(scope="session")
@@ -136,3 +130,93 @@ def long_reliability(request: pytest.FixtureRequest) -> bool:
 
     flag = bool(request.config.getoption("--long-reliability"))
     return flag or os.environ.get("ROSTERD_LONG_RELIABILITY") == "1"
+
+
+#: Fixtures that start processes (a backend, a Ray cluster, network namespaces' hosts).
+PROCESS_FIXTURES = frozenset({"supervisor", "llama_server_binary", "cluster", "lab"})
+
+#: Folders under tests/ whose every test drives ``rosterd up`` or a load against it.
+PROCESS_FOLDERS = frozenset({"e2e", "reliability"})
+
+#: What, written in a test's code, starts a process or a server: a subprocess, uvicorn, the
+#: supervisor, ``rosterd up`` in or out of this process, the stand-in servers, a browser.
+STARTS_PROCESSES = re.compile(
+    r"\b(?:subprocess\.|create_subprocess_exec|Popen|uvicorn|Supervisor\(|SupervisorBackends\("
+    r"|NodeHost\(|start_up\(|serving\(|serve\(|serve_stand_ins\(|run_rosterd_child"
+    r"|fake_ollama_binary|stand_in\(|webdriver|spawn_logged|start_fake_up|tiny_mlx_model"
+    r"|prepare_example_models)"
+)
+
+
+def _reached_source(function: object, module: ModuleType, seen: set[object]) -> str:
+    """``function``'s source and that of every function or class of ``module`` it names,
+    followed to the end (a helper that starts a server makes its callers process tests)."""
+    function = inspect.unwrap(function)  # type: ignore[arg-type]
+    if function in seen:
+        return ""
+    seen.add(function)
+    try:
+        text = inspect.getsource(function)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return ""
+    names: set[str] = set()
+    codes = [getattr(function, "__code__", None)]
+    if inspect.isclass(function):
+        codes = [getattr(f, "__code__", None) for f in vars(function).values()]
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        names.update(code.co_names)
+        codes += [c for c in code.co_consts if inspect.iscode(c)]
+    for name in names:
+        value = getattr(module, name, None)
+        if getattr(value, "__module__", None) == module.__name__ and (
+            inspect.isfunction(value) or inspect.isclass(value)
+        ):
+            text += _reached_source(value, module, seen)
+    return text
+
+
+def _starts_processes(item: pytest.Function) -> bool:
+    if PROCESS_FIXTURES & set(item.fixturenames):
+        return True
+    if PROCESS_FOLDERS & set(item.path.relative_to(Path(__file__).parent).parts[:-1]):
+        return True
+    module = item.module
+    seen: set[object] = set()
+    text = _reached_source(item.obj, module, seen)
+    for name in item.fixturenames:
+        for definition in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            func = getattr(definition.func, "__wrapped__", definition.func)
+            if getattr(func, "__module__", None) == module.__name__:
+                text += _reached_source(func, module, seen)
+    return STARTS_PROCESSES.search(text) is not None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that starts processes or servers ``process`` (the module's docstring)."""
+    for item in items:
+        if isinstance(item, pytest.Function) and _starts_processes(item):
+            item.add_marker(pytest.mark.process)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_unless_marked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test not marked ``process`` that starts a process or a uvicorn server fails, saying
+    so: the pure tier stays pure as tests are added."""
+    if request.node.get_closest_marker("process") is not None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a process or a server but is not marked process: "
+            "mark it, or name what starts it in tests/conftest.py's STARTS_PROCESSES"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn.Server, "serve", refuse)

@@ -14,6 +14,8 @@ counts that importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first.
 from __future__ import annotations
 
 import ast
+import tokenize
+from io import StringIO
 from pathlib import Path
 
 import pytest
@@ -435,11 +437,71 @@ def test_no_import_cycle_between_modules() -> None:
     assert not cycles, "modules that import each other:\n" + "\n".join(map(str, cycles))
 
 
-def test_no_module_is_over_500_lines() -> None:
-    """One concept a module, small enough to read in one sitting (CONTRIBUTING.md)."""
-    long = {
-        str(path.relative_to(SRC)): n
-        for path in (SRC / "rosterd").rglob("*.py")
-        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500
+#: The size rule's purpose: one concept per module, small enough to read in one sitting
+#: (CONTRIBUTING.md). It counts lines of code only: docstrings and comments are the
+#: documentation we want more of, and counting them pushed modules apart at odd seams.
+MAX_CODE_LINES = 400
+
+#: Modules known to be over the rule, each with why and what brings it back under. An entry
+#: that no longer applies fails the test, so the list only shrinks.
+OVER_THE_RULE: dict[str, str] = {
+    "rosterd/scheduler/machine.py": "the node machine, one class over five modules by "
+    "inheritance; it is being composed from rule families that own their fields",
+}
+
+
+def code_lines(text: str) -> int:
+    """How many lines of ``text`` (Python source) hold code.
+
+    A line counts when a token other than a comment lies on it; a string that stands alone
+    as a statement (a module, class or function docstring, or an attribute's docstring) is
+    documentation and does not count, nor do blank lines.
+    """
+    documentation: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            documentation.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    code: set[int] = set()
+    not_code = {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENDMARKER,
     }
-    assert not long, f"modules over 500 lines: {long}"
+    for token in tokenize.generate_tokens(StringIO(text).readline):
+        if token.type not in not_code:
+            code.update(range(token.start[0], token.end[0] + 1))
+    return len(code - documentation)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('"""A module."""\n\nx = 1  # one\n', 1),
+        ('def f() -> int:\n    """Doc\n\n    more.\n    """\n    # why\n    return 1\n', 2),
+        ('X = 1\n"""X\'s docstring."""\ny = """a\nb"""\n', 3),
+        ("call(\n    1,\n\n    2,\n)\n", 4),
+    ],
+)
+def test_code_lines_skip_docstrings_comments_and_blank_lines(text: str, expected: int) -> None:
+    assert code_lines(text) == expected
+
+
+def test_no_module_is_over_400_lines_of_code() -> None:
+    """One concept a module, small enough to read in one sitting (CONTRIBUTING.md)."""
+    counts = {
+        path.relative_to(SRC).as_posix(): code_lines(path.read_text(encoding="utf-8"))
+        for path in (SRC / "rosterd").rglob("*.py")
+    }
+    long = {
+        name: n for name, n in counts.items() if n > MAX_CODE_LINES and name not in OVER_THE_RULE
+    }
+    assert not long, f"modules over {MAX_CODE_LINES} lines of code (split by concept): {long}"
+    back_under = [name for name in OVER_THE_RULE if counts.get(name, 0) <= MAX_CODE_LINES]
+    assert not back_under, f"remove from OVER_THE_RULE, now within the rule: {back_under}"

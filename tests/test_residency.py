@@ -22,7 +22,7 @@ from rosterd.residency import (
 )
 from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB
-from spec_helpers import spec
+from support.specs import spec
 
 
 def state(

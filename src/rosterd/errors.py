@@ -12,7 +12,8 @@
     ├── ModelFactsError                   a weights file or folder cannot be read as a model
     ├── MeasuredPeaksError                a measured peak cannot be stored in the state folder
     ├── AdapterError                      a role cannot be served by its flavor's adapter
-    │   └── OllamaError                   the ollama server refused a load, unload or query
+    │   ├── OllamaError                   the ollama server refused a load, unload or query
+    │   └── SlotFileError                 a backend refused or failed a KV cache save or restore
     ├── SupervisorError                   base only: a backend process could not be managed
     │   ├── BackendNameError              a backend name is not a plain token
     │   ├── BackendAlreadySupervisedError start() of a name that is already supervised
@@ -156,11 +157,15 @@ class MeasuredPeaksError(RosterdError):
 
 
 class AdapterError(RosterdError):
-    """A role cannot be served by its flavor's adapter, or its server refused the adapter's call."""
+    """A role cannot be served by its flavor's adapter; the message says why and what to fix."""
 
 
 class OllamaError(AdapterError):
     """The ollama server refused or failed a load, unload or residency query."""
+
+
+class SlotFileError(AdapterError):
+    """A backend refused or failed to save a slot's KV cache to a file, or to restore it."""
 
 
 class SupervisorError(RosterdError):

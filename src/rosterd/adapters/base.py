@@ -142,8 +142,8 @@ class SlotKeeping(Protocol):
     files (llama-server's ``--slot-save-path`` and ``/slots/{id}?action=save|restore``).
 
     ``client`` is an httpx client whose base URL is the role's server; ``timeout_s`` in
-    seconds. The calls raise ``AdapterError`` subclasses when the server refuses or does
-    not answer. ``launch_args`` and ``identity`` are pure.
+    seconds. The calls raise ``SlotFileError`` (an ``AdapterError``) when the server
+    refuses or does not answer. ``launch_args`` and ``identity`` are pure.
     """
 
     def launch_args(self, folder: Path) -> tuple[str, ...]:

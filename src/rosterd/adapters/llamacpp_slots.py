@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rosterd.adapters.base import Launch, SlotFile
-from rosterd.errors import AdapterError
+from rosterd.errors import SlotFileError
 from rosterd.memory.estimate import parse_llamacpp_settings
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class LlamaServerSlots:
         """``GET /props``'s ``build_info`` (``unknown`` when the server gives none).
 
         Raises:
-            AdapterError: the server did not answer.
+            SlotFileError: the server did not answer.
         """
         body = await _call(client, "GET", "/props", None, timeout_s, "read the version of")
         build = body.get("build_info")
@@ -67,7 +67,7 @@ class LlamaServerSlots:
         """``POST /slots/{slot}?action=save``; the tokens, bytes and time it reports.
 
         Raises:
-            AdapterError: the server refused (a slot busy, a bad name) or did not answer.
+            SlotFileError: the server refused (a slot busy, a bad name) or did not answer.
         """
         body = await _call(
             client, "POST", f"/slots/{slot}?action=save", filename, timeout_s, "save"
@@ -80,7 +80,7 @@ class LlamaServerSlots:
         """``POST /slots/{slot}?action=restore``; the tokens, bytes and time it reports.
 
         Raises:
-            AdapterError: the server refused (a file of another model or settings, a
+            SlotFileError: the server refused (a file of another model or settings, a
                 missing file) or did not answer.
         """
         body = await _call(
@@ -97,7 +97,7 @@ async def _call(
     timeout_s: float,
     what: str,
 ) -> dict[str, object]:
-    """One request to the server; its JSON object. httpx's errors become ``AdapterError``."""
+    """One request to the server; its JSON object. httpx's errors become ``SlotFileError``."""
     import httpx
 
     try:
@@ -108,7 +108,7 @@ async def _call(
             timeout=timeout_s,
         )
     except httpx.HTTPError as exc:
-        raise AdapterError(f"llama-server did not answer {method} {path}: {exc!r}") from exc
+        raise SlotFileError(f"llama-server did not answer {method} {path}: {exc!r}") from exc
     try:
         body = answer.json()
     except ValueError:
@@ -117,7 +117,7 @@ async def _call(
         message = body.get("error") if isinstance(body, dict) else None
         if isinstance(message, dict):
             message = message.get("message")
-        raise AdapterError(
+        raise SlotFileError(
             f"llama-server refused to {what} ({method} {path}: HTTP {answer.status_code}"
             + (f": {message}" if message else "")
             + ")"

@@ -1,0 +1,101 @@
+"""The kept KV files themselves (issue 20): a save whose record no longer matches the run
+is refused with one line naming the difference and removed, and the disk budget prunes
+the least recently used first.
+
+The mismatch runs a real llama-server on the tiny GGUF through the local backends (the
+same ``SupervisorBackends`` ``rosterd up`` uses); the budget needs no server: it reads
+only the records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rosterd.backends.kv_keep import KvKeeper
+from rosterd.backends.local import SupervisorBackends
+from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.supervisor import Supervisor
+from rosterd.weights import ResolvedWeights
+
+
+async def test_a_save_of_other_settings_is_refused_named_and_removed(
+    supervisor: Supervisor,
+    tmp_path: Path,
+    tiny_gguf: Path,
+    llama_server_binary: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spec = InferenceSpec(role="tiny", flavor=InferFlavor.LLAMACPP, model="tiny")
+    kv = KvKeeper(tmp_path / "state" / "kv")
+    ctx = {"now": 512}
+
+    def weights(_spec: InferenceSpec) -> ResolvedWeights:
+        return ResolvedWeights(path=tiny_gguf, ctx_size=ctx["now"], parallel=1)
+
+    backends = SupervisorBackends(
+        supervisor, {"tiny": spec}, host="127.0.0.1", resolve_weights=weights, auto_ports=True,
+        kv=kv,
+    )  # fmt: skip
+    endpoint = await backends.start("tiny")
+    async with httpx.AsyncClient(base_url=endpoint.base_url, timeout=60) as client:
+        answer = await client.post("/completion", json={"prompt": "a b c d e f", "n_predict": 4})
+        assert answer.status_code == 200
+    await backends.stop("tiny")
+    folder = tmp_path / "state" / "kv" / "tiny"
+    record = json.loads((folder / "slot0.json").read_text())
+    assert record["identity"]["ctx"] == "512"
+    assert (folder / record["file"]).is_file()
+
+    ctx["now"] = 1024
+    with caplog.at_level(logging.INFO, logger="rosterd.kv"):
+        await backends.start("tiny")
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refused == [
+        "role tiny: kept KV of slot 0 refused: ctx was '512', is now '1024'; removed"
+    ]
+    assert not (folder / "slot0.json").exists()
+    assert not (folder / record["file"]).exists()
+    assert kv.last_restore["tiny"].outcome == "refused"
+    assert kv.totals["tiny"].refusals == 1
+    await backends.stop("tiny")
+
+
+def test_the_disk_budget_prunes_the_least_recently_used_first(tmp_path: Path) -> None:
+    kv = KvKeeper(tmp_path / "kv", disk_budget_bytes=2500)
+    for role, used_at in (("old", 100.0), ("mid", 200.0), ("new", 300.0)):
+        folder = kv.folder(role)
+        (folder / "slot0-1.bin").write_bytes(b"x" * 1000)
+        (folder / "slot0.json").write_text(
+            json.dumps({"version": 1, "file": "slot0-1.bin", "tokens": 10,
+                        "file_bytes": 1000, "saved_at": used_at, "used_at": used_at})
+        )  # fmt: skip
+    assert kv.prune() == ["old/slot0-1.bin"]
+    assert kv.kept("old").file_bytes == 0
+    assert not (tmp_path / "kv" / "old" / "slot0-1.bin").exists()
+    assert (kv.kept("mid").tokens, kv.kept("new").file_bytes) == (10, 1000)
+
+
+async def test_a_refused_or_unanswered_slot_call_is_a_slot_file_error() -> None:
+    """llama-server's refusal (its error body) and a server that does not answer both raise
+    ``SlotFileError``, an ``AdapterError``, with the server's own words where it gave any."""
+    from rosterd.adapters.llamacpp_slots import LlamaServerSlots
+    from rosterd.errors import AdapterError, SlotFileError
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"message": "failed to restore slot"}})
+
+    slots = LlamaServerSlots()
+    async with httpx.AsyncClient(
+        base_url="http://127.0.0.1:1", transport=httpx.MockTransport(refuse)
+    ) as client:
+        with pytest.raises(SlotFileError, match=r"refused to restore .*failed to restore slot"):
+            await slots.restore(client, 0, "slot0.bin", timeout_s=5.0)
+    async with httpx.AsyncClient(base_url="http://127.0.0.1:1", trust_env=False) as client:
+        with pytest.raises(SlotFileError, match="did not answer") as raised:
+            await slots.save(client, 0, "slot0.bin", timeout_s=5.0)
+    assert isinstance(raised.value, AdapterError)

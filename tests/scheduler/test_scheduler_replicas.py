@@ -1,0 +1,83 @@
+"""A role with replicas under the node schedulers of one process (``NodeDirectory``): each copy is
+its own residency unit on its node; requests go to a ready copy by prefix within a bounded
+load, spread when they stay in flight, skip a copy that is not ready, and a failover names
+the copy to avoid. The backends are the recording fakes of ``test_scheduler_node.py``
+(standing in for the supervisor); no test sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rosterd.errors import UnknownRoleError
+from rosterd.replica_choice import CopyState, prefix_key
+from rosterd.scheduler.directory import NodeDirectory
+from rosterd.scheduler.lease import Lease
+from rosterd.scheduler.node import NodeScheduler
+from support.node_loop import LIMITS, MIB, GatedBackends, spec
+
+
+def two_copies(gated: tuple[str, ...] = ()) -> tuple[NodeDirectory, dict[str, GatedBackends]]:
+    backends = {name: GatedBackends(gated if name == "n2" else ()) for name in ("n1", "n2")}
+    nodes = {
+        name: NodeScheduler(name, 1000 * MIB, {"chat": spec("chat", 100)}, fake, limits=LIMITS)
+        for name, fake in backends.items()
+    }
+    sched = NodeDirectory(nodes)
+    sched.start()
+    return sched, backends
+
+
+async def test_a_load_makes_every_copy_resident_and_each_copy_is_its_own_unit() -> None:
+    sched, backends = two_copies()
+    await sched.load("chat")
+    assert [n.name for n in sched.nodes_of("chat")] == ["n1", "n2"]
+    assert all(n.copy_state("chat") is CopyState.READY for n in sched.nodes_of("chat"))
+    assert backends["n1"].starts == ["chat"]
+    assert backends["n2"].starts == ["chat"]
+    await sched.nodes["n1"].unload("chat")  # evicting one copy leaves the other serving
+    assert sched.nodes["n1"].copy_state("chat") is CopyState.COLD
+    lease = await sched.acquire("chat", prefix=b"any")
+    assert lease.node == "n2"
+    sched.release(lease)
+    snap = sched.snapshot()["nodes"]
+    assert snap["n2"]["roles"]["chat"]["copies"] == ["n1", "n2"]  # type: ignore[index]
+    await sched.shutdown()
+
+
+async def test_requests_in_flight_spread_over_the_copies_and_a_prefix_sticks() -> None:
+    sched, _ = two_copies()
+    await sched.load("chat")
+    key = prefix_key({"messages": [{"role": "user", "content": "hi"}]})
+    first = await sched.acquire("chat", prefix=key)
+    sched.release(first)
+    again = await sched.acquire("chat", prefix=key)
+    assert again.node == first.node  # idle copies: the prefix's own
+    held: list[Lease] = [again]
+    held += [await sched.acquire("chat", prefix=key) for _ in range(7)]
+    counts = {n: sum(1 for lease in held if lease.node == n) for n in ("n1", "n2")}
+    assert min(counts.values()) >= 3  # bounded load: the hot prefix spills over
+    for lease in held:
+        sched.release(lease)
+    assert sched.snapshot()["nodes"]["n1"]["roles"]["chat"]["copy_requests"] == 0  # type: ignore[index]
+    await sched.shutdown()
+
+
+async def test_a_copy_loading_is_skipped_and_a_failover_avoids_the_copy_tried() -> None:
+    sched, backends = two_copies(gated=("chat",))
+    loading = asyncio.ensure_future(sched.load("chat"))
+    await backends["n2"].started("chat").wait()
+    sched.release(await sched.acquire("chat", on_node="n1"))  # n1's copy is ready
+    for _ in range(3):
+        lease = await sched.acquire("chat", prefix=b"whatever")
+        assert lease.node == "n1"  # n2 is loading
+        sched.release(lease)
+    backends["n2"].gates["chat"].set()
+    await loading
+    lease = await sched.acquire("chat", avoid={"n1"})
+    assert lease.node == "n2"
+    sched.release(lease)
+    with pytest.raises(UnknownRoleError):
+        await sched.acquire("chat", avoid={"n1", "n2"})
+    await sched.shutdown()

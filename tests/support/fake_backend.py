@@ -1,0 +1,136 @@
+"""A small stand-in for a backend server, for supervisor tests (stdlib only, starts fast).
+
+    python tests/support/fake_backend.py --port P [--mode MODE] [--load-s S] [--child-pid-file F]
+                                 [--marker F] [llama-server's other options, ignored]
+
+Modes:
+  ok           /health answers 503 for --load-s seconds, then 200; /v1/models 200;
+               POST /v1/completions answers one token; GET /slots one idle slot.
+  crash        writes a fatal error to stderr after --load-s seconds and exits 3.
+  ignore-term  like ok, but ignores SIGTERM (only SIGKILL stops it).
+  wedged       HTTP answers (/health 200) but a completion never returns: a hung generator
+               (a stream sends its headers and one chunk, then nothing); /slots and
+               /metrics hang too, as llama-server's do when its main loop is stuck
+               (it answers them from that loop; /health it answers without it).
+  wedge-once   wedged if the --marker file does not exist yet (it creates it), else ok:
+               the first process hangs, the one restarted after it serves.
+It stands in for llama-server where the real one cannot show a case (a generator that
+hangs while /health says 200, a load that takes seconds): llama-server's own options
+(-m, -c, -np, --alias) are accepted and ignored, so a wrapper script can be given to
+rosterd as ROSTERD_LLAMA_SERVER.
+With --child-pid-file it also starts a child process (`sleep`) in its own process group
+and writes the child's pid there, to show that stopping kills the whole group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--mode", default="ok", choices=["ok", "crash", "ignore-term", "wedged", "wedge-once"]
+    )
+    parser.add_argument("--load-s", type=float, default=0.0)
+    parser.add_argument("--child-pid-file", type=Path)
+    parser.add_argument("--marker", type=Path)
+    args, _llama_server_options = parser.parse_known_args()
+    started = time.monotonic()
+    wedged = args.mode == "wedged"
+    if args.mode == "wedge-once":
+        assert args.marker is not None, "wedge-once needs --marker"
+        wedged = not args.marker.exists()
+        args.marker.touch()
+    if args.mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.child_pid_file is not None:
+        child = subprocess.Popen(["sleep", "300"])
+        args.child_pid_file.write_text(str(child.pid))
+    if args.mode == "crash":
+        time.sleep(args.load_s)
+        print("loading model ...", file=sys.stderr)
+        print("fatal: could not load model: bad magic", file=sys.stderr, flush=True)
+        return 3
+    hang = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            loading = time.monotonic() - started < args.load_s
+            if self.path == "/health":
+                if loading:
+                    self._send(503, {"error": {"message": "Loading model"}})
+                else:
+                    self._send(200, {"status": "ok"})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": "fake"}]})
+            elif self.path in ("/slots", "/metrics") and wedged:
+                hang.wait(600)  # llama-server answers these from its main loop, stuck here
+            elif self.path == "/slots":
+                slot = {"id": 0, "id_task": -1, "n_prompt_tokens_processed": 0}
+                self._send(200, [{**slot, "next_token": {"n_decoded": 0}}])
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if body.get("stream"):
+                self._stream(body)
+                return
+            if wedged:
+                hang.wait(600)  # HTTP accepted, generation never ends
+                return
+            self._send(
+                200,
+                {
+                    "object": "text_completion",
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                },
+            )
+
+        def _stream(self, body: dict[str, object]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunk = {"object": "text_completion", "model": body.get("model")}
+            chunk["choices"] = [{"index": 0, "text": "x", "finish_reason": None}]
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            if wedged:
+                hang.wait(600)  # the first chunk came, the next never does
+                return
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
+
+        def log_message(self, format: str, *fargs: object) -> None:
+            print(format % fargs, file=sys.stderr, flush=True)
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    print(f"fake backend listening on {args.host}:{args.port}", file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
