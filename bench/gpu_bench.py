@@ -68,10 +68,11 @@ from rosterd.devices.nvml import NvmlDevice, read_nvml
 from rosterd.devices.pools import node_pools
 from rosterd.fleet import Fleet, Node, Platform
 from rosterd.fleet.model import DeviceSpec
-from rosterd.memory.estimate import ALL_LAYERS, PoolEstimate
+from rosterd.memory.split import ALL_LAYERS, PoolEstimate
 from rosterd.model_facts.reader import read_model_facts
 from rosterd.placement import plan
-from rosterd.placement.devices import DeviceNeed, place_on_devices
+from rosterd.placement.device_need import DeviceNeed
+from rosterd.placement.devices import place_on_devices
 from rosterd.residency import Load, NodeState, decide_by_pool
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import Supervisor

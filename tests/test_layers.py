@@ -60,6 +60,7 @@ LAYERS: dict[str, int] = {
     "rosterd.memory": 3,
     "rosterd.memory.estimate": 3,
     "rosterd.memory.count": 3,
+    "rosterd.memory.split": 3,
     # a role's estimate by pool reads its weights' facts and the adapter's launch (5)
     "rosterd.memory.by_pool": 5,
     # 4. adapters: argv and probe builders per flavor
@@ -444,10 +445,7 @@ MAX_CODE_LINES = 400
 
 #: Modules known to be over the rule, each with why and what brings it back under. An entry
 #: that no longer applies fails the test, so the list only shrinks.
-OVER_THE_RULE: dict[str, str] = {
-    "rosterd/scheduler/machine.py": "the node machine, one class over five modules by "
-    "inheritance; it is being composed from rule families that own their fields",
-}
+OVER_THE_RULE: dict[str, str] = {}
 
 
 def code_lines(text: str) -> int:

@@ -8,15 +8,8 @@ from pathlib import Path
 import pytest
 
 from rosterd.devices.breakdown import parse_memory_breakdown
-from rosterd.memory.estimate import (
-    DEVICE_RUNTIME_BYTES,
-    estimate_llamacpp,
-    estimate_mlx,
-    layers_that_fit,
-    parse_llamacpp_settings,
-    split_llamacpp,
-    split_mlx,
-)
+from rosterd.memory.estimate import estimate_llamacpp, estimate_mlx, parse_llamacpp_settings
+from rosterd.memory.split import DEVICE_RUNTIME_BYTES, layers_that_fit, split_llamacpp, split_mlx
 from rosterd.model_facts import ModelFacts
 from rosterd.model_facts.reader import read_model_facts
 

@@ -56,14 +56,12 @@ from rosterd.adapters.llamacpp_slots import LlamaServerSlots
 from rosterd.errors import AdapterError
 from rosterd.fleet.model import RERANKING_FLAGS
 from rosterd.memory.estimate import (
-    ALL_LAYERS,
     LlamaCppSettings,
     MemoryEstimate,
-    PoolEstimate,
     estimate_llamacpp,
     parse_llamacpp_settings,
-    split_llamacpp,
 )
+from rosterd.memory.split import ALL_LAYERS, PoolEstimate, split_llamacpp
 from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import WeightsSource

@@ -28,8 +28,8 @@ from rosterd.cli import app, make_console
 from rosterd.cli.edge import errors_as_json
 
 if TYPE_CHECKING:
-    from rosterd.memory.estimate import PoolEstimate
     from rosterd.memory.gathering import RoleMemory
+    from rosterd.memory.split import PoolEstimate
 
 
 def by_pool(memory: RoleMemory) -> PoolEstimate | None:

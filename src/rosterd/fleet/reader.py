@@ -48,15 +48,14 @@ expected.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import yaml
-from yaml.constructor import SafeConstructor
 
 from rosterd.errors import FleetError
+from rosterd.fleet.device_reader import read_devices
+from rosterd.fleet.fields import YamlFields
 from rosterd.fleet.model import (
     OFFLOADS,
     DeviceSpec,
@@ -137,9 +136,6 @@ _NODE_KEYS: Final = (
     "max_concurrency",
     "devices",
 )
-_DEVICE_KEYS: Final = ("id", "memory_gb", "reserved_gb", "gpu_share_gb", "gpu_share")
-#: At most this many devices on one node.
-MAX_DEVICES: Final[int] = 64
 _MODEL_KEYS: Final = (
     "path",
     "ctx_size",
@@ -154,133 +150,8 @@ _MODEL_KEYS: Final = (
 )
 
 
-@dataclass(frozen=True)
-class _Unreadable:
-    """A scalar PyYAML cannot construct; shown in errors with its tag."""
-
-    tag: str
-    text: str
-
-    def __repr__(self) -> str:
-        return f"{self.text!r} tagged {self.tag}"
-
-
-class _FleetReader:
+class _FleetReader(YamlFields):
     """Walks the composed YAML tree, raising FleetError at the first wrong field."""
-
-    def __init__(self, file: str | None, base: Path) -> None:
-        self.file = file
-        self.base = base
-        self._constructor = SafeConstructor()
-
-    # -- helpers ---------------------------------------------------------------
-
-    def fail(self, node: yaml.Node | None, path: str | None, message: str) -> FleetError:
-        mark = node.start_mark if node is not None else None
-        return FleetError(
-            message,
-            file=self.file,
-            path=path,
-            line=mark.line + 1 if mark else None,
-            column=mark.column + 1 if mark else None,
-        )
-
-    def found(self, node: yaml.Node) -> str:
-        if isinstance(node, yaml.MappingNode):
-            return "a mapping"
-        if isinstance(node, yaml.SequenceNode):
-            return "a list"
-        return repr(self.scalar(node))
-
-    def scalar(self, node: yaml.Node) -> object:
-        try:
-            return self._constructor.construct_object(node, deep=True)
-        except yaml.YAMLError:
-            # An unknown tag (`!foo x`) or a malformed typed value: never a valid field,
-            # so every check fails and reports it.
-            return _Unreadable(node.tag, str(node.value))
-
-    def mapping(
-        self, node: yaml.Node, path: str | None, allowed: tuple[str, ...] | None, what: str
-    ) -> dict[str, tuple[yaml.Node, yaml.Node]]:
-        if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, path, f"expected {what}, found {self.found(node)}")
-        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
-        for key_node, value_node in node.value:
-            key = self.scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
-            if not isinstance(key, str):
-                raise self.fail(
-                    key_node, path, f"expected text keys, found key {self.found(key_node)}"
-                )
-            sub = f"{path}.{key}" if path else key
-            if allowed is not None and key not in allowed:
-                raise self.fail(
-                    key_node,
-                    sub,
-                    f"unknown key {key!r}; allowed keys are {', '.join(allowed)}",
-                )
-            if key in out:
-                raise self.fail(key_node, sub, f"duplicate key {key!r}")
-            out[key] = (key_node, value_node)
-        return out
-
-    def number(self, node: yaml.Node, path: str, *, minimum_exclusive: float | None) -> float:
-        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or (minimum_exclusive is not None and value <= minimum_exclusive)
-            or (minimum_exclusive is None and value < 0)
-        ):
-            want = "a number > 0" if minimum_exclusive is not None else "a number >= 0"
-            raise self.fail(node, path, f"expected {want} (GiB), found {self.found(node)}")
-        return float(value)
-
-    def positive_int(self, node: yaml.Node, path: str) -> int:
-        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.fail(node, path, f"expected a whole number > 0, found {self.found(node)}")
-        return value
-
-    def whole_number(self, node: yaml.Node, path: str) -> int:
-        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.fail(node, path, f"expected a whole number >= 0, found {self.found(node)}")
-        return value
-
-    def boolean(self, node: yaml.Node, path: str) -> bool:
-        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
-        if not isinstance(value, bool):
-            raise self.fail(node, path, f"expected true or false, found {self.found(node)}")
-        return value
-
-    def text(self, node: yaml.Node, path: str, what: str = "text") -> str:
-        value = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
-        if not isinstance(value, str) or not value:
-            raise self.fail(node, path, f"expected {what}, found {self.found(node)}")
-        return value
-
-    def sequence(self, node: yaml.Node, path: str, what: str) -> list[yaml.Node]:
-        if not isinstance(node, yaml.SequenceNode):
-            raise self.fail(node, path, f"expected {what}, found {self.found(node)}")
-        return list(node.value)
-
-    def path_at(self, node: yaml.Node, path: str, what: str) -> Path:
-        """The path text at ``node``, ``~`` expanded and relative to the fleet file's folder.
-
-        Raises:
-            FleetError: not a path, or ``~user`` names no user of this machine (found by
-                fuzzing: ``Path.expanduser`` raises ``RuntimeError`` for it).
-        """
-        raw = self.text(node, path, what)
-        try:
-            candidate = Path(raw).expanduser()
-        except RuntimeError:
-            raise self.fail(
-                node, path, f"expected {what}; {raw.split('/')[0]!r} names no user here"
-            ) from None
-        return candidate if candidate.is_absolute() else (self.base / candidate)
 
     # -- the file --------------------------------------------------------------
 
@@ -393,7 +264,7 @@ class _FleetReader:
             labels = self.read_labels(fields["labels"][1], f"{path}.labels")
         devices: tuple[DeviceSpec, ...] = ()
         if "devices" in fields:
-            devices = self.read_devices(fields["devices"][1], f"{path}.devices", plat, memory)
+            devices = read_devices(self, fields["devices"][1], f"{path}.devices", plat, memory)
         return Node(
             name=name,
             memory_bytes=memory,
@@ -405,142 +276,6 @@ class _FleetReader:
             labels=labels,
             devices=devices,
         )
-
-    def read_devices(
-        self, node: yaml.Node, path: str, plat: Platform, node_memory: int
-    ) -> tuple[DeviceSpec, ...]:
-        """A node's ``devices:`` list: each ``id`` a plain token, unique on the node; a GPU's
-        ``memory_gb`` or, on ``macos-arm64`` only, the GPU share (``gpu_share_gb`` or
-        ``gpu_share``, a fraction of the node's memory, never more than it)."""
-        items = self.sequence(node, path, "a list of devices")
-        if len(items) > MAX_DEVICES:
-            raise self.fail(node, path, f"expected at most {MAX_DEVICES} devices")
-        mac = plat is Platform.MACOS_ARM64
-        out: list[DeviceSpec] = []
-        seen: dict[str, int] = {}
-        for i, item in enumerate(items):
-            at = f"{path}[{i}]"
-            fields = self.mapping(item, at, _DEVICE_KEYS, "a device mapping")
-            if "id" not in fields:
-                raise self.fail(
-                    item,
-                    f"{at}.id",
-                    "missing required key 'id' (llama.cpp's device name, as "
-                    "`llama-server --list-devices` prints it: CUDA0, ROCm0, Vulkan0, MTL0)",
-                )
-            id_node = fields["id"][1]
-            ident = self.text(id_node, f"{at}.id", "a device name such as CUDA0")
-            if not valid_token(ident, 64):
-                raise self.fail(
-                    id_node,
-                    f"{at}.id",
-                    f"expected a device name such as CUDA0 (letters, digits, . _ -), "
-                    f"found {ident!r}",
-                )
-            if ident in seen:
-                raise self.fail(
-                    id_node,
-                    f"{at}.id",
-                    f"duplicate device {ident!r} (first at {path}[{seen[ident]}])",
-                )
-            seen[ident] = i
-            share_keys = [k for k in ("gpu_share_gb", "gpu_share") if k in fields]
-            if share_keys and not mac:
-                key = share_keys[0]
-                raise self.fail(
-                    fields[key][0],
-                    f"{at}.{key}",
-                    f"{key} is the GPU's share of a Mac's unified memory; this node's platform "
-                    f"is {plat.value}: give the device's own memory as memory_gb",
-                )
-            if mac and "memory_gb" in fields:
-                raise self.fail(
-                    fields["memory_gb"][0],
-                    f"{at}.memory_gb",
-                    "a Mac's GPU shares the node's memory: give its share as gpu_share_gb "
-                    "(GiB) or gpu_share (a fraction of the node's memory_gb), not memory_gb",
-                )
-            if len(share_keys) > 1:
-                raise self.fail(
-                    fields["gpu_share"][0],
-                    f"{at}.gpu_share",
-                    "give gpu_share_gb or gpu_share, not both",
-                )
-            memory = self.device_memory(item, fields, at, mac, node_memory)
-            reserved = 0
-            if "reserved_gb" in fields:
-                reserved_node = fields["reserved_gb"][1]
-                reserved_gb = self.number(
-                    reserved_node, f"{at}.reserved_gb", minimum_exclusive=None
-                )
-                reserved = round(reserved_gb * GB)
-                if reserved >= memory:
-                    raise self.fail(
-                        reserved_node,
-                        f"{at}.reserved_gb",
-                        f"expected less than the device's {memory / GB:g} GiB, found "
-                        f"{reserved_gb:g}: the device would have no capacity",
-                    )
-            out.append(
-                DeviceSpec(id=ident, memory_bytes=memory, reserved_bytes=reserved, gpu_share=mac)
-            )
-        return tuple(out)
-
-    def device_memory(
-        self,
-        item: yaml.Node,
-        fields: dict[str, tuple[yaml.Node, yaml.Node]],
-        at: str,
-        mac: bool,
-        node_memory: int,
-    ) -> int:
-        """A declared device's memory in bytes (see :meth:`read_devices`)."""
-        if mac:
-            if "gpu_share_gb" in fields:
-                value_node = fields["gpu_share_gb"][1]
-                gb = self.number(value_node, f"{at}.gpu_share_gb", minimum_exclusive=0.0)
-                share = round(gb * GB)
-                key = "gpu_share_gb"
-            elif "gpu_share" in fields:
-                value_node = fields["gpu_share"][1]
-                fraction = self.number(value_node, f"{at}.gpu_share", minimum_exclusive=0.0)
-                if fraction > 1:
-                    raise self.fail(
-                        value_node,
-                        f"{at}.gpu_share",
-                        f"expected a fraction of the node's memory, above 0 and at most 1 "
-                        f"(Metal's cap is about 0.66-0.84), found {fraction:g}",
-                    )
-                share = round(fraction * node_memory)
-                key = "gpu_share"
-            else:
-                raise self.fail(
-                    item,
-                    f"{at}.gpu_share",
-                    "missing the GPU's share of the Mac's memory: gpu_share_gb (GiB) or "
-                    "gpu_share (a fraction of memory_gb; Metal caps it at about 0.66-0.84)",
-                )
-            if share > node_memory:
-                raise self.fail(
-                    value_node,
-                    f"{at}.{key}",
-                    f"the GPU share ({share / GB:g} GiB) is more than the node's memory "
-                    f"({node_memory / GB:g} GiB)",
-                )
-            if share <= 0:
-                raise self.fail(value_node, f"{at}.{key}", "expected at least one byte")
-            return share
-        if "memory_gb" not in fields:
-            raise self.fail(
-                item,
-                f"{at}.memory_gb",
-                "missing required key 'memory_gb' (the device's memory, GiB)",
-            )
-        memory_node = fields["memory_gb"][1]
-        memory = round(self.number(memory_node, f"{at}.memory_gb", minimum_exclusive=0.0) * GB)
-        if memory <= 0:
-            raise self.fail(memory_node, f"{at}.memory_gb", "expected at least one byte")
-        return memory
 
     def read_flavors(self, node: yaml.Node, path: str, plat: Platform) -> frozenset[InferFlavor]:
         allowed = ", ".join(f.value for f in InferFlavor)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.flavors import DeviceUse
 from rosterd.fleet import Fleet
-from rosterd.memory.estimate import ALL_LAYERS, PoolEstimate
 from rosterd.memory.gathering import RoleMemory, RosterMemory, serving_settings
+from rosterd.memory.split import ALL_LAYERS, PoolEstimate
 from rosterd.placement.device_need import DeviceNeed
 
 

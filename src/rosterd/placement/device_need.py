@@ -28,7 +28,7 @@ class DeviceNeed:
 
     ``full_bytes``: every layer offloaded (llama.cpp's ``-ngl 999``; an mlx role: all of
     it). ``by_layers``: the device bytes for ``-ngl 0, 1, ...`` up to every layer and the
-    output layer (``rosterd.memory.estimate.split_llamacpp``), empty when the weights'
+    output layer (``rosterd.memory.split.split_llamacpp``), empty when the weights'
     facts are unknown. ``offload``: the fleet entry's ``full`` or ``partial``.
     """
 
