@@ -10,7 +10,7 @@ import pytest
 
 from rosterd.devices.listing import ListedDevice, parse_list_devices
 
-DATA = Path(__file__).parent / "data" / "list_devices"
+DATA = Path(__file__).resolve().parents[1] / "data" / "list_devices"
 MiB = 1 << 20
 
 

@@ -19,7 +19,7 @@ from rosterd.fleet.reader import parse_fleet
 
 GiB = 1 << 30
 MiB = 1 << 20
-DATA = Path(__file__).parent / "data" / "list_devices"
+DATA = Path(__file__).resolve().parents[1] / "data" / "list_devices"
 
 GPU_BOX = """
 nodes:
@@ -235,7 +235,7 @@ def test_a_macs_gpu_share_subtracts_nothing_for_other_processes() -> None:
 
 
 def _fleet_schema() -> dict[str, object]:
-    path = Path(__file__).parents[1] / "src" / "rosterd" / "schemas" / "fleet.schema.json"
+    path = Path(__file__).resolve().parents[2] / "src" / "rosterd" / "schemas" / "fleet.schema.json"
     loaded: dict[str, object] = json.loads(path.read_text(encoding="utf-8"))
     return loaded
 

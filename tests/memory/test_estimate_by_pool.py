@@ -14,7 +14,7 @@ from rosterd.model_facts import ModelFacts
 from rosterd.model_facts.reader import read_model_facts
 
 MiB = 1 << 20
-DATA = Path(__file__).parent / "data" / "memory_breakdown"
+DATA = Path(__file__).resolve().parents[1] / "data" / "memory_breakdown"
 
 
 @pytest.fixture(scope="module")
