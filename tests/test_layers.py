@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "rosterd.fleet": 2,
     "rosterd.weights": 2,
     "rosterd.schemas": 2,
+    "rosterd.keys": 2,
     "rosterd.model_facts": 2,
     "rosterd.model_facts.facts": 2,
     "rosterd.model_facts.gguf_file": 2,
