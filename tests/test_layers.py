@@ -56,6 +56,7 @@ LAYERS: dict[str, int] = {
     # 5. processes and the state folder
     "rosterd.supervisor": 5,
     "rosterd.memory.peaks": 5,
+    "rosterd.usage": 5,
     "rosterd.memory.gathering": 5,
     # 6. the scheduler and the backends boundary it applies effects through
     "rosterd.metrics": 6,

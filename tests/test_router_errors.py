@@ -53,6 +53,7 @@ TABLE: dict[str, tuple[int, str, str | None]] = {
     "model_missing": (400, "invalid_request_error", None),
     "invalid_role": (400, "invalid_request_error", None),
     "invalid_api_key": (401, "authentication_error", None),
+    "permission_denied": (403, "permission_error", None),
     "model_not_found": (404, "invalid_request_error", None),
     "not_found": (404, "invalid_request_error", None),
     "method_not_allowed": (405, "invalid_request_error", None),

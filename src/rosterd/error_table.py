@@ -19,6 +19,7 @@ from types import MappingProxyType
 #: OpenAI's error types (``error.type``); clients branch on them to decide whether to retry.
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
+PERMISSION = "permission_error"
 RATE_LIMIT = "rate_limit_error"
 SERVER = "server_error"
 UPSTREAM = "upstream_error"
@@ -50,6 +51,8 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "invalid_api_key": ErrorKind(
             401, AUTHENTICATION, headers=(("WWW-Authenticate", "Bearer"),)
         ),
+        # A valid key without the path's scope (use, watch, operate).
+        "permission_denied": ErrorKind(403, PERMISSION),
         "model_not_found": ErrorKind(404, INVALID_REQUEST),
         "not_found": ErrorKind(404, INVALID_REQUEST),
         "method_not_allowed": ErrorKind(405, INVALID_REQUEST),

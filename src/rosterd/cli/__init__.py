@@ -193,6 +193,7 @@ _COMMAND_MODULES = (
     "schema_cmd",
     "models_cmd",
     "keys_cmd",
+    "usage_cmd",
 )
 
 

@@ -25,9 +25,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rosterd.errors import RosterdError, RouterError
+from rosterd.keys import KeyRing
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
-from rosterd.router.auth import ApiKeyGate
+from rosterd.router.auth import KeyGate, Keys
 from rosterd.router.history import History, sample_forever
 from rosterd.router.logs import LogPath, log_response
 from rosterd.router.ollama.generation import send_ollama_error
@@ -45,9 +46,11 @@ from rosterd.router.routing import (
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
+from rosterd.router.usage_hook import KeyUsage
 from rosterd.router.wait_report import WAIT_HEADERS, evicted_for
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.tokens import valid_token
+from rosterd.usage import UsageStore
 
 log = logging.getLogger("rosterd.router")
 
@@ -69,6 +72,8 @@ def create_app(
     reload: Callable[[bool], Awaitable[Mapping[str, object]]] | None = None,
     node_views: Callable[[], Mapping[str, Mapping[str, object]]] | None = None,
     history: History | None = None,
+    keys: Keys | None = None,
+    usage: UsageStore | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -97,6 +102,10 @@ def create_app(
     ``history``: the charts' bounded history, served as ``GET /rosterd/history`` and
     sampled every ``history.interval_s`` seconds while the app runs (default: a new one
     at ``config.history_interval_s``).
+    ``keys``: the keys in force and what each may do (``rosterd.router.auth``; its owner
+    swaps them on a reload); default: ``config.api_keys``, each holding every scope.
+    ``usage``: where each key's use is kept (open; its owner closes it), served as
+    ``GET /rosterd/usage`` (``None``: only counted in the metrics).
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
@@ -123,6 +132,7 @@ def create_app(
         metrics=metrics,
         upstream=upstream,
         history=history,
+        usage=(key_usage := KeyUsage(usage, metrics.registry)),
     )
 
     async def health(_: Request) -> Response:
@@ -142,7 +152,10 @@ def create_app(
 
     async def models(_: Request) -> Response:
         return JSONResponse(
-            {"object": "list", "data": [model_entry(role) for role in scheduler.roles]}
+            {
+                "object": "list",
+                "data": [model_entry(role) for role in scheduler.roles if names.visible(role)],
+            }
         )
 
     async def model(request: Request) -> Response:
@@ -162,6 +175,9 @@ def create_app(
             for role, info in node["roles"].items():
                 info["measured_rss_bytes"] = measured.get(name, {}).get(role)
                 ctx.restores.annotate(name, role, info)
+            # A key's model list holds here too: its page lists the roles it may use.
+            node["roles"] = {r: i for r, i in node["roles"].items() if names.visible(r)}
+            node["resident"] = [r for r in node["resident"] if names.visible(r)]
         if node_views is not None:
             views = node_views()
             ordered = {name: {**nodes.get(name, {}), **view} for name, view in views.items()}
@@ -293,6 +309,7 @@ def create_app(
         Route("/rosterd/ps", ps, methods=["GET"]),
         Route("/rosterd/events", events, methods=["GET"]),
         Route("/rosterd/history", history_endpoint, methods=["GET"]),
+        Route("/rosterd/usage", key_usage.endpoint, methods=["GET"]),
         Route("/rosterd/load/{role}", load, methods=["POST"]),
         Route("/rosterd/unload/{role}", unload, methods=["POST"]),
         Route("/rosterd/logs/{role}", logs, methods=["GET"]),
@@ -308,9 +325,9 @@ def create_app(
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error},
         lifespan=lifespan,
     )
-    gated = ApiKeyGate(
+    gated = KeyGate(
         ProxyFirst(app, proxies),
-        config.api_keys,
+        keys or Keys(KeyRing.of((), config.api_keys)),
         open_paths=PAGE_PATHS,
         open_prefixes=[STATIC_PREFIX],
         dialect_errors={OLLAMA_PREFIX: send_ollama_error},

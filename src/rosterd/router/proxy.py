@@ -67,6 +67,7 @@ from rosterd.router.routing import (
     RouterConfig,
 )
 from rosterd.router.upstream import Upstream, UpstreamResponse
+from rosterd.router.usage_hook import KeyUsage
 from rosterd.router.wait_report import wait_headers
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.scheduler.lease import Lease
@@ -102,6 +103,7 @@ class ProxyContext:
     upstream: Upstream
     history: History
     restores: RestoreChecks = field(default_factory=RestoreChecks)
+    usage: KeyUsage | None = None
 
 
 class Proxy:
@@ -181,6 +183,14 @@ class Proxy:
             counted[1].observe(time.perf_counter() - started)
             if role != "-":
                 self.ctx.history.request_done(role, answer.tokens)
+                if self.ctx.usage is not None:  # per key (rosterd.router.usage_hook)
+                    self.ctx.usage.done(
+                        role,
+                        answer.status,
+                        answer.tail,
+                        queue_wait_s=answer.waited_s,
+                        duration_s=time.perf_counter() - started,
+                    )
 
     async def _serve(
         self, role: str, payload: dict[str, Any], receive: Receive, answer: ClientAnswer
@@ -231,6 +241,7 @@ class Proxy:
         with scheduler_errors():
             lease = await scheduler.acquire(role, prefix=prefix)
         self.ctx.history.request_granted(role, lease.waited_s)
+        answer.waited_s = lease.waited_s
         self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
         waits = 0
         failed_over = failover = False
@@ -398,7 +409,8 @@ class Proxy:
             if not stream and length is not None and length <= WHOLE_ANSWER_MAX_BYTES:
                 with upstream_errors(role):
                     whole = await upstream.read()
-                answer.tokens = generated_tokens(whole[-ANSWER_TAIL_BYTES:])
+                answer.tail = whole[-ANSWER_TAIL_BYTES:]
+                answer.tokens = generated_tokens(answer.tail)
                 self.ctx.restores.answered(lease, upstream.status, whole[-ANSWER_TAIL_BYTES:])
                 await send_whole(send, upstream.status, content_type, whole, told)
                 return
@@ -412,6 +424,7 @@ class Proxy:
                 with upstream_errors(role, mid_stream=True):
                     finished, tail = await pass_body(upstream, send, self.stream_ends)
                     answer.tokens = generated_tokens(tail)
+                    answer.tail = tail
             except RouterError as err:
                 # Headers are out: end the answer with an SSE error event the client can see.
                 with contextlib.suppress(Exception):

@@ -52,12 +52,14 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.ray_cluster import RayCluster, disconnect, join_async
 from rosterd.roster import ImportedRoster
 from rosterd.router import create_app
+from rosterd.router.auth import Keys
 from rosterd.router.streams import LiveStreams
 from rosterd.supervisor import BackendEvent, default_state_dir
 from rosterd.up import config as up_config
 from rosterd.up.chat_templates import missing_template_warnings
 from rosterd.up.files import ConfigFiles
 from rosterd.up.fleet_effects import UpFleetEffects
+from rosterd.up.key_files import open_usage, read_key_ring
 from rosterd.up.listen import (
     NoSignalServer,
     bind_listener,
@@ -122,6 +124,7 @@ class UpRun:
         self._interrupted = False  # a Ctrl-C before that: see interrupted()
         self._stopping_now = False
         self._reloads: set[asyncio.Task[None]] = set()
+        self._keys = Keys()
 
     def interrupted(self, signum: int, frame: object) -> None:
         """The SIGINT handler of the whole process (``signal.signal``), outside the spans
@@ -188,6 +191,7 @@ class UpRun:
         if not 1 <= options.port <= 65535:
             raise OptionError(f"--port {options.port} is not a usable port (1..65535)")
         roster, fleet = up_config.read_files(options)
+        self._keys.replace(read_key_ring(options))
         for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows
             self.reporter.say(Level.WARNING, warning)
         state_dir = self._state_dir = options.state_dir or default_state_dir()
@@ -211,7 +215,7 @@ class UpRun:
             if options.ray_address is not None:
                 self._cluster = await self._join(options.ray_address)
             connections = up_config.connections(fleet, self._cluster)
-            if not options.api_keys and not is_loopback_host(options.host):
+            if not self._keys.ring.required and not is_loopback_host(options.host):
                 self.reporter.say(Level.WARNING, open_listener_text(options.host))
             await self._serve(config, connections, host)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
@@ -246,6 +250,7 @@ class UpRun:
         )
         fleet = self._fleet = FleetLoop(machine, effects)
         files = self.files = ConfigFiles(options)
+        usage = open_usage(self._state_dir)
         background: list[asyncio.Task[None]] = []
         serving: asyncio.Task[None] | None = None
         sock: socket.socket | None = None
@@ -285,6 +290,8 @@ class UpRun:
                 log_path=host.supervisor.log_path,
                 streams=streams,
                 node_views=(lambda: node_views(machine)) if self._cluster is not None else None,
+                keys=self._keys,
+                usage=usage,
             )
             server = self._server = NoSignalServer(server_config(router, options))
             if self._stop.is_set():
@@ -292,7 +299,7 @@ class UpRun:
             serving = asyncio.create_task(server.serve(sockets=[sock]), name="rosterd-http")
             shown_host = f"[{options.host}]" if ":" in options.host else options.host
             self.url = f"http://{shown_host}:{options.port}"
-            keyed = bool(options.api_keys)
+            keyed = self._keys.ring.required
             self.reporter.say(
                 Level.INFO, serving_text(effects.scheduler.roles, self.url, keyed=keyed)
             )
@@ -329,6 +336,7 @@ class UpRun:
             await fleet.close()
             await effects.scheduler.shutdown()
             await effects.close()
+            await asyncio.to_thread(usage.close)  # what was counted, written
             if sock is not None:
                 sock.close()
             if self.stop_on_signals and self._signals_taken:
@@ -355,6 +363,7 @@ class UpRun:
         roster: ImportedRoster | None = None
         try:
             roster, fleet_file = up_config.read_files(self.options)
+            ring = read_key_ring(self.options)
             config = await asyncio.to_thread(up_config.gather, roster, fleet_file, state_dir)
             conns = await asyncio.to_thread(up_config.connections, fleet_file, self._cluster)
             change = await fleet.change(config, conns, force=force)
@@ -363,6 +372,7 @@ class UpRun:
             if not isinstance(exc, ReloadRefusedError | NothingToServeError):  # said already
                 log.error("reload refused, the running configuration stays: %s", exc)
             raise
+        self._keys.replace(ring)  # with the rest of the files, or not at all
         files.applied(change, time.time())
         return change
 
