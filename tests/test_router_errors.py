@@ -63,6 +63,7 @@ TABLE: dict[str, tuple[int, str, str | None]] = {
     "invalid_config": (422, "invalid_request_error", None),
     "not_translatable": (501, "invalid_request_error", None),
     "queue_full": (429, "rate_limit_error", None),
+    "key_limit": (429, "rate_limit_error", None),
     "internal_error": (500, "server_error", None),
     "not_implemented": (501, "invalid_request_error", None),
     "backend_error": (502, "upstream_error", None),

@@ -65,6 +65,8 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         # A reload refused: the files are invalid (file, line, column in the message).
         "invalid_config": ErrorKind(422, INVALID_REQUEST),
         "queue_full": ErrorKind(429, RATE_LIMIT),  # Retry-After: the scheduler's estimate
+        # A key over one of its limits (in flight, per minute, per day); the message names it.
+        "key_limit": ErrorKind(429, RATE_LIMIT),
         # A dialect's path or field a role's backend lacks and chat completions cannot carry
         # (e.g. /v1/messages/count_tokens on mlx_lm.server): RFC 9110 §15.6.2's status.
         "not_translatable": ErrorKind(501, INVALID_REQUEST),

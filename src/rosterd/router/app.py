@@ -30,6 +30,7 @@ from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.auth import KeyGate, Keys
 from rosterd.router.history import History, sample_forever
+from rosterd.router.key_limits import KeyLimiter
 from rosterd.router.logs import LogPath, log_response
 from rosterd.router.ollama.generation import send_ollama_error
 from rosterd.router.ollama.routes import OLLAMA_PREFIX, ollama_routes
@@ -46,7 +47,7 @@ from rosterd.router.routing import (
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
-from rosterd.router.usage_hook import KeyUsage
+from rosterd.router.usage_hook import KeyUsage, tokens_today
 from rosterd.router.wait_report import WAIT_HEADERS, evicted_for
 from rosterd.scheduler.fleet import Scheduler
 from rosterd.tokens import valid_token
@@ -124,6 +125,8 @@ def create_app(
     live = streams or LiveStreams()
     history = history or History(config.history_interval_s)
     started_at = time.time()
+    limiter = KeyLimiter()
+    limiter.start_day(tokens_today(usage, time.time()))
     ctx = ProxyContext(
         scheduler=scheduler,
         routes=routes,
@@ -132,7 +135,7 @@ def create_app(
         metrics=metrics,
         upstream=upstream,
         history=history,
-        usage=(key_usage := KeyUsage(usage, metrics.registry)),
+        usage=(key_usage := KeyUsage(usage, metrics.registry, limiter)),
     )
 
     async def health(_: Request) -> Response:
@@ -331,6 +334,7 @@ def create_app(
         open_paths=PAGE_PATHS,
         open_prefixes=[STATIC_PREFIX],
         dialect_errors={OLLAMA_PREFIX: send_ollama_error},
+        limiter=limiter,
     )
     if not config.cors_origins:
         return gated

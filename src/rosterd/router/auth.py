@@ -19,6 +19,8 @@ No key or a wrong one is 401 ``invalid_api_key``, a key without the path's scope
 on ``/v1/messages``, Ollama's under ``/api/``). The key of the request is then set for
 its task (:data:`rosterd.router.caller.CALLER`), so that what it resolves and lists is only
 what it may use; an operator action (load, unload, reload) is logged with the key's name.
+A ``use`` request of a key with limits is counted against them first
+(:mod:`rosterd.router.key_limits`; over one: 429 ``key_limit`` in the same envelopes).
 A key never reaches a log or a message: only its name does.
 """
 
@@ -34,6 +36,7 @@ from rosterd.keys.values import ApiKey, KeyRing
 from rosterd.keys.values import Scope as KeyScope
 from rosterd.router.caller import CALLER
 from rosterd.router.dialects.envelope import envelope_for
+from rosterd.router.key_limits import KeyLimiter
 from rosterd.router.routing import PROXIED_PATHS
 
 log = logging.getLogger("rosterd.access")
@@ -105,9 +108,11 @@ class KeyGate:
         open_paths: Iterable[str] = (),
         open_prefixes: Iterable[str] = (),
         dialect_errors: DialectErrors | None = None,
+        limiter: KeyLimiter | None = None,
     ) -> None:
         self.app = app
         self.keys = keys
+        self.limiter = limiter or KeyLimiter()
         self.dialect_errors = dict(dialect_errors or {})
         self.open_paths = frozenset((OPEN_PATH, *open_paths))
         self.open_prefixes = tuple(open_prefixes)
@@ -142,6 +147,13 @@ class KeyGate:
             )
             await self.refuse(scope, receive, send, RouterError("permission_denied", message))
             return
+        limited = needed is KeyScope.USE and key.limits.any()
+        if limited:
+            try:
+                self.limiter.admit(key)
+            except RouterError as err:
+                await self.refuse(scope, receive, send, err)
+                return
         token = CALLER.set(key)
         try:
             if needed is KeyScope.OPERATE:
@@ -150,6 +162,8 @@ class KeyGate:
                 await self.app(scope, receive, send)
         finally:
             CALLER.reset(token)
+            if limited:
+                self.limiter.release(key)
 
     async def operate(self, key: ApiKey, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve an operator's action, logged with the key's name and the answer's status."""

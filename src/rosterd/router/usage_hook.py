@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from rosterd.errors import RouterError
 from rosterd.router.caller import caller
 from rosterd.router.history import generated_tokens
+from rosterd.router.key_limits import DAY_S, KeyLimiter
 from rosterd.router.openai_errors import error_response
 from rosterd.usage import UsageStore, parse_since
 from rosterd.usage.store import GROUPINGS
@@ -52,10 +53,17 @@ class KeyUsage:
     """Counts finished requests per key name and role: into ``store`` (``None``: not kept)
     and ``rosterd_key_requests_total{key, role, code}`` and
     ``rosterd_key_tokens_total{key, role, kind}`` (``kind``: ``prompt`` or
-    ``completion``) in ``registry``."""
+    ``completion``) in ``registry``; each key's tokens also to ``limiter`` (its tokens per
+    day)."""
 
-    def __init__(self, store: UsageStore | None, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        store: UsageStore | None,
+        registry: CollectorRegistry,
+        limiter: KeyLimiter | None = None,
+    ) -> None:
         self.store = store
+        self.limiter = limiter
         self.requests = Counter(
             "rosterd_key_requests_total",
             "Finished proxied requests by key name, role and HTTP status",
@@ -81,6 +89,8 @@ class KeyUsage:
         prompt = prompt_tokens(tail) if tail else 0
         completion = generated_tokens(tail) if tail else 0
         self.requests.labels(key=name, role=role, code=str(status)).inc()
+        if self.limiter is not None and key is not None and key.limits.tokens_per_day:
+            self.limiter.used(name, prompt + completion)
         if prompt:
             self.tokens.labels(key=name, role=role, kind="prompt").inc(prompt)
         if completion:
@@ -115,3 +125,15 @@ class KeyUsage:
         start = time.time() - since_s
         rows: Any = await asyncio.to_thread(self.store.totals, start, by)
         return JSONResponse({"since": start, "by": by, "rows": rows})
+
+
+def tokens_today(store: UsageStore | None, now_s: float) -> dict[str, int]:
+    """Tokens per key name so far in the UTC day of ``now_s`` (epoch seconds), from
+    ``store`` (empty without one); blocking (a read of the usage database)."""
+    if store is None:
+        return {}
+    day_start = now_s // DAY_S * DAY_S
+    rows = store.totals(day_start, ["key"])
+    return {
+        str(r["key"]): int(str(r["prompt_tokens"])) + int(str(r["completion_tokens"])) for r in rows
+    }
