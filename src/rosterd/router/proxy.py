@@ -42,6 +42,7 @@ from rosterd.router.body import parse_json_object, read_body, requested_model
 from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
+from rosterd.router.key_turns import Turns
 from rosterd.router.liveness import (
     MAX_RESTART_WAITS,
     Deadlines,
@@ -104,6 +105,7 @@ class ProxyContext:
     history: History
     restores: RestoreChecks = field(default_factory=RestoreChecks)
     usage: KeyUsage | None = None
+    turns: Turns = field(default_factory=Turns)
 
 
 class Proxy:
@@ -239,7 +241,12 @@ class Proxy:
         prefix = prefix_key(payload) if len(scheduler.nodes_of(role)) > 1 else None
         asked_at = time.time()
         with scheduler_errors():
-            lease = await scheduler.acquire(role, prefix=prefix)
+            lease = await self.ctx.turns.acquire(  # a batch key's after interactive work
+                role,
+                self.ctx.turns.class_of(scheduler.node_of(role).specs[role].latency_class),
+                lambda: scheduler.acquire(role, prefix=prefix),
+                scheduler.release,
+            )
         self.ctx.history.request_granted(role, lease.waited_s)
         answer.waited_s = lease.waited_s
         self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
