@@ -190,6 +190,7 @@ class Proxy:
                         role,
                         answer.status,
                         answer.tail,
+                        completion=answer.tokens,
                         queue_wait_s=answer.waited_s,
                         duration_s=time.perf_counter() - started,
                     )

@@ -64,6 +64,10 @@ class KeyUsage:
     ) -> None:
         self.store = store
         self.limiter = limiter
+        # (key, role, status) -> its counters' children (requests, prompt and completion
+        # tokens): labels() takes a lock and builds its key on every call (the proxy keeps
+        # its own counters so too).
+        self._counted: dict[tuple[str, str, int], Any] = {}
         self.requests = Counter(
             "rosterd_key_requests_total",
             "Finished proxied requests by key name, role and HTTP status",
@@ -78,23 +82,39 @@ class KeyUsage:
         )
 
     def done(
-        self, role: str, status: int, tail: bytes, *, queue_wait_s: float, duration_s: float
+        self,
+        role: str,
+        status: int,
+        tail: bytes,
+        *,
+        completion: int | None = None,
+        queue_wait_s: float,
+        duration_s: float,
     ) -> None:
         """Count one finished request of the caller's key on ``role``: ``status`` its HTTP
         status (0: none sent; 4xx or 5xx, or none, is an error), ``tail`` its answer's last
-        bytes (tokens), ``queue_wait_s`` its wait for the role and ``duration_s`` its whole
-        time, seconds (served: the difference)."""
+        bytes (tokens; ``completion``: its completion tokens when already read from it),
+        ``queue_wait_s`` its wait for the role and ``duration_s`` its whole time, seconds
+        (served: the difference)."""
         key = caller()
         name = key.name if key is not None else NO_KEY
         prompt = prompt_tokens(tail) if tail else 0
-        completion = generated_tokens(tail) if tail else 0
-        self.requests.labels(key=name, role=role, code=str(status)).inc()
+        if completion is None:
+            completion = generated_tokens(tail) if tail else 0
+        counted = self._counted.get((name, role, status))
+        if counted is None:
+            counted = self._counted[(name, role, status)] = (
+                self.requests.labels(key=name, role=role, code=str(status)),
+                self.tokens.labels(key=name, role=role, kind="prompt"),
+                self.tokens.labels(key=name, role=role, kind="completion"),
+            )
+        counted[0].inc()
+        if prompt:
+            counted[1].inc(prompt)
+        if completion:
+            counted[2].inc(completion)
         if self.limiter is not None and key is not None and key.limits.tokens_per_day:
             self.limiter.used(name, prompt + completion)
-        if prompt:
-            self.tokens.labels(key=name, role=role, kind="prompt").inc(prompt)
-        if completion:
-            self.tokens.labels(key=name, role=role, kind="completion").inc(completion)
         if self.store is not None:
             self.store.record(
                 name,
