@@ -25,7 +25,12 @@ not a model):
   an mlx_lm role (no native dialect), so the router translates it to chat
   completions and the answer back. mlx_lm.server needs Apple hardware, so the
   translated path is measured on this stand-in role; the difference of the two
-  rows is what the translation costs.
+  rows is what the translation costs;
+- ``keys``: a second ``rosterd up`` as ``rosterd``, with ``--keys`` (one key with the
+  ``use`` scope, a model list and limits, so the scope, model and limit checks run) and
+  its usage kept (the usage database in its state folder, Prometheus counters by key);
+  the requests carry the key. Its difference from ``rosterd`` is what keys and usage
+  cost.
 
 The upstream is nginx ``return 200`` where nginx is installed, else a small
 asyncio server (then ``direct`` may be slower than nginx would be; it says so).
@@ -73,6 +78,7 @@ import httpx
 
 from rosterd.adapters import adapter_for
 from rosterd.backends.values import Endpoint, ProbeResult
+from rosterd.keys import ApiKey, KeyLimits, Scope, key_digest, new_token, render_keys
 from rosterd.metrics import RosterdMetrics
 from rosterd.router import RoleRoute, create_app
 from rosterd.scheduler.directory import NodeDirectory
@@ -154,7 +160,7 @@ http {{
 WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{body}'
+{auth}wrk.body = '{body}'
 done = function(summary, latency, requests)
   io.write(string.format("RESULT %d %d %d %d %d\\n", summary.requests, summary.duration,
     latency:percentile(50), latency:percentile(99), summary.errors.status
@@ -266,8 +272,11 @@ def upstream_child(argv: list[str]) -> None:
 # ---- rosterd and the nginx proxy -----------------------------------------------------------
 
 
-def start_rosterd(work: Path, port: int, nginx: str | None) -> subprocess.Popen[bytes]:
-    """``rosterd up`` on a one-role roster whose llama-server is the upstream stand-in."""
+def start_rosterd(
+    work: Path, port: int, nginx: str | None, keys: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """``rosterd up`` on a one-role roster whose llama-server is the upstream stand-in
+    (with ``--keys keys`` when given)."""
     model = write_tiny_gguf(work / "tiny.gguf")
     roster = {
         "roster": [
@@ -325,6 +334,7 @@ def start_rosterd(work: Path, port: int, nginx: str | None) -> subprocess.Popen[
             "--auto-backend-ports",
             "--max-concurrency",
             "64",
+            *(["--keys", str(keys)] if keys is not None else []),
         ],
         stdout=(work / "up.log").open("wb"),
         stderr=subprocess.STDOUT,
@@ -332,9 +342,11 @@ def start_rosterd(work: Path, port: int, nginx: str | None) -> subprocess.Popen[
     )
 
 
-async def wait_ready(router: str, proc: subprocess.Popen[bytes]) -> str:
-    """Wait for ``/health``, load the role, return its backend's base URL."""
-    async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
+async def wait_ready(router: str, proc: subprocess.Popen[bytes], key: str = "") -> str:
+    """Wait for ``/health``, load the role, return its backend's base URL (``key``: the
+    API key to ask with)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(trust_env=False, timeout=120, headers=headers) as client:
         for _ in range(600):
             if proc.poll() is not None:
                 raise SystemExit(f"rosterd up exited with {proc.returncode}")
@@ -492,6 +504,7 @@ class Target:
     url: str
     path: str = "/v1/completions"
     body: bytes = REQUEST_BODY
+    key: str = ""
 
 
 def messages_target(router: str, role: str) -> Target:
@@ -572,10 +585,11 @@ class _LoadConnection(asyncio.Protocol):
 
 async def python_load(target: Target, connections: int, duration_s: float) -> Run:
     host, port = target.url.removeprefix("http://").split(":")
+    auth = b"Authorization: Bearer %s\r\n" % target.key.encode() if target.key else b""
     request = (
-        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s"
         b"Content-Length: %d\r\n\r\n%s"
-        % (target.path.encode(), host.encode(), len(target.body), target.body)
+        % (target.path.encode(), host.encode(), auth, len(target.body), target.body)
     )
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
@@ -623,7 +637,8 @@ def measure(
     scripts: dict[str, Path] = {}
     for name, target in sides.items():
         scripts[name] = work / f"bench-{name}.lua"
-        scripts[name].write_text(WRK_SCRIPT.format(body=target.body.decode()))
+        auth = f'wrk.headers["Authorization"] = "Bearer {target.key}"\n' if target.key else ""
+        scripts[name].write_text(WRK_SCRIPT.format(body=target.body.decode(), auth=auth))
 
     def once(name: str, c: int, duration_s: float) -> Run:
         target = sides[name]
@@ -680,6 +695,12 @@ def report(runs: dict[tuple[str, int], list[Run]], args: argparse.Namespace, how
             line += f", {med('rosterd', c, 'rps') / med('nginx', c, 'rps'):.1%} of nginx proxy_pass"
         print(line)
     for c in args.connections:
+        added = med("keys", c, "p50_ms") - med("rosterd", c, "p50_ms")
+        print(
+            f"c={c}: keys and usage add {added:+.3f} ms at p50 over rosterd without keys "
+            f"(req/s {med('keys', c, 'rps') / med('rosterd', c, 'rps'):.1%} of it)"
+        )
+    for c in args.connections:
         added = med("msg-xlat", c, "p50_ms") - med("msg-pass", c, "p50_ms")
         print(
             f"c={c}: the Messages translation adds {added:+.2f} ms at p50 over the passthrough "
@@ -724,6 +745,20 @@ def main() -> None:
         port = free_port()
         proc = start_rosterd(work, port, nginx)
         router = f"http://127.0.0.1:{port}"
+        keyed_work = work / "keys"
+        keyed_work.mkdir()
+        token = new_token()
+        bench_key = ApiKey(
+            "bench",
+            key_digest(token),
+            frozenset(Scope),
+            ("bench", "tiny-*"),
+            limits=KeyLimits(in_flight=1000, requests_per_minute=10**9, tokens_per_day=10**12),
+        )
+        (keyed_work / "keys.yaml").write_text(render_keys((bench_key,)))
+        keyed_port = free_port()
+        keyed = start_rosterd(keyed_work, keyed_port, nginx, keyed_work / "keys.yaml")
+        keyed_url = f"http://127.0.0.1:{keyed_port}"
         try:
             holder: list[str] = []
 
@@ -732,7 +767,12 @@ def main() -> None:
 
             asyncio.run(ready())
             direct = holder[0]
-            sides = {"direct": Target(direct), "rosterd": Target(router)}
+            asyncio.run(wait_ready(keyed_url, keyed, token))
+            sides = {
+                "direct": Target(direct),
+                "rosterd": Target(router),
+                "keys": Target(keyed_url, key=token),
+            }
             with contextlib.ExitStack() as stack:
                 if nginx:
                     upstream = direct.removeprefix("http://")
@@ -750,6 +790,7 @@ def main() -> None:
                 runs = measure(sides, args, wrk, work)
             report(runs, args, how)
         finally:
+            stop(keyed, signal.SIGINT, 60)
             stop(proc, signal.SIGINT, 60)
 
 

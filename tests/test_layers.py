@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "rosterd.fleet": 2,
     "rosterd.weights": 2,
     "rosterd.schemas": 2,
+    "rosterd.keys": 2,
     "rosterd.model_facts": 2,
     "rosterd.model_facts.facts": 2,
     "rosterd.model_facts.gguf_file": 2,
@@ -68,6 +69,7 @@ LAYERS: dict[str, int] = {
     # 5. processes and the state folder
     "rosterd.supervisor": 5,
     "rosterd.memory.peaks": 5,
+    "rosterd.usage": 5,
     "rosterd.memory.gathering": 5,
     # 6. the scheduler and the backends boundary it applies effects through
     "rosterd.metrics": 6,

@@ -19,6 +19,7 @@ from types import MappingProxyType
 #: OpenAI's error types (``error.type``); clients branch on them to decide whether to retry.
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
+PERMISSION = "permission_error"
 RATE_LIMIT = "rate_limit_error"
 SERVER = "server_error"
 UPSTREAM = "upstream_error"
@@ -50,6 +51,8 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "invalid_api_key": ErrorKind(
             401, AUTHENTICATION, headers=(("WWW-Authenticate", "Bearer"),)
         ),
+        # A valid key without the path's scope (use, watch, operate).
+        "permission_denied": ErrorKind(403, PERMISSION),
         "model_not_found": ErrorKind(404, INVALID_REQUEST),
         "not_found": ErrorKind(404, INVALID_REQUEST),
         "method_not_allowed": ErrorKind(405, INVALID_REQUEST),
@@ -62,6 +65,8 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         # A reload refused: the files are invalid (file, line, column in the message).
         "invalid_config": ErrorKind(422, INVALID_REQUEST),
         "queue_full": ErrorKind(429, RATE_LIMIT),  # Retry-After: the scheduler's estimate
+        # A key over one of its limits (in flight, per minute, per day); the message names it.
+        "key_limit": ErrorKind(429, RATE_LIMIT),
         # A dialect's path or field a role's backend lacks and chat completions cannot carry
         # (e.g. /v1/messages/count_tokens on mlx_lm.server): RFC 9110 §15.6.2's status.
         "not_translatable": ErrorKind(501, INVALID_REQUEST),

@@ -192,6 +192,8 @@ _COMMAND_MODULES = (
     "logs_cmd",
     "schema_cmd",
     "models_cmd",
+    "keys_cmd",
+    "usage_cmd",
 )
 
 

@@ -125,6 +125,15 @@ def up_cmd(
             help="Require 'Authorization: Bearer KEY' (repeat for several keys).",
         ),
     ] = None,
+    keys_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--keys",
+            metavar="FILE",
+            help="Keys file: each key's scopes, models, priority and limits "
+            "(`rosterd keys add`; reloaded as the other files are).",
+        ),
+    ] = None,
     state_dir: Annotated[
         Path | None, typer.Option(help="Backend logs and pid records (default: XDG state dir).")
     ] = None,
@@ -249,7 +258,8 @@ def up_cmd(
     watch: Annotated[
         bool,
         typer.Option(
-            "--watch", help="Reload when the roster, overlay or fleet file changes (SIGHUP too)."
+            "--watch",
+            help="Reload when the roster, overlay, fleet or keys file changes (SIGHUP too).",
         ),
     ] = False,
     ray_address: Annotated[
@@ -296,6 +306,7 @@ def up_cmd(
         host=host,
         port=port,
         api_keys=keys,
+        keys_path=keys_path,
         state_dir=state_dir,
         limits=SchedulerLimits(
             max_concurrency=max_concurrency,

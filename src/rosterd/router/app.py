@@ -19,10 +19,12 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from rosterd.keys import KeyRing
 from rosterd.metrics import RosterdMetrics
-from rosterd.router.auth import ApiKeyGate
+from rosterd.router.auth import KeyGate, Keys
 from rosterd.router.endpoints import Endpoints
 from rosterd.router.history import History
+from rosterd.router.key_limits import KeyLimiter
 from rosterd.router.logs import LogPath
 from rosterd.router.ollama.generation import send_ollama_error
 from rosterd.router.ollama.routes import OLLAMA_PREFIX, ollama_routes
@@ -32,8 +34,10 @@ from rosterd.router.routing import PROXIED_PATHS, RoleRoute, RouterConfig, Route
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import PAGE_PATHS, STATIC_PREFIX, page_routes
 from rosterd.router.upstream import Upstream
+from rosterd.router.usage_hook import KeyUsage, tokens_today
 from rosterd.router.wait_report import WAIT_HEADERS
 from rosterd.scheduler.directory import NodeDirectory
+from rosterd.usage import UsageStore
 
 
 def create_app(
@@ -50,6 +54,8 @@ def create_app(
     reload: Callable[[bool], Awaitable[Mapping[str, object]]] | None = None,
     node_views: Callable[[], Mapping[str, Mapping[str, object]]] | None = None,
     history: History | None = None,
+    keys: Keys | None = None,
+    usage: UsageStore | None = None,
 ) -> ASGIApp:
     """The router as an ASGI app (serve it with uvicorn, bound to 127.0.0.1 unless asked).
 
@@ -78,6 +84,10 @@ def create_app(
     ``history``: the charts' bounded history, served as ``GET /rosterd/history`` and
     sampled every ``history.interval_s`` seconds while the app runs (default: a new one
     at ``config.history_interval_s``).
+    ``keys``: the keys in force and what each may do (``rosterd.router.auth``; its owner
+    swaps them on a reload); default: ``config.api_keys``, each holding every scope.
+    ``usage``: where each key's use is kept (open; its owner closes it), served as
+    ``GET /rosterd/usage`` (``None``: only counted in the metrics).
     """
     config = config or RouterConfig()
     metrics = metrics or RosterdMetrics()
@@ -94,6 +104,8 @@ def create_app(
     live = streams or LiveStreams()
     history = history or History(config.history_interval_s)
     started_at = time.time()
+    limiter = KeyLimiter()
+    limiter.start_day(tokens_today(usage, time.time()))
     ctx = ProxyContext(
         scheduler=scheduler,
         routes=routes,
@@ -102,6 +114,7 @@ def create_app(
         metrics=metrics,
         upstream=upstream,
         history=history,
+        usage=(key_usage := KeyUsage(usage, metrics.registry, limiter)),
     )
     served = Endpoints(
         scheduler=scheduler,
@@ -128,6 +141,7 @@ def create_app(
         Route("/rosterd/ps", served.ps, methods=["GET"]),
         Route("/rosterd/events", served.events, methods=["GET"]),
         Route("/rosterd/history", served.history_points, methods=["GET"]),
+        Route("/rosterd/usage", key_usage.endpoint, methods=["GET"]),
         Route("/rosterd/load/{role}", served.load, methods=["POST"]),
         Route("/rosterd/unload/{role}", served.unload, methods=["POST"]),
         Route("/rosterd/logs/{role}", served.logs, methods=["GET"]),
@@ -147,12 +161,13 @@ def create_app(
         },
         lifespan=served.lifespan,
     )
-    gated = ApiKeyGate(
+    gated = KeyGate(
         ProxyFirst(app, proxies),
-        config.api_keys,
+        keys or Keys(KeyRing.of((), config.api_keys)),
         open_paths=PAGE_PATHS,
         open_prefixes=[STATIC_PREFIX],
         dialect_errors={OLLAMA_PREFIX: send_ollama_error},
+        limiter=limiter,
     )
     if not config.cors_origins:
         return gated

@@ -43,10 +43,11 @@ class ClientAnswer:
     ``status``: the status sent (0: none yet); ``stream``: the answer is an
     event stream; ``sse_open``: an event stream started and has not ended;
     ``done``: the last body message was sent; ``tokens``: what the backend said it
-    generated (0: it did not say).
+    generated (0: it did not say); ``tail``: the last bytes of the backend's answer (where
+    its usage is); ``waited_s``: the request's wait for its role, seconds.
     """
 
-    __slots__ = ("_send", "done", "sse_open", "status", "stream", "tokens")
+    __slots__ = ("_send", "done", "sse_open", "status", "stream", "tail", "tokens", "waited_s")
 
     def __init__(self, send: Send) -> None:
         self._send = send
@@ -55,6 +56,8 @@ class ClientAnswer:
         self.sse_open = False
         self.done = False
         self.tokens = 0
+        self.tail = b""
+        self.waited_s = 0.0
 
     async def send(self, message: Message) -> None:
         """Send ``message`` (an ASGI response message) to the client, noting what it was."""

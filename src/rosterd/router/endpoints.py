@@ -101,8 +101,9 @@ class Endpoints:
         return entry
 
     async def models(self, _: Request) -> Response:
-        """``GET /v1/models``: every role served here."""
-        data = [self.model_entry(role) for role in self.scheduler.roles]
+        """``GET /v1/models``: every role served here that the caller's key may use."""
+        names = self.routes.names
+        data = [self.model_entry(role) for role in self.scheduler.roles if names.visible(role)]
         return JSONResponse({"object": "list", "data": data})
 
     async def model(self, request: Request) -> Response:
@@ -120,10 +121,14 @@ class Endpoints:
         nodes = snap["nodes"]
         assert isinstance(nodes, dict)
         measured = await self.scheduler.measured_bytes()
+        names = self.routes.names
         for name, node in nodes.items():
             for role, info in node["roles"].items():
                 info["measured_rss_bytes"] = measured.get(name, {}).get(role)
                 self.restores.annotate(name, role, info)
+            # A key's model list holds here too: its page lists the roles it may use.
+            node["roles"] = {r: i for r, i in node["roles"].items() if names.visible(r)}
+            node["resident"] = [r for r in node["resident"] if names.visible(r)]
         if self.node_views is not None:
             views = self.node_views()
             ordered = {name: {**nodes.get(name, {}), **view} for name, view in views.items()}

@@ -37,7 +37,7 @@ def _errors(*codes: str, anthropic: bool = False) -> dict[str, Any]:
     """The error responses of an operation: one per status of ``codes`` (plus 401, which
     every path but ``/health`` may answer when API keys are set); ``anthropic``: in
     Anthropic's envelope (``/v1/messages``), else OpenAI's."""
-    statuses = _statuses({*codes, "invalid_api_key", "method_not_allowed"})
+    statuses = _statuses({*codes, "invalid_api_key", "permission_denied", "method_not_allowed"})
     shape = "an Anthropic-shaped" if anthropic else "an OpenAI-shaped"
     ref = {"$ref": "#/components/schemas/AnthropicError"} if anthropic else _ERROR_REF
     return {
@@ -140,7 +140,7 @@ _OLLAMA_ERROR_REF: dict[str, Any] = {"$ref": "#/components/schemas/OllamaError"}
 
 def _ollama_errors(*codes: str) -> dict[str, Any]:
     """The error responses of an Ollama path: Ollama's envelope, ``{"error": "..."}``."""
-    statuses = _statuses({*codes, "invalid_api_key", "method_not_allowed"})
+    statuses = _statuses({*codes, "invalid_api_key", "permission_denied", "method_not_allowed"})
     return {
         str(status): {
             "description": "an Ollama-shaped error",
@@ -271,6 +271,16 @@ def openapi_document() -> dict[str, Any]:
         "/rosterd/history": _get(
             "the page's charts: the last 360 points of memory and traffic per node and role",
             _OBJECT,
+        ),
+        "/rosterd/usage": _get(
+            "usage per key and role (requests, tokens, errors, queue and serve time)",
+            _OBJECT,
+            "bad_request",
+            "not_found",
+            parameters=[
+                {"name": "since", "in": "query", "schema": {"type": "string", "default": "7d"}},
+                {"name": "by", "in": "query", "schema": {"type": "string", "default": "key,role"}},
+            ],
         ),
         "/rosterd/events/stream": {
             "get": {

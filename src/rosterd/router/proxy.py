@@ -63,6 +63,7 @@ from rosterd.router.deadlines import Deadlines, forward_within_deadlines, stalle
 from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
+from rosterd.router.key_turns import Turns
 from rosterd.router.openai_errors import (
     revoked_error,
     scheduler_errors,
@@ -80,6 +81,7 @@ from rosterd.router.routing import (
     RouterConfig,
 )
 from rosterd.router.upstream import Upstream, UpstreamResponse
+from rosterd.router.usage_hook import KeyUsage
 from rosterd.router.wait_report import wait_headers
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.lease import Lease
@@ -113,6 +115,8 @@ class ProxyContext:
     upstream: Upstream
     history: History
     restores: RestoreChecks = field(default_factory=RestoreChecks)
+    usage: KeyUsage | None = None
+    turns: Turns = field(default_factory=Turns)
 
 
 class Proxy:
@@ -192,6 +196,15 @@ class Proxy:
             counted[1].observe(time.perf_counter() - started)
             if role != "-":
                 self.ctx.history.request_done(role, answer.tokens)
+                if self.ctx.usage is not None:  # per key (rosterd.router.usage_hook)
+                    self.ctx.usage.done(
+                        role,
+                        answer.status,
+                        answer.tail,
+                        completion=answer.tokens,
+                        queue_wait_s=answer.waited_s,
+                        duration_s=time.perf_counter() - started,
+                    )
 
     async def _serve(
         self, role: str, payload: dict[str, Any], receive: Receive, answer: ClientAnswer
@@ -240,8 +253,14 @@ class Proxy:
         prefix = prefix_key(payload) if len(scheduler.nodes_of(role)) > 1 else None
         asked_at = time.time()
         with scheduler_errors():
-            lease = await scheduler.acquire(role, prefix=prefix)
+            lease = await self.ctx.turns.acquire(  # a batch key's after interactive work
+                role,
+                self.ctx.turns.class_of(scheduler.node_of(role).specs[role].latency_class),
+                lambda: scheduler.acquire(role, prefix=prefix),
+                scheduler.release,
+            )
         self.ctx.history.request_granted(role, lease.waited_s)
+        answer.waited_s = lease.waited_s
         self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
         waits = other_copies = 0
         failover = False
@@ -430,8 +449,9 @@ class Proxy:
         whole, sent in one message; its end is judged after a KV restore."""
         with upstream_errors(lease.role):
             whole = await upstream.read()
-        answer.tokens = generated_tokens(whole[-ANSWER_TAIL_BYTES:])
-        self.ctx.restores.answered(lease, upstream.status, whole[-ANSWER_TAIL_BYTES:])
+        answer.tail = whole[-ANSWER_TAIL_BYTES:]
+        answer.tokens = generated_tokens(answer.tail)
+        self.ctx.restores.answered(lease, upstream.status, answer.tail)
         await send_whole(send, upstream.status, _content_type(upstream), whole, told)
 
     async def _pass_through(
@@ -453,6 +473,7 @@ class Proxy:
             with upstream_errors(role, mid_stream=True):
                 finished, tail = await pass_body(upstream, send, self.stream_ends)
                 answer.tokens = generated_tokens(tail)
+                answer.tail = tail
         except RouterError as err:
             # Headers are out: end the answer with an SSE error event the client can see.
             with contextlib.suppress(Exception):

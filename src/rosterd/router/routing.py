@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from rosterd.adapters.base import ProgressProbe, rewrite_model_field
 from rosterd.errors import RouterError
+from rosterd.router.caller import may_use
 from rosterd.router.progress import ProgressCheck
 
 #: The endpoints routed by ``model`` (path -> metrics label).
@@ -137,25 +138,40 @@ class ModelNames:
         for role in sorted(routes):
             for name in routes[role].names:
                 by_name.setdefault(name, role)
+        names_of = {role: (role, *routes[role].names) for role in routes}
         self.by_name, self.unserved = by_name, dict(unserved or {})
+        self.names_of: dict[str, tuple[str, ...]] = names_of
+
+    def visible(self, role: str) -> bool:
+        """Whether the request's key may use ``role`` (``rosterd.router.caller``): a role it
+        may not use is answered as an unknown one, everywhere."""
+        return may_use(self.names_of.get(role, (role,)))
+
+    def knows(self, model: str) -> bool:
+        """Whether ``model`` names a role the request's key may use."""
+        role = self.by_name.get(model)
+        return role is not None and self.visible(role)
 
     def resolve(self, model: str) -> str:
         """The role serving ``model``; raises :class:`RouterError` 404 ``model_not_found``
         naming the known models (and why ``model`` is not served here, when known, else the
-        closest served name, as ``difflib`` finds it: a typo such as ``chat-smal``)."""
-        try:
-            return self.by_name[model]
-        except KeyError:
-            known = ", ".join(sorted(set(self.by_name.values())))
-            why = self.unserved.get(model)
-            detail = f" ({why})" if why else ""
-            close = [] if why else difflib.get_close_matches(model[:200], self.by_name, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise RouterError(
-                "model_not_found",
-                f"model {shown_name(model)} is not served here{detail}{hint}; "
-                f"known models: {known}",
-            ) from None
+        closest served name, as ``difflib`` finds it: a typo such as ``chat-smal``).
+
+        Only the roles the request's key may use are known to it: another is refused as
+        a name never heard of, with the same message (no reason, no hint beyond its own)."""
+        role = self.by_name.get(model)
+        if role is not None and self.visible(role):
+            return role
+        seen = {name: r for name, r in self.by_name.items() if self.visible(r)}
+        known = ", ".join(sorted(set(seen.values())))
+        why = self.unserved.get(model) if may_use((model,)) else None
+        detail = f" ({why})" if why else ""
+        close = [] if why else difflib.get_close_matches(model[:200], seen, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise RouterError(
+            "model_not_found",
+            f"model {shown_name(model)} is not served here{detail}{hint}; known models: {known}",
+        )
 
 
 class RouteTable(Mapping[str, RoleRoute]):

@@ -95,8 +95,9 @@ class ConfigFiles:
 
     @property
     def paths(self) -> tuple[Path, ...]:
-        """The files a reload reads: the roster, then the overlay and fleet when given."""
-        given = (self.options.roster_path, self.options.overlay_path, self.options.fleet_path)
+        """The files a reload reads: the roster, then the overlay, fleet and keys when given."""
+        o = self.options
+        given = (o.roster_path, o.overlay_path, o.fleet_path, o.keys_path)
         return tuple(p for p in given if p is not None)
 
     def reading(self) -> None:
@@ -117,7 +118,7 @@ class ConfigFiles:
         self.last_error = error_json(exc, at, file=file, line=line)
 
     def status(self) -> dict[str, object]:
-        """``/status``'s ``config``: ``{"files": {"roster", "overlay", "fleet"} (paths or
+        """``/status``'s ``config``: ``{"files": {"roster", "overlay", "fleet", "keys"} (paths or
         None), "watch", "last_reload_at" (epoch seconds or None), "last_change",
         "last_error" (see :func:`error_json`, None after a reload that worked)}``."""
         o = self.options
@@ -126,6 +127,7 @@ class ConfigFiles:
                 "roster": str(o.roster_path),
                 "overlay": str(o.overlay_path) if o.overlay_path else None,
                 "fleet": str(o.fleet_path) if o.fleet_path else None,
+                "keys": str(o.keys_path) if o.keys_path else None,
             },
             "watch": o.watch,
             "last_reload_at": self.last_reload_at,

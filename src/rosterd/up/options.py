@@ -37,6 +37,7 @@ class UpOptions:
     ``kv_disk_bytes``: the disk this machine's kept KV caches may take, and each node
     agent's on its node (``--kv-disk-gb``; the least recently used go first).
     ``history_interval_s``: seconds between two points of the page's charts.
+    ``keys_path``: the keys file (``--keys``; :mod:`rosterd.keys`), read again on a reload.
     """
 
     roster_path: Path
@@ -61,6 +62,7 @@ class UpOptions:
     request_read_timeout_s: float = 30.0
     kv_disk_bytes: int = 10 * 2**30
     history_interval_s: float = 10.0
+    keys_path: Path | None = None
 
     def router_config(self) -> RouterConfig:
         """The router's limits for this run: API keys, body size, CORS origins, the

@@ -53,12 +53,14 @@ from rosterd.metrics import RosterdMetrics
 from rosterd.ray_cluster import RayCluster, disconnect, join_async
 from rosterd.roster import ImportedRoster
 from rosterd.router import create_app
+from rosterd.router.auth import Keys
 from rosterd.router.streams import LiveStreams
 from rosterd.supervisor import BackendEvent, default_state_dir
 from rosterd.up import config as up_config
 from rosterd.up.chat_templates import missing_template_warnings
 from rosterd.up.files import ConfigFiles
 from rosterd.up.fleet_effects import UpFleetEffects
+from rosterd.up.key_files import open_usage, read_key_ring
 from rosterd.up.listen import (
     NoSignalServer,
     bind_listener,
@@ -70,6 +72,7 @@ from rosterd.up.listen import (
 from rosterd.up.options import UpOptions
 from rosterd.up.report import Reporter, open_listener_text, serving_text
 from rosterd.up.signals import RunSignals
+from rosterd.usage import UsageStore
 
 log = logging.getLogger("rosterd.reload")
 
@@ -127,6 +130,7 @@ class UpRun:
         self._cluster: RayCluster | None = None
         self._state_dir: Path | None = None
         self._stopping_now = False
+        self._keys = Keys()
         #: Who handles SIGINT, SIGTERM and SIGHUP at each stage of the run.
         self.signals = RunSignals(self, reporter, grace_s=options.grace_s, enabled=stop_on_signals)
 
@@ -191,6 +195,7 @@ class UpRun:
         if not 1 <= options.port <= 65535:
             raise OptionError(f"--port {options.port} is not a usable port (1..65535)")
         roster, fleet = up_config.read_files(options)
+        self._keys.replace(read_key_ring(options))
         for warning in roster.warnings:  # the import's notes, as `rosterd roster import` shows
             self.reporter.say(Level.WARNING, warning)
         state_dir = self._state_dir = options.state_dir or default_state_dir()
@@ -214,7 +219,7 @@ class UpRun:
             if options.ray_address is not None:
                 self._cluster = await self._join(options.ray_address)
             connections = up_config.connections(fleet, self._cluster)
-            if not options.api_keys and not is_loopback_host(options.host):
+            if not self._keys.ring.required and not is_loopback_host(options.host):
                 self.reporter.say(Level.WARNING, open_listener_text(options.host))
             await self._serve(config, connections, host)
         except OSError as exc:  # e.g. the state folder's logs cannot be created
@@ -250,7 +255,7 @@ class UpRun:
         )
         self._fleet = FleetLoop(machine, effects)
         self.files = ConfigFiles(options)
-        serving = _Serving(machine, effects, self._fleet, self.files)
+        serving = _Serving(machine, effects, self._fleet, self.files, open_usage(self._state_dir))
         try:
             await self._start_up(serving, config, connections, host)
             if not self._stop.is_set():
@@ -303,6 +308,8 @@ class UpRun:
             log_path=host.supervisor.log_path,
             streams=serving.streams,
             node_views=(lambda: node_views(machine)) if self._cluster is not None else None,
+            keys=self._keys,
+            usage=serving.usage,
         )
         self._server = NoSignalServer(server_config(router, options))
 
@@ -317,7 +324,7 @@ class UpRun:
         )
         shown_host = f"[{options.host}]" if ":" in options.host else options.host
         self.url = f"http://{shown_host}:{options.port}"
-        keyed = bool(options.api_keys)
+        keyed = self._keys.ring.required
         self.reporter.say(Level.INFO, serving_text(effects.scheduler.roles, self.url, keyed=keyed))
         self._serving.set()
         effects.serving_started()
@@ -354,6 +361,7 @@ class UpRun:
         await serving.fleet.close()
         await serving.effects.scheduler.shutdown()
         await serving.effects.close()
+        await asyncio.to_thread(serving.usage.close)  # what was counted, written
         if serving.sock is not None:
             serving.sock.close()
         # Not Python's default (KeyboardInterrupt in the last clean-up): this run's own
@@ -377,6 +385,7 @@ class UpRun:
         roster: ImportedRoster | None = None
         try:
             roster, fleet_file = up_config.read_files(self.options)
+            ring = read_key_ring(self.options)
             config = await asyncio.to_thread(up_config.gather, roster, fleet_file, state_dir)
             conns = await asyncio.to_thread(up_config.connections, fleet_file, self._cluster)
             change = await fleet.change(config, conns, force=force)
@@ -385,6 +394,7 @@ class UpRun:
             if not isinstance(exc, ReloadRefusedError | NothingToServeError):  # said already
                 log.error("reload refused, the running configuration stays: %s", exc)
             raise
+        self._keys.replace(ring)  # with the rest of the files, or not at all
         files.applied(change, time.time())
         return change
 
@@ -436,13 +446,14 @@ class UpRun:
 @dataclass
 class _Serving:
     """What the stages of one run's serving share: the fleet's owner and its effects, the
-    run's files, the listener, the endless responses, the HTTP server's task and the
-    background tasks (the files' watch)."""
+    run's files, where each key's use is kept, the listener, the endless responses, the HTTP
+    server's task and the background tasks (the files' watch)."""
 
     machine: FleetMachine
     effects: UpFleetEffects
     fleet: FleetLoop
     files: ConfigFiles
+    usage: UsageStore
     sock: socket.socket | None = None
     streams: LiveStreams = field(default_factory=LiveStreams)
     http: asyncio.Task[None] | None = None

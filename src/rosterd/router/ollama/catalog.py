@@ -121,7 +121,8 @@ def catalog_routes(
         return JSONResponse({"version": OLLAMA_API_VERSION})
 
     async def tags(_: Request) -> Response:
-        return JSONResponse({"models": [model_entry(role) for role in scheduler.roles]})
+        listed = [model_entry(role) for role in scheduler.roles if names.visible(role)]
+        return JSONResponse({"models": listed})
 
     async def ps(_: Request) -> Response:
         nodes = scheduler.snapshot()["nodes"]
@@ -131,7 +132,7 @@ def catalog_routes(
             # expires_at null: rosterd unloads by its residency policy, not by a timer.
             model_entry(role) | {"expires_at": None, "size_vram": 0}
             for role in resident
-            if role in routes
+            if role in routes and names.visible(role)
         ]
         for entry in models:
             del entry["modified_at"]

@@ -87,9 +87,9 @@ def resolve_ollama_name(names: ModelNames, model: str) -> str:
     """The role ``model`` names: a role id, model name or alias, with Ollama's ``:latest``
     tag or without it. Raises :class:`RouterError` 404 ``model_not_found`` (naming the
     known models) as :meth:`ModelNames.resolve` does."""
-    if model not in names.by_name and model.endswith(LATEST_TAG):
+    if not names.knows(model) and model.endswith(LATEST_TAG):
         bare = model.removesuffix(LATEST_TAG)
-        if bare in names.by_name:
+        if names.knows(bare):
             return names.resolve(bare)
     return names.resolve(model)
 
