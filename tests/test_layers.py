@@ -505,3 +505,24 @@ def test_no_module_is_over_400_lines_of_code() -> None:
     assert not long, f"modules over {MAX_CODE_LINES} lines of code (split by concept): {long}"
     back_under = [name for name in OVER_THE_RULE if counts.get(name, 0) <= MAX_CODE_LINES]
     assert not back_under, f"remove from OVER_THE_RULE, now within the rule: {back_under}"
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """What tests share lives in ``tests/support`` (imported as ``support``): a test module
+    imported by another runs its tests' module-level code twice and ties the two together."""
+    tests = Path(__file__).resolve().parent
+    found: list[str] = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            for name in names:
+                head = name.split(".")[0]
+                if head.startswith("test_") or head == "conftest":
+                    found.append(f"{path.relative_to(tests)}:{node.lineno} imports {name}")
+    assert not found, "import what tests share from tests/support instead:\n" + "\n".join(found)

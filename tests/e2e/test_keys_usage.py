@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from test_keys_routes import KEYS, MASTER, lab
 
 from rosterd.keys import ApiKey, Scope, key_digest, render_keys
 from rosterd.usage import UsageStore, parse_since
 from support.backends import pick_free_port
+from support.keys_lab import KEYS, MASTER, lab
 from support.up import (
     MODELS,
     all_gone,

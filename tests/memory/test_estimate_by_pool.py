@@ -79,7 +79,7 @@ def test_layers_that_fit_is_the_most_the_room_takes(gemma: ModelFacts) -> None:
 
 
 def test_an_mlx_role_is_all_in_the_macs_gpu_share(tmp_path: Path) -> None:
-    from test_model_facts import write_safetensors
+    from support.safetensors import write_safetensors
 
     (tmp_path / "config.json").write_text(
         '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,'

@@ -231,7 +231,7 @@ def test_estimate_grows_with_slots_at_the_same_context_per_slot(
 
 
 def test_mlx_estimate_counts_kv_in_steps(tmp_path: Path) -> None:
-    from test_model_facts import write_safetensors
+    from support.safetensors import write_safetensors
 
     folder = tmp_path / "mlx"
     folder.mkdir()

@@ -13,6 +13,7 @@ from rosterd.errors import ModelFactsError, RosterdError
 from rosterd.model_facts.gguf_file import swa_layers
 from rosterd.model_facts.reader import read_model_facts
 from support.gguf import write_gguf
+from support.safetensors import write_safetensors
 
 pytest.importorskip("gguf", reason="the gguf package (dev extra) writes and reads GGUFs")
 
@@ -82,20 +83,6 @@ def test_not_a_gguf_is_a_rosterd_error_naming_the_file(tmp_path: Path) -> None:
 def test_missing_path(tmp_path: Path) -> None:
     with pytest.raises(ModelFactsError, match="no such file"):
         read_model_facts(tmp_path / "nothing.gguf")
-
-
-def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
-    header: dict[str, object] = {"__metadata__": {"format": "mlx"}}
-    offset = 0
-    sizes = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
-    for name, (dtype, shape) in tensors.items():
-        n = sizes[dtype]
-        for dim in shape:
-            n *= dim
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\x00" * offset)
 
 
 def test_mlx_folder_facts(tmp_path: Path) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_keys_routes import lab
 
 from rosterd.errors import RouterError
 from rosterd.keys import ApiKey, KeyLimits, KeyRing, Scope, key_digest
 from rosterd.router.key_limits import KeyLimiter
+from support.keys_lab import lab
 
 DAY = 86400
 

@@ -15,7 +15,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from test_keys_routes import StandInBackends, _serve
 
 from rosterd.keys import ApiKey, KeyRing, key_digest
 from rosterd.router import RoleRoute, create_app
@@ -25,6 +24,7 @@ from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.spec import InferenceSpec, InferFlavor, LatencyClass, MemorySpec
 from support.backends import pick_free_port
+from support.keys_lab import StandInBackends, serve_app
 
 MIB = 2**20
 SERVICE_S = 0.3
@@ -59,7 +59,7 @@ async def one_at_a_time(keys: KeyRing) -> AsyncIterator[tuple[str, list[str]]]:
     )
     app = create_app(NodeDirectory({"n1": node}), {"chat": RoleRoute("chat")}, keys=Keys(keys))
     backend = Starlette(routes=[Route("/v1/chat/completions", answer, methods=["POST"])])
-    async with _serve(backend, backend_port), _serve(app, router_port):
+    async with serve_app(backend, backend_port), serve_app(app, router_port):
         yield f"http://127.0.0.1:{router_port}", seen
 
 
