@@ -144,7 +144,7 @@ STARTS_PROCESSES = re.compile(
     r"\b(?:subprocess\.|create_subprocess_exec|Popen|uvicorn|Supervisor\(|SupervisorBackends\("
     r"|NodeHost\(|start_up\(|serving\(|serve\(|serve_stand_ins\(|run_rosterd_child"
     r"|fake_ollama_binary|stand_in\(|webdriver|spawn_logged|start_fake_up|tiny_mlx_model"
-    r"|prepare_example_models)"
+    r"|prepare_example_models|serve_app\(|lab\()"
 )
 
 
