@@ -57,7 +57,11 @@ def test_example_roster_has_the_llamacpp_roles_the_team_runs() -> None:
     assert code == 0
     specs = {s["role"]: s for s in json.loads(out)["specs"]}
     small = specs["chat-small"]
-    assert (small["flavor"], small["model"], small["port"]) == ("llamacpp", "gemma-3-270m", 8301)
+    assert (small["flavor"], small["model"], small["port"]) == (
+        "llamacpp",
+        "SmolLM2-135M-Instruct",
+        8301,
+    )
     assert (small["latency_class"], small["sticky"]) == ("batch", True)
     assert specs["voice-lite"]["latency_class"] == "interactive"
     assert specs["scratch-a"]["excludes"] == ["scratch-b"]
