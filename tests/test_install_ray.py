@@ -1,8 +1,8 @@
-"""The Ray path's install lines, as README says them: rosterd is not on PyPI, so the README
-installs the ``ray`` extra from a checkout (``pip install '.[ray]'``) or from a wheel it
+"""The Ray path's install lines, as the guide (docs/ray.md) says them: rosterd is not on PyPI, so
+the guide installs the ``ray`` extra from a checkout (``pip install '.[ray]'``) or from a wheel it
 builds with a documented command. This test runs that build command on this checkout and
 checks that the wheel is whole (the schemas and the page's files inside) and declares the
-``ray`` extra, and that no line of the README installs ``rosterd[ray]`` from the index.
+``ray`` extra, and that no line of the guide installs ``rosterd[ray]`` from the index.
 The build fetches its backend (hatchling) as ``scripts/setup``'s install does.
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: The guide's page on the fleet on Ray, where the install lines are.
+README = (ROOT / "docs" / "ray.md").read_text(encoding="utf-8")
 
 #: The README's wheel build, as a user types it (``python3 -m pip wheel ...``).
 BUILD = re.compile(r"^python3 -m pip wheel (?P<args>.+?)\s*(?:#.*)?$", re.MULTILINE)

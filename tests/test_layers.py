@@ -514,6 +514,8 @@ def test_no_test_module_imports_another_test_module() -> None:
     found: list[str] = []
     for path in sorted(tests.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
             names = (
                 [alias.name for alias in node.names]
                 if isinstance(node, ast.Import)

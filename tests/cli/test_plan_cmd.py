@@ -225,8 +225,9 @@ def test_json_keeps_stdout_one_document_and_warns_on_stderr(
 
 
 def _readme_plan_samples() -> list[str]:
-    """The ``text`` blocks of the README's "Planning" section: the samples of `rosterd plan`."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    """The ``text`` blocks of the guide's "Planning" section: the samples of `rosterd plan`."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "fleet-file.md"
+    readme = page.read_text(encoding="utf-8")
     section = readme.split("\n## Planning\n", 1)[1].split("\n## ", 1)[0]
     return [block.split("```", 1)[0] for block in section.split("```text\n")[1:3]]
 

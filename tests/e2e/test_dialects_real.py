@@ -1,7 +1,8 @@
 """The example lab through the clients a lab points at it: the ``anthropic`` SDK on
 ``/v1/messages`` (plain, streamed, ``count_tokens``, a wrong ``x-api-key``), the openai
 SDK's ``responses.create`` (plain, streamed) and chat (unchanged), on real llama-server
-roles (Gemma 3 270M with its chat template, ``rosterd up`` as a subprocess). And the
+roles (SmolLM2-135M-Instruct with its own chat template, ``rosterd up`` as a
+subprocess): each answer to "What is the capital of France?" names Paris. And the
 start-time warning for a llama.cpp role whose GGUF has no chat template.
 """
 
@@ -57,7 +58,7 @@ def test_example_answers_anthropic_and_responses_clients(
                 temperature=0.0,
             )
             text = reply.choices[0].message.content or ""
-            assert sum(ch.isalpha() for ch in text) >= 3, text
+            assert "Paris" in text, text
             assert not [m for m in MARKERS if m in text], text
 
             message = claude.messages.create(
@@ -68,12 +69,12 @@ def test_example_answers_anthropic_and_responses_clients(
             )
             assert message.type == "message"
             assert message.content[0].type == "text"
-            assert sum(ch.isalpha() for ch in message.content[0].text) >= 3
+            assert "Paris" in message.content[0].text, message.content[0].text
             assert message.stop_reason in ("end_turn", "max_tokens")
             assert message.usage.output_tokens > 0
 
             with claude.messages.stream(
-                model="gemma-3-270m",  # the roster's model name reaches the same role
+                model="SmolLM2-135M-Instruct",  # the roster's model name reaches the same role
                 max_tokens=24,
                 messages=[{"role": "user", "content": "Count to five."}],
             ) as stream:
@@ -107,7 +108,7 @@ def test_example_answers_anthropic_and_responses_clients(
             response = chat.responses.create(
                 model="chat-small", input="What is the capital of France?", max_output_tokens=24
             )
-            assert sum(ch.isalpha() for ch in response.output_text) >= 3
+            assert "Paris" in response.output_text, response.output_text
             events = chat.responses.create(
                 model="chat-small", input="Count to five.", max_output_tokens=24, stream=True
             )

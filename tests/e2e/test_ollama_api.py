@@ -1,5 +1,5 @@
 """Ollama's API through rosterd, used with the official ``ollama`` client on real llama-server
-roles: the example's Gemma 3 270M (chat) and a tiny random GGUF started with
+roles: the example's SmolLM2-135M-Instruct (chat) and a tiny random GGUF started with
 ``--embeddings`` (embed).
 
 One ``rosterd up`` in this event loop (with an API key, as a lab exposing it would
@@ -20,8 +20,9 @@ import pytest
 from rosterd.up.runtime import UpOptions
 from support.backends import pick_free_port
 from support.up import (
-    GEMMA,
     MODELS,
+    SMOLLM2,
+    example_extra_args,
     llama_entry,
     prepare_example_models,
     serving,
@@ -36,17 +37,22 @@ FEW_TOKENS = {"num_predict": 12, "temperature": 0.0}
 
 
 def lab(tmp_path: Path) -> UpOptions:
-    """A roster of ``chat`` (Gemma) and ``embedder`` (tiny-a with embeddings), no warm-up."""
+    """A roster of ``chat`` (SmolLM2-135M-Instruct) and ``embedder`` (tiny-a with embeddings),
+    no warm-up."""
     prepare_example_models()
     roster = write_roster(
         tmp_path / "roster.yaml",
         [
-            llama_entry("chat", "gemma-3-270m", 0.5, 18431),
+            llama_entry("chat", "SmolLM2-135M-Instruct", 0.5, 18431),
             llama_entry("embedder", "tiny-a", 0.1, 18432),
         ],
     )
     models: dict[str, dict[str, object]] = {
-        "gemma-3-270m": {"path": str(GEMMA), "ctx_size": 1024},
+        "SmolLM2-135M-Instruct": {
+            "path": str(SMOLLM2),
+            "ctx_size": 1024,
+            "extra_args": example_extra_args("SmolLM2-135M-Instruct"),
+        },
         "tiny-a": {
             "path": str(MODELS / "tiny-a.gguf"),
             "extra_args": ["--embeddings", "--pooling", "mean"],
@@ -97,7 +103,7 @@ async def test_the_ollama_client_lists_chats_generates_embeds_and_unloads(
         assert reply.done
         assert reply.done_reason in ("stop", "length")
         assert reply.message.role == "assistant"
-        assert sum(ch.isalpha() for ch in reply.message.content or "") >= 3, reply
+        assert "Paris" in (reply.message.content or ""), reply
         assert reply.model == "chat"  # the name the client gave, as Ollama answers
         assert (reply.eval_count or 0) > 0
         assert (reply.total_duration or 0) > 0
@@ -106,7 +112,7 @@ async def test_the_ollama_client_lists_chats_generates_embeds_and_unloads(
         parts = [
             part
             async for part in await client.chat(
-                model="gemma-3-270m:latest",  # the roster's model name, with Ollama's tag
+                model="SmolLM2-135M-Instruct:latest",  # the roster's model name, with Ollama's tag
                 messages=[{"role": "user", "content": "Count to five."}],
                 options=FEW_TOKENS,
                 stream=True,
@@ -116,7 +122,7 @@ async def test_the_ollama_client_lists_chats_generates_embeds_and_unloads(
         assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
         assert parts[-1].done_reason in ("stop", "length")
         assert (parts[-1].eval_count or 0) > 0
-        assert sum(ch.isalpha() for p in parts for ch in p.message.content or "") >= 3
+        assert sum(ch.isalnum() for p in parts for ch in p.message.content or "") >= 3
 
         generated = await client.generate(model="chat:latest", prompt="Hello", options=FEW_TOKENS)
         assert generated.done

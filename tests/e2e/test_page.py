@@ -6,7 +6,7 @@ Chromium opens ``/``, is asked for the key, sees every role of the example, clic
 set in the page's window is still there), follows that role's log, and takes a
 screenshot kept as an artifact (``page.png`` under the test's tmp folder, or in
 ``--screenshot-dir``). Then the charts and the playground: after some traffic the
-charts have points, and a message sent in the playground to the example's gemma role
+charts have points, and a message sent in the playground to the example's chat role
 (``chat-small``, unloaded first) gets a streamed answer with its time to first token,
 tokens per second and the load it had to wait for (``page-charts.png`` and
 ``page-playground.png``: the two sections, as ``docs/`` shows them). The page's
@@ -385,7 +385,7 @@ def test_charts_have_points_and_the_playground_streams_an_answer(
 
     driver = browser
     _wait_ready(up, {"chat-small", "voice-lite"})
-    # chat-small is the example's gemma: unloaded, the playground's message has to load it.
+    # chat-small is the example's chat model: unloaded, the playground's message has to load it.
     httpx.post(up.url + "/rosterd/unload/chat-small", headers=AUTH, timeout=60).raise_for_status()
     _open_page(driver, up)
     for _ in range(3):

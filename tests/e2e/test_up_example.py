@@ -2,9 +2,9 @@
 
 Starts ``rosterd up examples/roster.yaml --overlay examples/overlay.yaml
 --fleet examples/fleet.yaml`` as a subprocess (after ``scripts/prepare-example``,
-as the README's first line does), lists the models, gets a real chat completion
-from Gemma 3 270M (llama.cpp) streamed and not streamed, by role id and by
-alias, uses ``rosterd ps/load/unload``, then sends SIGINT and checks that the
+as the README's first line does), lists the models, asks SmolLM2-135M-Instruct
+(llama.cpp) the capital of France and checks the answer names Paris, streams an
+answer by alias, uses ``rosterd ps/load/unload``, then sends SIGINT and checks that the
 process exits cleanly and leaves no backend behind.
 """
 
@@ -53,13 +53,13 @@ def test_up_on_the_example_serves_real_completions_and_stops_clean(
 
         reply = client.chat.completions.create(
             model="chat-small",
-            messages=[{"role": "user", "content": "Name a colour of the sky."}],
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
             max_tokens=24,
             temperature=0.0,
         )
         text = reply.choices[0].message.content or ""
-        assert sum(ch.isalpha() for ch in text) >= 5, text
-        assert reply.model == "gemma-3-270m"  # what the backend answers to
+        assert "Paris" in text, text  # an instruction-tuned model answers the question
+        assert reply.model == "SmolLM2-135M-Instruct"  # what the backend answers to
 
         pieces: list[str] = []
         stream = client.chat.completions.create(
@@ -73,7 +73,7 @@ def test_up_on_the_example_serves_real_completions_and_stops_clean(
             if chunk.choices and chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
         assert len(pieces) > 3
-        assert sum(ch.isalpha() for ch in "".join(pieces)) >= 5
+        assert sum(ch.isalnum() for ch in "".join(pieces)) >= 5  # "1, 2, 3, 4, 5" counts
 
         with httpx.stream(
             "POST",

@@ -16,12 +16,13 @@ from rosterd.spec import InferFlavor
 from rosterd.tokens import GB
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-README = EXAMPLES.parent / "README.md"
+#: The guide's page on the fleet file, whose annotated example is checked here.
+FLEET_PAGE = EXAMPLES.parent / "docs" / "fleet-file.md"
 
 
 def _readme_fleet_example() -> list[str]:
-    """The README's fleet file example (the YAML block that starts with ``nodes:``), by line."""
-    text = README.read_text(encoding="utf-8")
+    """The guide's fleet file example (the YAML block that starts with ``nodes:``), by line."""
+    text = FLEET_PAGE.read_text(encoding="utf-8")
     start = text.index("```yaml\nnodes:") + len("```yaml\n")
     return text[start : text.index("```", start)].splitlines()
 

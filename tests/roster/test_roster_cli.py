@@ -57,7 +57,11 @@ def test_example_roster_has_the_llamacpp_roles_the_team_runs() -> None:
     assert code == 0
     specs = {s["role"]: s for s in json.loads(out)["specs"]}
     small = specs["chat-small"]
-    assert (small["flavor"], small["model"], small["port"]) == ("llamacpp", "gemma-3-270m", 8301)
+    assert (small["flavor"], small["model"], small["port"]) == (
+        "llamacpp",
+        "SmolLM2-135M-Instruct",
+        8301,
+    )
     assert (small["latency_class"], small["sticky"]) == ("batch", True)
     assert specs["voice-lite"]["latency_class"] == "interactive"
     assert specs["scratch-a"]["excludes"] == ["scratch-b"]
@@ -273,8 +277,8 @@ def test_roster_typos_get_a_did_you_mean_in_import_and_plan(
 
 
 def test_readme_roster_and_overlay_examples_import_as_documented(tmp_path: Path) -> None:
-    """The annotated roster and overlay in the README's "Importing the roster" are real files."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The annotated roster and overlay in the guide's "Importing the roster" are real files."""
+    readme = (ROOT / "docs" / "roster.md").read_text(encoding="utf-8")
     section = readme.split("## Importing the roster", 1)[1].split("\n## ", 1)[0]
     blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
     roster_text, overlay_text = blocks[:2]

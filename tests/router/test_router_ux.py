@@ -344,12 +344,14 @@ async def test_rosterd_load_says_what_it_evicted_for_an_exclusion(tmp_path: Path
         assert back["evictions"] == [{"role": "quiet", "cause": "exclusion"}]
 
 
-#: The README, whose ``rosterd ps`` samples are checked against what ``ps`` prints.
-README = Path(__file__).resolve().parents[2] / "README.md"
+#: The guide's pages whose ``rosterd ps`` samples are checked against what ``ps`` prints.
+GUIDE_PAGES = [
+    Path(__file__).resolve().parents[2] / "docs" / name for name in ("operating.md", "ray.md")
+]
 
 
 async def test_readme_ps_samples_have_the_columns_and_caption_ps_prints(tmp_path: Path) -> None:
-    """Every ``rosterd ps`` table in the README has the header and the caption that
+    """Every ``rosterd ps`` table in the guide has the header and the caption that
     ``ps`` prints now (the rows depend on the lab; the columns and their meaning do not)."""
     async with serve(tmp_path) as up:
         done = await _run("ps", "--url", up.url)
@@ -357,7 +359,7 @@ async def test_readme_ps_samples_have_the_columns_and_caption_ps_prints(tmp_path
     lines = done.stdout.splitlines()
     header = next(line for line in lines if line.startswith("┃ role "))
     caption = next(line for line in lines if line.startswith("GiB: "))
-    readme = README.read_text(encoding="utf-8")
+    readme = "\n".join(page.read_text(encoding="utf-8") for page in GUIDE_PAGES)
     tables = [line for line in readme.splitlines() if line.startswith("┃ role ") and "RSS" in line]
     assert len(tables) >= 3  # the local sample and the two nodes of the Ray sample
     columns = [cell.strip() for cell in header.split("┃")]

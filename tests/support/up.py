@@ -32,6 +32,19 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MODELS = EXAMPLES / "models"
 GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
+#: The example's chat-small: SmolLM2-135M-Instruct, instruction-tuned (``--jinja``).
+SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def example_extra_args(model: str) -> list[str]:
+    """The example fleet's ``extra_args`` for ``model`` (SmolLM2's: ``--jinja``, its
+    template, ``--temp 0``), so a test's own fleet serves it as the example does."""
+    import yaml
+
+    fleet = yaml.safe_load((EXAMPLES / "fleet.yaml").read_text(encoding="utf-8"))
+    return [str(arg) for arg in fleet["models"][model]["extra_args"]]
+
+
 #: ``rosterd up``'s arguments for the example lab: its roster, overlay and fleet.
 EXAMPLE_LAB = [
     str(EXAMPLES / "roster.yaml"),

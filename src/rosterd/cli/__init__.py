@@ -10,7 +10,7 @@ and the standard library, and everything a command uses (the roster import, the
 solver, the HTTP server, Rich tables) inside the command's body. ``rosterd
 --help``, ``--version``, ``ps``, ``load``, ``unload``, ``reload``, ``logs``, ``schema``
 and ``roster import`` so never load OR-Tools, numpy or uvicorn
-(``tests/test_cli_startup.py`` checks it).
+(``tests/cli/test_cli_startup.py`` checks it).
 """
 
 from __future__ import annotations

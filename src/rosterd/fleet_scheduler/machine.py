@@ -5,7 +5,8 @@ node is run (here, on Ray, not connected, lost), the agents, the plan in force,
 the whole fleet's plan and what each node serves. ``handle(event)`` takes one
 event and returns the effects to apply, in order; it reads no clock, does no I/O
 and logs nothing (what the operator is told is a ``Say`` effect). Its tests drive
-it synchronously and play the effects' part themselves (``tests/test_fleet_machine.py``).
+it synchronously and play the effects' part themselves
+(``tests/fleet_scheduler/test_fleet_machine.py``).
 
 A change is a short sequence that ends with the state committed, or left as it
 was (nomad's plan applier is the model: a plan is made against a snapshot, then

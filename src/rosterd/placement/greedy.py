@@ -13,7 +13,7 @@ from rosterd.placement.problem import NodeLoad, Problem, fill, greedy_order, sco
 #: Greedy variants tried: (interactive roles first?, pack nodes tightly rather than spread,
 #: the smallest interactive roles first?). The last two: the biggest interactive role first
 #: can take the room of two smaller ones (and of a sticky role), losing the objective's
-#: first term, the interactive roles placed (found by tests/test_fleet_machine.py).
+#: first term, the interactive roles placed (found by tests/fleet_scheduler/test_fleet_machine.py).
 _GREEDY_VARIANTS = (
     (True, False, False),
     (True, True, False),

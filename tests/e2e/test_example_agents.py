@@ -1,0 +1,96 @@
+"""What a coding agent gets from the example lab, as docs/clients.md says.
+
+``chat-small`` (SmolLM2-135M-Instruct, started with ``--jinja``) takes requests with
+``tools`` in each dialect an agent speaks: chat completions (opencode), Anthropic
+Messages (Claude Code) and OpenAI Responses (Codex CLI). A first prompt longer than
+its 8,192-token context (Claude Code's is about 20,000 tokens) gets a 400 naming the
+context at once, in the dialect's own envelope, never a 5xx that an agent retries.
+One ``rosterd up`` of the example (a subprocess, real llama-server backends).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from support.up import EXAMPLE_LAB, prepare_example_models, start_up, wait_resident
+
+pytestmark = pytest.mark.slow
+
+PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
+ASKED = "What is the weather in Paris?"
+#: About 24,000 tokens for SmolLM2's tokenizer: more than an 8,192-token context.
+LONG_SYSTEM = "Read the repository's files before you change them. " * 2400
+
+
+def test_the_example_takes_tools_and_refuses_an_agents_long_prompt_with_a_400(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    prepare_example_models()
+    up = start_up(EXAMPLE_LAB, tmp_path, free_port)
+    try:
+        wait_resident(up, {"chat-small"}, timeout_s=120)
+        with (
+            openai.OpenAI(base_url=up.url + "/v1", api_key="unused", max_retries=0) as chat,
+            anthropic.Anthropic(base_url=up.url, api_key="unused", max_retries=0) as claude,
+        ):
+            tool = {
+                "type": "function",
+                "function": {"name": "get_weather", "parameters": PARAMETERS},
+            }
+            reply = chat.chat.completions.create(
+                model="chat-small",
+                messages=[{"role": "user", "content": ASKED}],
+                tools=[tool],  # type: ignore[list-item]
+                max_tokens=48,
+            )
+            assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+            message = claude.messages.create(
+                model="chat-small",
+                max_tokens=48,
+                tools=[{"name": "get_weather", "input_schema": PARAMETERS}],  # type: ignore[typeddict-item]
+                messages=[{"role": "user", "content": ASKED}],
+            )
+            assert message.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+            response = chat.responses.create(
+                model="chat-small",
+                input=ASKED,
+                tools=[{"type": "function", "name": "get_weather", "parameters": PARAMETERS}],  # type: ignore[list-item]
+                max_output_tokens=48,
+            )
+            assert response.status in ("completed", "incomplete")
+
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                claude.messages.create(
+                    model="chat-small",
+                    max_tokens=48,
+                    system=LONG_SYSTEM,
+                    tools=[{"name": "get_weather", "input_schema": PARAMETERS}],  # type: ignore[typeddict-item]
+                    messages=[{"role": "user", "content": "Hi"}],
+                )
+            assert refused.value.status_code == 400
+            assert "context" in str(refused.value.message), refused.value.body
+
+            with pytest.raises(openai.BadRequestError) as too_long:
+                chat.chat.completions.create(
+                    model="chat-small",
+                    messages=[
+                        {"role": "system", "content": LONG_SYSTEM},
+                        {"role": "user", "content": "Hi"},
+                    ],
+                    tools=[tool],  # type: ignore[list-item]
+                    max_tokens=48,
+                )
+            assert "context" in str(too_long.value.message), too_long.value.body
+    finally:
+        assert up.stop(signal.SIGINT) == 0, up.output()
