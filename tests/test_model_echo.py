@@ -4,7 +4,8 @@ On its own: :class:`ModelEcho` rewrites a plain answer (its ``Content-Length`` s
 anew) and an event stream whose field is split across two chunks, and leaves text
 that only quotes the name alone. End to end: a real llama-server role served as
 ``tiny`` and asked for as ``chat`` answers ``model: chat`` to the openai SDK (chat,
-plain and streamed; responses) and the anthropic SDK (messages, plain and streamed).
+plain and streamed; responses) and the anthropic SDK (messages, plain and streamed),
+and each answer leaves one JSON access-log line naming the role and node.
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ def test_every_dialect_answers_the_name_asked_for(
         fleet.read_text().replace(json.dumps(str(MODELS)), json.dumps(str(tiny_gguf.parent)))
     )
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("chat", "tiny", 0.1, 18090)])
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, free_port)
+    up = start_up(
+        [str(roster), "--fleet", str(fleet), "--access-log-format", "json"], tmp_path, free_port
+    )
     hi = "Hi"
     try:
         wait_resident(up, {"chat"})
@@ -120,3 +123,24 @@ def test_every_dialect_answers_the_name_asked_for(
             assert [m.model for m in starts] == ["chat"]
     finally:
         assert up.stop(signal.SIGINT) == 0, up.output()
+    # One access-log line per answer, in JSON, with who served it.
+    text = (tmp_path / "state" / "logs" / "access.log").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert [x["dialect"] for x in lines] == [
+        "openai",
+        "openai",
+        "responses",
+        "anthropic",
+        "anthropic",
+    ]
+    for line in lines:
+        assert (line["model"], line["role"], line["node"], line["status"]) == (
+            "chat",
+            "chat",
+            "box",
+            200,
+        )
+        assert line["first_byte_s"] is not None
+        assert line["duration_s"] >= line["first_byte_s"]
+    assert lines[0]["tokens_out"] == 4
+    assert lines[0]["tokens_in"] > 0

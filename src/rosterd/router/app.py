@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rosterd.metrics import RosterdMetrics
+from rosterd.router.access_log import AccessLog
 from rosterd.router.auth import ApiKeyGate
 from rosterd.router.endpoints import Endpoints
 from rosterd.router.history import History
@@ -147,13 +148,14 @@ def create_app(
         },
         lifespan=served.lifespan,
     )
-    gated = ApiKeyGate(
+    gated: ASGIApp = ApiKeyGate(
         ProxyFirst(app, proxies),
         config.api_keys,
         open_paths=PAGE_PATHS,
         open_prefixes=[STATIC_PREFIX],
         dialect_errors={OLLAMA_PREFIX: send_ollama_error},
     )
+    gated = AccessLog(gated)  # outermost but CORS: a refused key leaves its line too
     if not config.cors_origins:
         return gated
     # Outside the key gate: a browser's preflight (OPTIONS) never carries the key, and an
