@@ -277,12 +277,29 @@ def up_cmd(
             min=0.001, help="Seconds joining the Ray cluster may take (then exit 2 saying so)."
         ),
     ] = 30.0,
+    access_log_format: Annotated[
+        str,
+        typer.Option(
+            "--access-log-format",
+            metavar="plain|json",
+            help="The access log's form, one line per request on this output and in "
+            "<state-dir>/logs/access.log: key=value pairs, or one JSON object.",
+        ),
+    ] = "plain",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
     if verbose:
         show_tracebacks(ctx)
     _configure_logging(verbose)
+    # Imported here: the router (Starlette) loads only when up runs.
+    from rosterd.cli.access_setup import ACCESS_LOG_FORMATS, install_access_log
+    from rosterd.supervisor.run_records import default_state_dir
+
+    if access_log_format not in ACCESS_LOG_FORMATS:
+        raise OptionError(f"--access-log-format {access_log_format!r}: expected plain or json")
+    access_path = (state_dir or default_state_dir()) / "logs" / "access.log"
+    install_access_log(access_log_format, access_path, sys.stderr)
     if not 1 <= port <= 65535:
         raise OptionError(f"--port {port} is not a usable port (1..65535)")
     keys = check_api_keys(api_key or [], os.environ)

@@ -56,7 +56,8 @@ Every error is OpenAI-shaped: ``{"error": {"message", "type", "code"}}``, with
 served here), 413 for a body over the
 limit, 401 for a missing or wrong API key, 429 (queue full) and 503 (queue
 timeout, shutting down) with ``Retry-After``, 502 when the backend fails, 400
-``not_supported`` when it answers 501 (it does not serve the endpoint). A
+``not_supported`` when it answers 501 (it does not serve the endpoint) or refuses
+what its role's configuration rules out (tools without ``--jinja``), naming the fix. A
 stream cut after it started (the backend stopped or failed, or the drain time
 at shutdown ran out) ends with an SSE error event, ``data: {"error": {...}}``.
 """

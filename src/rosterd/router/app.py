@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rosterd.keys import KeyRing
 from rosterd.metrics import RosterdMetrics
+from rosterd.router.access_log import AccessLog
 from rosterd.router.auth import KeyGate, Keys
 from rosterd.router.endpoints import Endpoints
 from rosterd.router.history import History
@@ -161,7 +162,7 @@ def create_app(
         },
         lifespan=served.lifespan,
     )
-    gated = KeyGate(
+    gated: ASGIApp = KeyGate(
         ProxyFirst(app, proxies),
         keys or Keys(KeyRing.of((), config.api_keys)),
         open_paths=PAGE_PATHS,
@@ -169,6 +170,7 @@ def create_app(
         dialect_errors={OLLAMA_PREFIX: send_ollama_error},
         limiter=limiter,
     )
+    gated = AccessLog(gated)  # outermost but CORS: a refused key leaves its line too
     if not config.cors_origins:
         return gated
     # Outside the key gate: a browser's preflight (OPTIONS) never carries the key, and an

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +39,10 @@ from rosterd.router.caller import CALLER
 from rosterd.router.dialects.envelope import envelope_for
 from rosterd.router.key_limits import KeyLimiter
 from rosterd.router.routing import PROXIED_PATHS
+
+#: The ASGI scope key under which the gate leaves the name of the request's key, for the
+#: access log outside it (:mod:`rosterd.router.access_log`).
+KEY_NAME_SCOPE: Final = "rosterd.key_name"
 
 log = logging.getLogger("rosterd.access")
 
@@ -138,6 +143,7 @@ class KeyGate:
             )
             await self.refuse(scope, receive, send, RouterError("invalid_api_key", message))
             return
+        scope[KEY_NAME_SCOPE] = key.name  # the access log's ``key`` (never the key itself)
         needed = scope_for(path)
         if needed is not None and needed not in key.scopes:
             held = ", ".join(sorted(s.value for s in key.scopes))

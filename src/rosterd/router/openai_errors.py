@@ -47,6 +47,7 @@ from rosterd.errors import (
     UnknownRoleError,
     UpstreamError,
 )
+from rosterd.router.config_faults import config_fault
 from rosterd.scheduler.values import Revocation
 
 log = logging.getLogger("rosterd.router")
@@ -176,8 +177,10 @@ def upstream_status_error(
     ``--embeddings``) is the request's fault, not the backend's: 400
     ``not_supported`` saying the role's backend does not serve ``endpoint`` (a
     label of ``PROXIED_PATHS``) and how to enable it, so clients do not retry it.
-    Any other 5xx is 502 ``backend_error`` quoting at most 500 characters of the
-    body; a 501 quotes its OpenAI ``error.message`` when the body has one.
+    A refusal caused by the role's configuration (:mod:`~rosterd.router.config_faults`:
+    tools to a llama-server without ``--jinja``) is 400 ``not_supported`` too, naming
+    the role and the fix. Any other 5xx is 502 ``backend_error`` quoting at most 500
+    characters of the body; a 501 quotes its OpenAI ``error.message`` when the body has one.
     """
     if status == NOT_IMPLEMENTED:
         hint = _ENABLE_HINTS.get(endpoint, "it cannot answer this endpoint")
@@ -185,6 +188,12 @@ def upstream_status_error(
             "not_supported",
             f"the backend of role {role!r} does not serve {endpoint} (it answered {status}: "
             f"{_backend_message(text)[:500]}); {hint}",
+        )
+    fix = config_fault(role, _backend_message(text))
+    if fix is not None:
+        return RouterError(
+            "not_supported",
+            f"{fix} (its backend answered {status}: {_backend_message(text)[:500]})",
         )
     return RouterError("backend_error", f"backend of role {role!r} answered {status}: {text[:500]}")
 

@@ -64,6 +64,7 @@ from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, en
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.key_turns import Turns
+from rosterd.router.model_echo import ModelEcho
 from rosterd.router.openai_errors import (
     revoked_error,
     scheduler_errors,
@@ -367,15 +368,14 @@ class Proxy:
         told: Told,
     ) -> None:
         """Send the request to ``lease``'s backend and pass its answer through to ``send``
-        with the ``told`` headers added (``wait_report``), by kind of answer (the module's
-        step 5); ``answer.tokens`` gets what the backend says it generated.
-
+        with the ``told`` headers added (``wait_report``) and the ``model`` asked for
+        (``model_echo``), by kind of answer (step 5); ``answer.tokens``: what it generated.
         Raises :class:`RouterError` 502 ``backend_error`` while nothing was
         sent to the client yet; once the answer started, a failure or a stream
         that ends without ``data: [DONE]`` ends it with an SSE error event.
         """
-        role = lease.role
-        route = self.ctx.routes[role]
+        role, route = lease.role, self.ctx.routes[lease.role]
+        send = ModelEcho.wrap(send, self.path, payload, lease.endpoint.served_model)
         if self.dialect is not None and self.dialect not in route.native:
             await self._forward_translated(lease, payload, send, told)
             return
