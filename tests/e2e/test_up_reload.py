@@ -256,7 +256,12 @@ async def test_a_missing_roster_is_refused_and_reported_and_nothing_changes(
         httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
     ):
         config = (await client.get("/status")).json()["config"]
-        assert config["files"] == {"roster": str(roster), "overlay": None, "fleet": str(fleet)}
+        assert config["files"] == {
+            "roster": str(roster),
+            "overlay": None,
+            "fleet": str(fleet),
+            "keys": None,
+        }
         assert (config["last_reload_at"], config["last_error"]) == (None, None)
         roster.rename(tmp_path / "moved.yaml")
         refused = await client.post("/rosterd/reload")
