@@ -19,9 +19,9 @@ from support.netns_lab import (
     netns_inode,
     running_fleet,
     stop_group,
-    wait,
     write_lab,
 )
+from support.polling import eventually_sync
 from support.ray_nodes import needs_ray
 from support.up import rosterd_argv
 
@@ -54,13 +54,18 @@ def test_a_role_is_served_from_the_second_hosts_namespace_then_the_firsts_once_i
 
         # The second host's Ray processes stop: its role is lost, and moves to the first host.
         stop_group(worker)
-        wait(lambda: server not in lab.pids(lab.second), 60, "the role's backend to end")
+        eventually_sync(
+            lambda: server not in lab.pids(lab.second),
+            what="the role's backend to end",
+            timeout_s=60,
+            interval_s=0.5,
+        )
 
         def lost() -> bool:
             events = lab.http("GET", f"{url}/rosterd/events")["body"]["events"]
             return any(e["kind"] == "lost" and e["role"] == role for e in events)
 
-        wait(lost, 60, "the loss to be recorded")
+        eventually_sync(lost, what="the loss to be recorded", timeout_s=60, interval_s=0.5)
         # Asked while the role is lost (or already moved): served from the first host.
         answer = lab.http(
             "POST", f"{url}/v1/completions", {"model": role, "prompt": "Hi", "max_tokens": 4}

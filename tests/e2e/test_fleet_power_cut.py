@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from support.netns_lab import FIRST_IP, Lab, env, ip, lab, running_fleet, wait, write_lab
+from support.netns_lab import FIRST_IP, Lab, env, ip, lab, running_fleet, write_lab
+from support.polling import eventually_sync
 from support.ray_nodes import needs_ray
 from support.up import rosterd_argv
 
@@ -105,7 +106,12 @@ def test_a_power_cut_on_the_second_host_loses_no_request(
             stdout=subprocess.DEVNULL,
         )
         try:
-            wait(lambda: len(_answers(answers)) >= 6, 60, "requests served from the second host")
+            eventually_sync(
+                lambda: len(_answers(answers)) >= 6,
+                what="requests served from the second host",
+                timeout_s=60,
+                interval_s=0.5,
+            )
             killed = _power_cut(lab, lab.second, unplug=unplug)
             # From the end of the sweep (milliseconds long): nothing sent after it can have
             # been served by the second host.
@@ -118,7 +124,12 @@ def test_a_power_cut_on_the_second_host_loses_no_request(
                     for a in _answers(answers)
                 )
 
-            wait(served_after_the_cut, 150, "a request sent after the cut to be served")
+            eventually_sync(
+                served_after_the_cut,
+                what="a request sent after the cut to be served",
+                timeout_s=150,
+                interval_s=0.5,
+            )
             time.sleep(3)  # and a few more after it
         finally:
             stop.touch()

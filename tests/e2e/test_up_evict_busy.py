@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
+from support.polling import eventually_sync
 from support.up import (
     GEMMA,
     MODELS,
@@ -147,7 +147,9 @@ def test_unload_under_steady_traffic_is_prompt_and_the_traffic_continues(
         for worker in workers:
             worker.start()
         # Every worker is in its loop: the role is never idle from here on.
-        wait_for("every worker answered", lambda: min(answered) > 0)
+        eventually_sync(
+            lambda: min(answered) > 0, what="every worker answered", timeout_s=60.0, interval_s=0.05
+        )
         asked = time.monotonic()
         reply = httpx.post(up.url + "/rosterd/unload/tiny", timeout=60, trust_env=False)
         took = time.monotonic() - asked
@@ -159,9 +161,16 @@ def test_unload_under_steady_traffic_is_prompt_and_the_traffic_continues(
         print(f"unload under traffic took {took:.2f} s")
         assert took < drain_s / 10, f"unload took {took:.1f} s under traffic"
         # The traffic loads the role again and goes on.
-        wait_for("tiny loaded again", lambda: tiny_loaded_again(up))
+        eventually_sync(
+            lambda: tiny_loaded_again(up), what="tiny loaded again", timeout_s=60.0, interval_s=0.05
+        )
         served_before = len(codes)
-        wait_for("traffic answered after the load", lambda: len(codes) > served_before)
+        eventually_sync(
+            lambda: len(codes) > served_before,
+            what="traffic answered after the load",
+            timeout_s=60.0,
+            interval_s=0.05,
+        )
         kinds = tiny_kinds(up)
         assert kinds[-4:] == ["stopping", "stopped", "loading", "loaded"], kinds
     finally:
@@ -183,12 +192,3 @@ def tiny_loaded_again(up: Up) -> bool:
     """Whether role ``tiny`` stopped and its latest event is a load."""
     kinds = tiny_kinds(up)
     return "stopped" in kinds and kinds[-1] == "loaded"
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    """Poll ``check`` every 0.05 s until it is true; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)

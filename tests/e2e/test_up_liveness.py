@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from support.backends import pick_free_port
+from support.polling import eventually_sync
 from support.up import (
     MODELS,
     event_kinds,
@@ -43,16 +44,6 @@ from support.up import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def wait_for(check: object, timeout_s: float = 20.0) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_a_sigstopped_llama_server_is_found_unhealthy_restarted_and_serves_again(
@@ -148,7 +139,12 @@ def test_a_request_in_flight_when_its_backend_is_killed_waits_for_the_restart(
             target=lambda: answer.setdefault("r", post(up, {"model": "dies", "prompt": "hi"}))
         )
         sending.start()
-        wait_for(lambda: role_info(up, "dies")["running"] == 1)
+        eventually_sync(
+            lambda: role_info(up, "dies")["running"] == 1,
+            what="a request running on dies",
+            timeout_s=20.0,
+            interval_s=0.05,
+        )
         os.kill(pid, signal.SIGKILL)  # the request is in flight, unanswered
         sending.join(30)
         assert answer["r"].status_code == 200, answer["r"].text  # not 502 from a dead port
@@ -179,7 +175,12 @@ def test_a_corrupt_gguf_backs_off_and_ps_shows_why_and_slow_clients_are_cut(
     flags = ["--warm-up", "--request-read-timeout", "1"]
     up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port())
     try:
-        wait_for(lambda: "load_failed" in event_kinds(up, "bad"))  # the warm-up's try
+        eventually_sync(  # the warm-up's try
+            lambda: "load_failed" in event_kinds(up, "bad"),
+            what="bad's load failed",
+            timeout_s=20.0,
+            interval_s=0.05,
+        )
         refused = post(up, {"model": "bad", "prompt": "hi"})
         assert refused.status_code == 503, refused.text
         error = refused.json()["error"]
@@ -265,7 +266,12 @@ def test_shutdown_aborts_a_load_at_once_and_a_backend_ignoring_sigterm_gets_its_
             target=lambda: answer.setdefault("r", post(up, {"model": "slow", "prompt": "hi"}))
         )
         waiting.start()
-        wait_for(lambda: role_info(up, "slow")["phase"] == "loading")
+        eventually_sync(
+            lambda: role_info(up, "slow")["phase"] == "loading",
+            what="slow loading",
+            timeout_s=20.0,
+            interval_s=0.05,
+        )
     finally:
         began = time.monotonic()
         assert up.stop(signal.SIGINT) == 0

@@ -13,6 +13,7 @@ at once. Every Ray process a test starts is stopped by its own handle.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import os
@@ -30,8 +31,9 @@ from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.runtime import UpOptions
 from support.backends import gone, pick_free_port
+from support.polling import eventually
 from support.ray_nodes import HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
-from support.up import console, eventually, listener_of, rosterd_argv, serving
+from support.up import console, listener_of, rosterd_argv, serving
 
 #: TEST-NET-1, never this machine (its eth0 may sit in 192.0.2.0/24, not at .77).
 ABSENT_REMOTE_IP = "192.0.2.77"
@@ -172,12 +174,19 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
                 events = (await client.get("/rosterd/events")).json()["events"]
                 return [e for e in events if e["kind"] == "lost"]
 
-            losses = await eventually(lost, 60.0)
+            losses: list[dict[str, Any]] = await eventually(
+                lost, what="the spare node's roles lost", timeout_s=60.0, interval_s=0.2
+            )
             assert sorted(e["role"] for e in losses) == lost_roles
             assert all(e["node"] == "spare" and "node spare is lost" in e["cause"] for e in losses)
             for name, server in servers:
                 if name == "spare":  # it died with its node's agent
-                    assert await eventually(lambda s=server: _gone(s.pid), 30.0)
+                    await eventually(
+                        functools.partial(gone, server.pid),
+                        what=f"backend {server.pid} to end",
+                        timeout_s=30.0,
+                        interval_s=0.2,
+                    )
             asked = time.monotonic()
             waiting = asyncio.create_task(
                 client.post(
@@ -215,7 +224,12 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
         if not removed:
             cluster.remove_node(spare)
     for _, server in servers:
-        assert await eventually(lambda s=server: _gone(s.pid), 30.0)
+        await eventually(
+            functools.partial(gone, server.pid),
+            what=f"backend {server.pid} to end",
+            timeout_s=30.0,
+            interval_s=0.2,
+        )
     # The head node's agent measured its roles' peaks there; they are kept here, for
     # the next up and plan to count.
     kept = MeasuredPeaks(tmp_path / "state")
@@ -229,10 +243,6 @@ async def test_up_serves_each_node_through_its_agent_and_plans_around_a_missing_
     assert f"role {moved_role}: planned on node" in said
     assert "node spare is lost" in said
     assert said.endswith("rosterd stopped; no backend left running")
-
-
-async def _gone(pid: int) -> bool:
-    return gone(pid)
 
 
 def write_small_lab(tmp: Path, gguf: Path, nodes: dict[str, str]) -> tuple[Path, Path, Path]:
@@ -287,7 +297,9 @@ async def test_a_lost_nodes_role_moves_to_the_remaining_node_and_its_request_is_
                 events = (await client.get("/rosterd/events")).json()["events"]
                 return {e["kind"] for e in events if e["role"] == "code"}
 
-            assert "lost" in await eventually(lambda: _has(kinds, "lost"), 60.0)
+            await eventually(
+                lambda: _has(kinds, "lost"), what="code lost", timeout_s=60.0, interval_s=0.2
+            )
             # Asked while the role is lost (or already moved): served on the remaining node.
             answer = await client.post("/v1/completions", json=body)
             assert answer.status_code == 200, answer.text
@@ -314,7 +326,9 @@ async def test_a_lost_nodes_role_moves_to_the_remaining_node_and_its_request_is_
                 view = (await client.get("/status")).json()["nodes"]["spare"]
                 return bool(view["connected"])
 
-            assert await eventually(spare_back, 60.0)
+            await eventually(
+                spare_back, what="node spare connected again", timeout_s=60.0, interval_s=0.2
+            )
             entries = json.loads(roster.read_text())["roster"]
             big = {**entries[0], "id": "big", "name": "big", "repo": "local/big", "ram_gb": 0.9}
             roster.write_text(json.dumps({"roster": [*entries, big]}))
@@ -413,5 +427,10 @@ async def test_a_reload_on_ray_adds_a_node_and_serves_a_new_role_through_its_age
         assert status["config"]["last_error"]["message"].startswith("node head is on Ray at")
         assert status["nodes"]["head"]["roles"]["chat"]["base_url"] == chat_url
         assert (await client.post("/v1/completions", json=code)).status_code == 200
-    assert gone(server.pid) or await eventually(lambda: _gone(server.pid), 30.0)
+    await eventually(
+        lambda: gone(server.pid),
+        what=f"backend {server.pid} to end",
+        timeout_s=30.0,
+        interval_s=0.2,
+    )
     assert printed(out).endswith("rosterd stopped; no backend left running")

@@ -16,7 +16,7 @@ import json
 import signal
 import subprocess
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import pytest
 
 from rosterd.up.runtime import UpOptions
 from support.backends import pick_free_port
+from support.polling import eventually_sync
 from support.up import (
     GEMMA,
     MODELS,
@@ -47,15 +48,9 @@ def roles(up: Up) -> dict[str, dict[str, Any]]:
     return {r: info for node in status["nodes"].values() for r, info in node["roles"].items()}
 
 
-def wait_for(what: str, check: Any, up: Up, timeout_s: float = 30.0) -> Any:
-    """Poll ``check()`` until it returns something true; that value."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen: {json.dumps(up.get('/status'))}")
+def status_of(up: Up) -> Callable[[], str]:
+    """What a wait that timed out shows: ``up``'s ``/status`` then."""
+    return lambda: json.dumps(up.get("/status"))
 
 
 def complete(up: Up, model: str) -> httpx.Response:
@@ -139,8 +134,13 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
             assert "node box: added added" in reload.stdout
             assert "node box: retired streamer" in reload.stdout
             assert "node box: restarted changed" in reload.stdout
-        for done in ("added added", "retired streamer", "restarted changed"):
-            wait_for(f"{done} reported", lambda done=done: done in up.output(), up)
+        reported = ("added added", "retired streamer", "restarted changed")
+        eventually_sync(
+            lambda: all(done in up.output() for done in reported),
+            what=f"{', '.join(reported)} reported",
+            timeout_s=30.0,
+            context=status_of(up),
+        )
         assert not lines[-1].endswith("[DONE]")  # the stream was still going
 
         gone = complete(up, "streamer")
@@ -153,9 +153,19 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
         streaming.join(150)
         assert lines[-1] == "data: [DONE]", lines[-3:]  # the removed role's stream completed
         assert all_gone({before["streamer"]["pid"]}) == set()
-        wait_for("the retired role forgotten", lambda: "streamer" not in roles(up), up)
+        eventually_sync(
+            lambda: "streamer" not in roles(up),
+            what="the retired role forgotten",
+            timeout_s=30.0,
+            context=status_of(up),
+        )
 
-        after = wait_for("changed restarted", lambda: roles(up)["changed"]["pid"], up)
+        after = eventually_sync(
+            lambda: roles(up)["changed"]["pid"],
+            what="changed restarted",
+            timeout_s=30.0,
+            context=status_of(up),
+        )
         assert after != before["changed"]["pid"]
         assert n_ctx(roles(up)["changed"]["base_url"]) == 512
         assert all_gone({before["changed"]["pid"]}) == set()
@@ -169,8 +179,11 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
         # A broken roster: --watch notices, nothing changes, the error names the place.
         kept = {role: info["pid"] for role, info in roles(up).items()}
         roster_path.write_text("roster:\n  - id: stay\n    name: [tiny-a\n")
-        error = wait_for(
-            "the broken file reported", lambda: up.get("/status")["config"]["last_error"], up
+        error = eventually_sync(
+            lambda: up.get("/status")["config"]["last_error"],
+            what="the broken file reported",
+            timeout_s=30.0,
+            context=status_of(up),
         )
         assert error["file"] == str(roster_path)
         assert (error["line"], error["column"]) == (4, 1)
@@ -186,7 +199,12 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
         # Fixed again, and SIGHUP reloads too (nothing changed: the error is cleared).
         write_roster(roster_path, [stay, changed, added])
         up.proc.send_signal(signal.SIGHUP)
-        wait_for("the error cleared", lambda: up.get("/status")["config"]["last_error"] is None, up)
+        eventually_sync(
+            lambda: up.get("/status")["config"]["last_error"] is None,
+            what="the error cleared",
+            timeout_s=30.0,
+            context=status_of(up),
+        )
         assert up.proc.poll() is None  # SIGHUP reloads; it does not stop rosterd
         assert {role: info["pid"] for role, info in roles(up).items()} == kept
     finally:
@@ -221,7 +239,12 @@ def test_a_smaller_fleet_memory_evicts_to_fit(
         answer = httpx.post(up.url + "/rosterd/reload", timeout=60, trust_env=False)
         assert answer.status_code == 200, answer.text
         assert answer.json()["nodes"]["box"]["capacity_bytes"] == [2**30, 2**29]
-        wait_for("a evicted", lambda: roles(up)["a"]["phase"] == "stopped", up)
+        eventually_sync(
+            lambda: roles(up)["a"]["phase"] == "stopped",
+            what="a evicted",
+            timeout_s=30.0,
+            context=status_of(up),
+        )
         assert all_gone({pid_a}) == set()
         node = up.get("/status")["nodes"]["box"]
         assert node["capacity_bytes"] == 2**29

@@ -26,8 +26,9 @@ import pytest
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.runtime import UpOptions
 from support.backends import pick_free_port
+from support.polling import eventually
 from support.ray_nodes import HEAD_IP, WORKER_IP, needs_ray
-from support.up import console, eventually, listener_of, serving
+from support.up import console, listener_of, serving
 
 #: Slots per copy: each copy keeps the KV cache of up to this many conversations.
 SLOTS = 8
@@ -128,7 +129,9 @@ async def test_two_replicas_share_the_load_survive_a_kill_and_keep_conversations
             nodes = (await client.get("/status")).json()["nodes"]
             return all(nodes[n]["roles"].get("chat", {}).get("phase") == "ready" for n in nodes)
 
-        assert await eventually(both_ready, 90.0)
+        await eventually(
+            both_ready, what="chat ready on both nodes", timeout_s=90.0, interval_s=0.2
+        )
         status = (await client.get("/status")).json()
         assert status["replicas"] == {"chat": ["head", "worker"]}
         for name, ip in (("head", HEAD_IP), ("worker", WORKER_IP)):
@@ -152,7 +155,10 @@ async def test_two_replicas_share_the_load_survive_a_kill_and_keep_conversations
         assert not worker_backend.is_running()
         failed = [s for s in statuses if s != 200]
         assert failed == [], f"{len(failed)} of 200 failed: {failed[:5]}"
-        assert await eventually(both_ready, 60.0)  # its supervisor started it again
+        # its supervisor started it again
+        await eventually(
+            both_ready, what="chat ready on both nodes", timeout_s=60.0, interval_s=0.2
+        )
 
         # Prefix routing: eight conversations of six turns, interleaved turn by turn.
         conversations: list[list[dict[str, str]]] = [

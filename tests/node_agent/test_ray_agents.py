@@ -18,7 +18,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from rosterd.up.fleet_effects import UpFleetEffects
 from rosterd.up.options import UpOptions
 from support.backends import gone
 from support.fleet_bench import config as served_config
+from support.polling import eventually
 from support.ray_nodes import ABSENT_IP, HEAD_IP, SPARE_IP, WORKER_IP, needs_ray
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -142,17 +142,9 @@ class Lab:
         await asyncio.gather(*(a.close() for a in self.agents.values()))
 
 
-async def eventually(done: Callable[[], bool], timeout_s: float) -> bool:
-    """Whether ``done()`` turns true within ``timeout_s`` seconds (checked every 0.1 s)."""
-    deadline = time.monotonic() + timeout_s
-    # another process's state (or events on their way from one): nothing to await
-    while not done() and time.monotonic() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.1)
-    return done()
-
-
-async def wait_until_gone(pid: int, timeout_s: float) -> bool:
-    return await eventually(lambda: gone(pid), timeout_s)
+async def wait_until_gone(pid: int, timeout_s: float) -> None:
+    # another process's state: nothing to await but a poll
+    await eventually(lambda: gone(pid), what=f"process {pid} to end", timeout_s=timeout_s)
 
 
 def listen_addresses(pid: int) -> set[str]:
@@ -444,13 +436,15 @@ async def test_roles_on_two_nodes_are_served_by_their_own_agents(
             assert kept["saves"] == 1, kept
         # events come from the nodes a moment later than the stops returned
         stopped = set(placed.values())
-        assert await eventually(
-            lambda: {e.name for e in events if e.kind == "stopped"} == stopped, 10.0
+        await eventually(
+            lambda: {e.name for e in events if e.kind == "stopped"} == stopped,
+            what=f"stopped events from {sorted(stopped)}",
+            timeout_s=10.0,
         )
     finally:
         await lab.close()
     for pid in agent_pids.values():
-        assert await wait_until_gone(pid, 30.0)
+        await wait_until_gone(pid, 30.0)
 
 
 @pytest.mark.slow
@@ -512,12 +506,12 @@ async def test_a_lost_node_is_reported_and_its_backend_dies_with_its_agent(
 
         cluster.remove_node(spare)
         removed = True
-        assert await eventually(lambda: bool(losses()), 60.0)
+        await eventually(lambda: bool(losses()), what="node spare lost", timeout_s=60.0)
         [(lost, why)] = losses().items()
         assert lost == "spare"
         assert why.startswith("node spare is lost")
         backends.lost(why)  # what the fleet scheduler's MarkLost does
-        assert await wait_until_gone(pid, 30.0)  # it died with its agent
+        await wait_until_gone(pid, 30.0)  # it died with its agent
         assert [(e.name, e.kind, e.pid, e.final) for e in events[-2:]] == [
             ("chat", "exited", pid, False),
             ("chat", "restart_failed", pid, True),
@@ -556,9 +550,9 @@ async def test_an_agent_that_dies_takes_its_backends_and_its_node_is_lost(
         assert backends.info is not None
         os.kill(backends.info.pid, signal.SIGKILL)  # the agent's process, by its pid
 
-        assert await eventually(lambda: "worker" in lab.lost, 30.0)
+        await eventually(lambda: "worker" in lab.lost, what="node worker lost", timeout_s=30.0)
         assert "its agent died" in lab.lost["worker"]
-        assert await wait_until_gone(pid, 30.0)  # the parent-death signal took it
+        await wait_until_gone(pid, 30.0)  # the parent-death signal took it
         assert ("chat", "restart_failed", True) in [(e.name, e.kind, e.final) for e in events]
         with pytest.raises(NodeLostError):
             await backends.start("chat")
@@ -588,6 +582,6 @@ async def test_a_ray_node_marked_dead_is_a_lost_node(cluster: Any, tmp_path: Pat
         with pytest.raises(NodeLostError):
             await backends.start("chat")
         assert backends.info is not None
-        assert await wait_until_gone(backends.info.pid, 30.0)  # a lost node's agent is ended
+        await wait_until_gone(backends.info.pid, 30.0)  # a lost node's agent is ended
     finally:
         await lab.close()

@@ -22,13 +22,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.polling import eventually_sync
 
 FIRST_IP, SECOND_IP = "192.0.2.101", "192.0.2.102"
 RAY_PORT, ROUTER_PORT = 6380, 8400
@@ -183,22 +184,12 @@ def listening(pid: int) -> set[tuple[str, int]]:
     return found
 
 
-def wait(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
 def wait_for_line(proc: subprocess.Popen[bytes], log: Path, line: str, what: str) -> None:
     def said() -> bool:
         assert proc.poll() is None, f"{what} exited: {log.read_text(errors='replace')}"
         return line in log.read_text(errors="replace")
 
-    wait(said, 120, what)
+    eventually_sync(said, what=what, timeout_s=120, interval_s=0.5)
 
 
 def write_lab(tmp: Path, gguf: Path) -> tuple[Path, Path, Path]:
@@ -315,7 +306,12 @@ def running_fleet(
             assert up.poll() is None, running.said()
             return "rosterd serving" in running.said()
 
-        wait(serving, 180, "rosterd up to serve (it waits for the worker to join)")
+        eventually_sync(
+            serving,
+            what="rosterd up to serve (it waits for the worker to join)",
+            timeout_s=180,
+            interval_s=0.5,
+        )
         yield running
     finally:
         for proc in reversed(started):

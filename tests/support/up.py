@@ -27,6 +27,7 @@ from rich.console import Console
 from rosterd.cli.up_report import ConsoleReporter
 from rosterd.up.runtime import UpOptions, UpRun
 from support.backends import FAKE_BACKEND, gone
+from support.polling import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -149,19 +150,22 @@ def start_up(
 
 def wait_resident(up: Up, roles: set[str], timeout_s: float = 60.0) -> None:
     """Wait until every role in ``roles`` is ready (the warm-up loads)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = up.get("/status")
+
+    def resident() -> bool:
         ready = {
             role
-            for node in status["nodes"].values()
+            for node in up.get("/status")["nodes"].values()
             for role, info in node["roles"].items()
             if info["phase"] == "ready"
         }
-        if roles <= ready:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{roles} not resident: {json.dumps(up.get('/status'))}")
+        return roles <= ready
+
+    eventually_sync(
+        resident,
+        what=f"{sorted(roles)} resident",
+        timeout_s=timeout_s,
+        context=lambda: json.dumps(up.get("/status")),
+    )
 
 
 def all_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:
@@ -369,13 +373,3 @@ def listener_of(base_url: str) -> psutil.Process:
         if (conn.laddr.ip, conn.laddr.port) == (parts.hostname, parts.port):
             return psutil.Process(conn.pid)
     raise AssertionError(f"nothing listens at {base_url}")
-
-
-async def eventually(check: Any, timeout_s: float) -> Any:
-    """``await check()`` every 0.2 s until it is truthy (then returned) or ``timeout_s`` passed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = await check()
-        if got or time.monotonic() > deadline:
-            return got
-        await asyncio.sleep(0.2)
