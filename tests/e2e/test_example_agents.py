@@ -92,5 +92,21 @@ def test_the_example_takes_tools_and_refuses_an_agents_long_prompt_with_a_400(
                     max_tokens=48,
                 )
             assert "context" in str(too_long.value.message), too_long.value.body
+
+            # Claude Code's first prompt is mostly its tools' definitions: the example's
+            # template renders them, so they count against the context and are refused
+            # (a template without them let such a request through, its tools dropped).
+            many_tools = [
+                {"name": f"tool_{i}", "description": LONG_SYSTEM[:4000], "input_schema": PARAMETERS}
+                for i in range(24)
+            ]
+            with pytest.raises(anthropic.BadRequestError) as tools_too_long:
+                claude.messages.create(
+                    model="chat-small",
+                    max_tokens=48,
+                    tools=many_tools,  # type: ignore[arg-type]
+                    messages=[{"role": "user", "content": "Hi"}],
+                )
+            assert "context" in str(tools_too_long.value.message), tools_too_long.value.body
     finally:
         assert up.stop(signal.SIGINT) == 0, up.output()
