@@ -157,6 +157,10 @@ def test_only_llama_server_tells_how_far_a_request_has_come() -> None:
     assert slot_counters(busy) == (7, 2048, 0, -1, 0, 0)
     busy[0]["next_token"] = {"n_decoded": 3}
     assert slot_counters(busy) == (7, 2048, 3, -1, 0, 0)
+    # This llama-server's shape: next_token is a list, and what it generated counts too
+    # (read as an object only, a healthy long answer was cut as wedged).
+    busy[0]["next_token"] = [{"n_decoded": 5, "has_next_token": True}]
+    assert slot_counters(busy) == (7, 2048, 5, -1, 0, 0)
     for not_slots in ({"error": "no"}, ["x"]):
         with pytest.raises(ValueError, match="/slots answered"):
             slot_counters(not_slots)

@@ -129,7 +129,8 @@ def help_lists_fit(help_text: str) -> bool:
 def slot_counters(answer: object) -> tuple[int, ...]:
     """What grows while llama-server works, from its ``GET /slots`` answer (a JSON list, one
     object per slot): per slot its task id, ``n_prompt_tokens_processed`` and
-    ``next_token.n_decoded`` (tokens generated), in slot order.
+    ``next_token``'s ``n_decoded`` (tokens generated; ``next_token`` is a list of them on
+    this llama-server, one object on older ones), in slot order.
 
     llama-server answers ``/slots`` from its main loop (``SERVER_TASK_TYPE_METRICS``),
     between two batches, so an answer at all says the loop turns; measured on the
@@ -147,7 +148,15 @@ def slot_counters(answer: object) -> tuple[int, ...]:
         if not isinstance(slot, dict):
             raise ValueError("/slots answered a list holding something other than slots")
         next_token = slot.get("next_token")
-        decoded = next_token.get("n_decoded", 0) if isinstance(next_token, dict) else 0
+        # This llama-server answers a list (one entry per sequence); older ones an object.
+        # Read only the object, generation never counted as progress here and a healthy
+        # answer longer than the progress window was cut as wedged.
+        entries = next_token if isinstance(next_token, list) else [next_token]
+        decoded = sum(
+            e["n_decoded"]
+            for e in entries
+            if isinstance(e, dict) and isinstance(e.get("n_decoded"), int)
+        )
         for value in (slot.get("id_task", -1), slot.get("n_prompt_tokens_processed", 0), decoded):
             counters.append(value if isinstance(value, int) else 0)
     return tuple(counters)
