@@ -217,6 +217,18 @@ class RosterdMetrics:
             ["node", "role", "action"],
             registry=r,
         )
+        self.key_requests = Counter(
+            "rosterd_key_requests_total",
+            "Finished proxied requests by key name, role and HTTP status",
+            ["key", "role", "code"],
+            registry=r,
+        )
+        self.key_tokens = Counter(
+            "rosterd_key_tokens_total",
+            "Tokens the backends reported, by key name, role and kind (prompt, completion)",
+            ["key", "role", "kind"],
+            registry=r,
+        )
         self._kv_seen: dict[tuple[str, str, str], int] = {}
 
     def _kv_count(self, counter: Counter, node: str, role: str, action: str, now: object) -> None:

@@ -115,7 +115,7 @@ def create_app(
         metrics=metrics,
         upstream=upstream,
         history=history,
-        usage=(key_usage := KeyUsage(usage, metrics.registry, limiter)),
+        usage=(key_usage := KeyUsage(usage, metrics, limiter)),
     )
     served = Endpoints(
         scheduler=scheduler,

@@ -17,11 +17,11 @@ import re
 import time
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rosterd.errors import RouterError
+from rosterd.metrics import RosterdMetrics
 from rosterd.router.caller import caller
 from rosterd.router.history import generated_tokens
 from rosterd.router.key_limits import DAY_S, KeyLimiter
@@ -53,13 +53,14 @@ class KeyUsage:
     """Counts finished requests per key name and role: into ``store`` (``None``: not kept)
     and ``rosterd_key_requests_total{key, role, code}`` and
     ``rosterd_key_tokens_total{key, role, kind}`` (``kind``: ``prompt`` or
-    ``completion``) in ``registry``; each key's tokens also to ``limiter`` (its tokens per
+    ``completion``) in ``metrics`` (``RosterdMetrics.key_requests``, ``key_tokens``); each
+    key's tokens also to ``limiter`` (its tokens per
     day)."""
 
     def __init__(
         self,
         store: UsageStore | None,
-        registry: CollectorRegistry,
+        metrics: RosterdMetrics,
         limiter: KeyLimiter | None = None,
     ) -> None:
         self.store = store
@@ -68,18 +69,8 @@ class KeyUsage:
         # tokens): labels() takes a lock and builds its key on every call (the proxy keeps
         # its own counters so too).
         self._counted: dict[tuple[str, str, int], Any] = {}
-        self.requests = Counter(
-            "rosterd_key_requests_total",
-            "Finished proxied requests by key name, role and HTTP status",
-            ["key", "role", "code"],
-            registry=registry,
-        )
-        self.tokens = Counter(
-            "rosterd_key_tokens_total",
-            "Tokens the backends reported, by key name, role and kind (prompt, completion)",
-            ["key", "role", "kind"],
-            registry=registry,
-        )
+        self.requests = metrics.key_requests
+        self.tokens = metrics.key_tokens
 
     def done(
         self,
