@@ -335,7 +335,7 @@ def reload_cmd(
         ),
     ] = False,
 ) -> None:
-    """Re-read the roster, overlay and fleet of rosterd up; apply them if they are valid."""
+    """Re-read the roster, overlay, fleet and keys file of rosterd up; apply them if valid."""
     path = "/rosterd/reload?force=true" if force else "/rosterd/reload"
     data = call("POST", url, path, api_key, 120.0)
     for warning in data.get("warnings") or ():  # the import's notes, as `roster import` says

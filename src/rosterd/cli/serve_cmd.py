@@ -4,16 +4,17 @@
 ``rosterd up ROSTER [--overlay F] [--fleet F] [--host H] [--port P]`` imports
 the roster, plans it on the fleet (printing the plan), starts the supervisor on
 this machine, loads the interactive and sticky roles that fit without evicting
-anything (showing each load as it happens), and serves the OpenAI-compatible
-router until Ctrl-C or SIGTERM; then it lets in-flight requests finish (up to
-``--drain``) and stops every backend it started. SIGHUP, ``rosterd reload`` and,
-with ``--watch``, a change of the roster, overlay or fleet file reload them
-without a restart (:mod:`rosterd.up.reload`). Without Ray, nodes of the
-fleet whose address is not this machine are planned but not started here (it
-says so). With ``--ray-address HOST:PORT`` (or ``RAY_ADDRESS``) it joins that
-Ray cluster and runs every fleet node a live Ray node matches by address through
-that node's agent (:mod:`rosterd.up.ray_fleet`); a node with none is reported
-not connected and its roles are planned on the others.
+anything (showing each load as it happens), and serves the router (every role on one
+port, in the OpenAI, Anthropic, Responses and Ollama dialects) until Ctrl-C or SIGTERM;
+then it lets in-flight requests finish (up to ``--drain``) and stops every backend it
+started. SIGHUP, ``rosterd reload`` and, with ``--watch``, a change of the roster,
+overlay, fleet or keys file reload them without a restart (:mod:`rosterd.up.files`).
+Without Ray, nodes of the fleet whose address is not this machine are planned but not
+started here (it says so). With ``--ray-address HOST:PORT`` (or ``RAY_ADDRESS``) it
+joins that Ray cluster and runs every fleet node a live Ray node matches by address
+(:mod:`rosterd.ray_match`) through that node's agent
+(:mod:`rosterd.up.fleet_effects`); a node with none is reported not connected and its
+roles are planned on the others.
 
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 after a clean stop (Ctrl-C or
 SIGTERM at any moment once the plan is made; a second one while stopping only says
@@ -122,7 +123,8 @@ def up_cmd(
         typer.Option(
             "--api-key",
             envvar="ROSTERD_API_KEY",
-            help="Require 'Authorization: Bearer KEY' (repeat for several keys).",
+            help="Require KEY, as 'Authorization: Bearer KEY' or 'x-api-key: KEY' (repeat for "
+            "several keys).",
         ),
     ] = None,
     keys_path: Annotated[
@@ -288,7 +290,11 @@ def up_cmd(
     ] = "plain",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
-    """Plan the roster on the fleet, start what must be resident, serve one OpenAI endpoint."""
+    """Plan the roster on the fleet, start what must be resident, serve every role on one port.
+
+    One port speaks every dialect: OpenAI (chat, completions, embeddings, Responses),
+    Anthropic Messages, Ollama's /api/* and rerank, with the live page at /.
+    """
     if verbose:
         show_tracebacks(ctx)
     _configure_logging(verbose)
