@@ -1,9 +1,10 @@
 """A node's accelerator devices and its memory pools (layers 2-3).
 
-Modules: ``listing`` (the pure parser of ``llama-server --list-devices``), ``nvml``
-(NVIDIA's management library, read through ``nvidia-ml-py`` where it loads),
-``probe`` (runs the listing on this machine), ``pools`` (a node's pools from what it
-declares and what the probes found; pure).
+- ``listing``: the pure parser of ``llama-server --list-devices``;
+- ``breakdown``: the pure parser of llama-server's own memory breakdown;
+- ``nvml``: NVIDIA's management library, read through ``nvidia-ml-py`` where it loads;
+- ``probe``: runs the listing on this machine;
+- ``pools``: a node's pools from what it declares and what the probes found (pure).
 
 A *pool* is one budget of memory on a node (DESIGN.md, Terms): host RAM, one device's
 memory (``CUDA0``, ``ROCm0``, ``Vulkan0``, ...), or a Mac's GPU share of its unified

@@ -1,8 +1,14 @@
 """Placement: which role lives on which node (layer 3: pure; no I/O, clock, logging or
 environment).
 
-Modules: ``planner`` (the entry points), ``problem`` (plan values, the input, loads,
-objective, reasons), ``greedy`` (hint and fallback), ``cpsat`` (the OR-Tools model).
+- ``planner``: the entry points;
+- ``problem``: plan values, the input, loads, objective, reasons;
+- ``greedy``: the hint and the fallback;
+- ``cpsat``: the OR-Tools model;
+- ``copies``: the further copies of roles with ``replicas:``;
+- ``devices`` and ``device_need``: each placed role's device on its node, and what a
+  role needs on a device;
+- ``conflicts``: port conflicts of a plan.
 
 :func:`plan` assigns roles (inference specs) to the fleet's nodes.
 

@@ -28,9 +28,9 @@ reader is :func:`rosterd.roster.importer.load_roster`. One concept a module:
 * :mod:`~rosterd.roster.entries` — the roster's entries as serde reads them;
 * :mod:`~rosterd.roster.document` — the file's bytes, its YAML document, and
   located errors;
-* private emulation of the reference's libraries: ``_yaml_nodes`` (libyaml's
-  events as a node graph), ``_serde_yaml`` (serde_yaml 0.9's typed reads and
-  limits), ``_rust_std`` (Rust's ``trim``, ``split_whitespace``, ``parse``).
+* ``_yaml_nodes``, ``_serde_yaml`` and ``_rust_std``: private emulation of the
+  reference's libraries: libyaml's events as a node graph, serde_yaml 0.9's typed
+  reads and limits, Rust's ``trim``, ``split_whitespace`` and ``parse``.
   Rust's ``{:?}`` string formatting is :mod:`rosterd.rust_debug` (layer 1), as
   spec validation quotes with it too.
 

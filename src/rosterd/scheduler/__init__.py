@@ -19,6 +19,7 @@
 - :mod:`~rosterd.scheduler.loop`: ``NodeLoop``, the asyncio loop of one node that
   applies the machine's effects.
 - :mod:`~rosterd.scheduler.node`: ``NodeScheduler``, the node's public API over its loop.
+- :mod:`~rosterd.scheduler.lease`: ``Lease``, a granted lease, with its revocation future.
 - :mod:`~rosterd.scheduler.directory`: ``NodeDirectory``, the nodes of one process by role.
 
 Effects reach backends through :mod:`rosterd.backends.interface` (``RoleBackends``).

@@ -10,6 +10,7 @@ servers that adapters describe (``Launch``). Its parts, one concept each:
   deadline that grows with the weights' size;
 - ``logs``: a backend's output piped into its log file, rotated by size, read
   by a thread of its own so that a backend never blocks on rosterd;
+- ``backend_http``: the HTTP client towards backends, made in one place;
 - ``ports``: refuse a port another process listens on (naming it), pick a free one;
 - ``run_records``: the state folder's lock, the ``run/<name>.json`` records
   and the reaping of an earlier run's leftovers (never anyone else's);

@@ -2,7 +2,7 @@
 applied to this run's world (``rosterd.fleet_scheduler.loop.FleetEffects``).
 
 :class:`UpFleetEffects` holds what the effects act on and nothing they decide on:
-the node schedulers (:class:`~rosterd.scheduler.NodeDirectory`), the routes, each node's
+the node schedulers (:class:`~rosterd.scheduler.directory.NodeDirectory`), the routes, each node's
 backends (this machine's ``SupervisorBackends`` over one
 :class:`~rosterd.backends.node_host.NodeHost`, or a node agent's ``AgentBackends``
 over Ray), the peak recorders and the warm-up. Which node runs what, which is lost

@@ -6,7 +6,9 @@ backend that does not serve them natively.
 - ``anthropic``: Messages requests and answers <-> chat completions, streams included;
 - ``responses``: Responses requests and answers <-> chat completions, streams included;
 - ``translated``: forwarding a dialect's request to a backend's ``/v1/chat/completions``
-  and its answer back.
+  and its answer back;
+- ``paths``: which dialect paths a role's backend serves itself, the 400 or 501 before
+  any load, and the translated forward for the others.
 
 Which dialects a role's backend serves natively is its adapter's ``dialects_for`` its
 weights (``RoleRoute.native``: llama-server reranks only a reranker); the proxy

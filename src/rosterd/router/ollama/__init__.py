@@ -11,7 +11,8 @@ own API reference (``docs/api.md`` of github.com/ollama/ollama). Modules:
   501 of what rosterd does not do (``/api/pull``, ...);
 - ``generation``: ``/api/chat``, ``/api/generate``, ``/api/embed``,
   ``/api/embeddings``: queued and loaded on demand through the OpenAI proxy, or
-  passed through to an ``ollama`` role's own server.
+  passed through to an ``ollama`` role's own server;
+- ``routes``: every route of the API, for ``create_app``.
 
 The package re-exports nothing: import a name from its module.
 """
