@@ -3,8 +3,9 @@
 ``chat-small`` (SmolLM2-135M-Instruct, started with ``--jinja``) takes requests with
 ``tools`` in each dialect an agent speaks: chat completions (opencode), Anthropic
 Messages (Claude Code) and OpenAI Responses (Codex CLI). A first prompt longer than
-its 8,192-token context (Claude Code's is about 20,000 tokens) gets a 400 naming the
-context at once, in the dialect's own envelope, never a 5xx that an agent retries.
+its 4,096-token context (every agent's is: Claude Code's about 20,000 tokens, Codex
+CLI's about 6,400) gets a 400 naming the context at once, in the dialect's own
+envelope, never a 5xx that an agent retries.
 One ``rosterd up`` of the example (a subprocess, real llama-server backends).
 """
 
@@ -27,8 +28,11 @@ PARAMETERS = {
     "required": ["city"],
 }
 ASKED = "What is the weather in Paris?"
-#: About 24,000 tokens for SmolLM2's tokenizer: more than an 8,192-token context.
+#: About 24,000 tokens for SmolLM2's tokenizer: more than its training length, 8,192 tokens.
 LONG_SYSTEM = "Read the repository's files before you change them. " * 2400
+#: About 6,000 tokens, as long as Codex CLI's first prompt: within SmolLM2's training
+#: length, but the example's context is shorter, as a CPU would prefill it for minutes.
+CODEX_SIZED = LONG_SYSTEM[: len(LONG_SYSTEM) // 4]
 
 
 def test_the_example_takes_tools_and_refuses_an_agents_long_prompt_with_a_400(
@@ -92,6 +96,15 @@ def test_the_example_takes_tools_and_refuses_an_agents_long_prompt_with_a_400(
                     max_tokens=48,
                 )
             assert "context" in str(too_long.value.message), too_long.value.body
+
+            with pytest.raises(openai.BadRequestError) as codex_sized:
+                chat.responses.create(
+                    model="chat-small",
+                    instructions=CODEX_SIZED,
+                    input="Hi",
+                    max_output_tokens=48,
+                )
+            assert "(4096 tokens)" in str(codex_sized.value.message), codex_sized.value.body
 
             # Claude Code's first prompt is mostly its tools' definitions: the example's
             # template renders them, so they count against the context and are refused
