@@ -6,6 +6,9 @@ role's ``/slots`` (``--progress-check-after``), on real processes and real HTTP.
   demand: its ``/health`` says 200 while its completions, ``/slots`` and ``/metrics``
   hang, as llama-server's main loop does when it is stuck. The first-byte deadline stays
   at its default (300 s): only the progress check can end the request.
+- A wedged backend with no progress signal (the stand-in with ``--no-slots``) is found
+  within a minute with default flags: its short request's first-byte deadline follows
+  from its size, and the generation probe right after it restarts the role.
 - A long prefill that progresses is not cut: the real gemma-3-270m on a prompt of
   thousands of tokens, quiet for tens of seconds before its first byte, looked at all
   the while.
@@ -62,6 +65,39 @@ def test_a_wedged_backend_whose_health_says_200_is_found_by_its_slots_and_restar
         assert info["pid"] not in (None, old_pid)
         assert "slots endpoint gave no answer" in str(info["last_error"])
         assert {"unhealthy", "restarted"} <= set(event_kinds(up, "hang"))
+    finally:
+        assert up.stop(signal.SIGINT) == 0
+
+
+def test_a_wedged_backend_without_a_progress_signal_is_found_within_a_minute_by_default(
+    tmp_path: Path,
+) -> None:
+    # The stand-in answers /slots 501, as mlx_lm.server and llama-cpp-python have no such
+    # endpoint and llama-server started with --no-slots refuses it: only the first-byte
+    # deadline (from the prompt's size; no flag set) and the probe after it can find it.
+    marker = tmp_path / "wedged-once"
+    options = ["--mode", "wedge-once", "--marker", str(marker), "--no-slots"]
+    fleet, env = stand_in(tmp_path, {"quiet": options})
+    roster = write_roster(
+        tmp_path / "roster.yaml", [llama_entry("quiet", "quiet", 0.1, pick_free_port())]
+    )
+    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, pick_free_port(), env=env)
+    try:
+        wait_resident(up, {"quiet"})
+        old_pid = role_info(up, "quiet")["pid"]
+        began = time.monotonic()
+        cut = post(up, {"model": "quiet", "prompt": "hi", "max_tokens": 1}, timeout_s=90)
+        took_s = time.monotonic() - began
+        print(f"request to the wedged backend ended after {took_s:.1f} s")
+        assert cut.status_code == 504, cut.text
+        assert cut.json()["error"]["code"] == "backend_timeout"
+        assert "prompt's size" in cut.json()["error"]["message"]
+        assert took_s < 60  # the rule was --first-byte-timeout, 300 s
+        served = post(up, {"model": "quiet", "prompt": "hi", "max_tokens": 1})
+        assert served.status_code == 200, served.text
+        assert time.monotonic() - began < 60  # found by the probe seconds after the 504
+        assert role_info(up, "quiet")["pid"] not in (None, old_pid)
+        assert {"unhealthy", "restarted"} <= set(event_kinds(up, "quiet"))
     finally:
         assert up.stop(signal.SIGINT) == 0
 

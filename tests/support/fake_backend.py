@@ -1,7 +1,7 @@
 """A small stand-in for a backend server, for supervisor tests (stdlib only, starts fast).
 
     python tests/support/fake_backend.py --port P [--mode MODE] [--load-s S] [--child-pid-file F]
-                                 [--marker F] [llama-server's other options, ignored]
+                                 [--marker F] [--no-slots] [llama-server's other options, ignored]
 
 Modes:
   ok           /health answers 503 for --load-s seconds, then 200; /v1/models 200;
@@ -14,6 +14,8 @@ Modes:
                (it answers them from that loop; /health it answers without it).
   wedge-once   wedged if the --marker file does not exist yet (it creates it), else ok:
                the first process hangs, the one restarted after it serves.
+With --no-slots, /slots and /metrics answer 501 at once, as llama-server's do when started
+with --no-slots: a backend with no progress signal (mlx_lm.server, llama-cpp-python).
 It stands in for llama-server where the real one cannot show a case (a generator that
 hangs while /health says 200, a load that takes seconds): llama-server's own options
 (-m, -c, -np, --alias) are accepted and ignored, so a wrapper script can be given to
@@ -45,6 +47,7 @@ def main() -> int:
     parser.add_argument("--load-s", type=float, default=0.0)
     parser.add_argument("--child-pid-file", type=Path)
     parser.add_argument("--marker", type=Path)
+    parser.add_argument("--no-slots", action="store_true")
     args, _llama_server_options = parser.parse_known_args()
     started = time.monotonic()
     wedged = args.mode == "wedged"
@@ -82,6 +85,8 @@ def main() -> int:
                     self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": "fake"}]})
+            elif self.path in ("/slots", "/metrics") and args.no_slots:
+                self._send(501, {"error": {"message": "This server does not support slots"}})
             elif self.path in ("/slots", "/metrics") and wedged:
                 hang.wait(600)  # llama-server answers these from its main loop, stuck here
             elif self.path == "/slots":
