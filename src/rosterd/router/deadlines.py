@@ -167,8 +167,11 @@ async def forward_within_deadlines(
     return None if first_byte_at is None else first_byte_at - sent_at
 
 
-def stalled_error(stall: StalledError) -> RouterError:
-    """The answer to a request whose backend stalled: 504 ``backend_timeout``."""
-    return RouterError(
-        "backend_timeout", f"{stall}; the role is being checked and restarted if it hangs"
-    )
+def stalled_error(stall: StalledError, *, alone: bool = False) -> RouterError:
+    """The answer to a request whose backend stalled: 504 ``backend_timeout``; ``alone``:
+    the backend progressed on its other requests all the while, so it is left serving."""
+    if alone:
+        then = "its backend progresses on its other requests, so only this one was cut"
+    else:
+        then = "the role is being checked and restarted if it hangs"
+    return RouterError("backend_timeout", f"{stall}; {then}")

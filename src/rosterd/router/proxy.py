@@ -325,7 +325,9 @@ class Proxy:
         (llama-server keeps an open stream going through SIGTERM), and the client
         gets the reason (:meth:`_after_cut`). A backend that stalls is reported
         to the scheduler (``NodeDirectory.suspect``), which probes the role, and the
-        request ends with 504 ``backend_timeout`` (or an SSE error event).
+        request ends with 504 ``backend_timeout`` (or an SSE error event); a request
+        that stalls while the progress check sees its backend move stalled alone: it
+        ends with 504 and its role is left serving the others.
         """
         revoked = lease.revoked
         if revoked is not None:
@@ -366,8 +368,13 @@ class Proxy:
                 self.ctx.speeds.answered(lease.role, answer.tail, took_s, streamed)
         except StalledError as stall:
             log.warning("ended a %s request to %s: %s", self.label, lease.role, stall)
-            self.ctx.scheduler.suspect(lease, str(stall))
-            await answer.end_with(stalled_error(stall), self.envelope.sse_event)
+            # The progress check read the backend's counters long enough to judge it and
+            # found it moving: this request stalled alone; the others on it keep going.
+            judged_s = config.progress_check.after_s + config.progress_check.window_s
+            alone = vouch() and stall.waited_s >= judged_s
+            if not alone:
+                self.ctx.scheduler.suspect(lease, str(stall))
+            await answer.end_with(stalled_error(stall, alone=alone), self.envelope.sse_event)
         finally:
             if revoked is not None:
                 revoked.remove_done_callback(cut.revoked)
