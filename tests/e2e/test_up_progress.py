@@ -6,6 +6,11 @@ role's ``/slots`` (``--progress-check-after``), on real processes and real HTTP.
   demand: its ``/health`` says 200 while its completions, ``/slots`` and ``/metrics``
   hang, as llama-server's main loop does when it is stuck. The first-byte deadline stays
   at its default (300 s): only the progress check can end the request.
+- A wedged backend with no progress signal (the stand-in with ``--no-slots``) is found
+  within a minute with default flags: its short request's first-byte deadline follows
+  from its size, and the generation probe right after it restarts the role.
+- A request that stalls alone (the stand-in's ``stall-alone``: its other slot moves) is cut
+  alone with 504 and the role, not restarted, serves the next request.
 - A long prefill that progresses is not cut: the real gemma-3-270m on a prompt of
   thousands of tokens, quiet for tens of seconds before its first byte, looked at all
   the while.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -62,6 +68,77 @@ def test_a_wedged_backend_whose_health_says_200_is_found_by_its_slots_and_restar
         assert info["pid"] not in (None, old_pid)
         assert "slots endpoint gave no answer" in str(info["last_error"])
         assert {"unhealthy", "restarted"} <= set(event_kinds(up, "hang"))
+    finally:
+        assert up.stop(signal.SIGINT) == 0
+
+
+def test_a_wedged_backend_without_a_progress_signal_is_found_within_a_minute_by_default(
+    tmp_path: Path,
+) -> None:
+    # The stand-in answers /slots 501, as mlx_lm.server and llama-cpp-python have no such
+    # endpoint and llama-server started with --no-slots refuses it: only the first-byte
+    # deadline (from the prompt's size; no flag set) and the probe after it can find it.
+    marker = tmp_path / "wedged-once"
+    options = ["--mode", "wedge-once", "--marker", str(marker), "--no-slots"]
+    fleet, env = stand_in(tmp_path, {"quiet": options})
+    roster = write_roster(
+        tmp_path / "roster.yaml", [llama_entry("quiet", "quiet", 0.1, pick_free_port())]
+    )
+    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, pick_free_port(), env=env)
+    try:
+        wait_resident(up, {"quiet"})
+        old_pid = role_info(up, "quiet")["pid"]
+        began = time.monotonic()
+        body = {"model": "quiet", "prompt": "hi", "max_tokens": 1}
+        with ThreadPoolExecutor(1) as first_client:
+            first = first_client.submit(post, up, body, 90)
+            time.sleep(1)
+            behind = post(up, body, timeout_s=90)  # queued behind the first (one slot)
+            took_s = time.monotonic() - began
+            cut = first.result()
+        print(f"the request to the wedged backend and the one behind it: {took_s:.1f} s")
+        assert cut.status_code == 504, cut.text
+        # The one queued behind it is served by the restarted backend within the minute,
+        # never left to wait out its own deadline.
+        assert behind.status_code == 200, behind.text
+        assert cut.json()["error"]["code"] == "backend_timeout"
+        assert "prompt's size" in cut.json()["error"]["message"]
+        assert took_s < 60  # the rule was --first-byte-timeout, 300 s
+        served = post(up, body)
+        assert served.status_code == 200, served.text
+        assert role_info(up, "quiet")["pid"] not in (None, old_pid)
+        assert {"unhealthy", "restarted"} <= set(event_kinds(up, "quiet"))
+    finally:
+        assert up.stop(signal.SIGINT) == 0
+
+
+def test_a_request_that_stalls_alone_is_cut_alone_and_its_role_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    # The stand-in (mode stall-alone) hangs the request whose prompt is "stall" while its
+    # /slots counters move on every look, as another slot's generation does: a real
+    # llama-server cannot be made to stall one slot on demand. Short windows, so that the
+    # check has judged the backend before the first-byte cap.
+    fleet, env = stand_in(tmp_path, {"busy": ["--mode", "stall-alone"]})
+    roster = write_roster(
+        tmp_path / "roster.yaml", [llama_entry("busy", "busy", 0.1, pick_free_port())]
+    )
+    flags = ["--probe-interval", "0", "--progress-check-after", "1", "--progress-window", "2"]
+    flags += ["--first-byte-timeout", "5"]
+    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port(), env=env)
+    try:
+        wait_resident(up, {"busy"})
+        old_pid = role_info(up, "busy")["pid"]
+        began = time.monotonic()
+        cut = post(up, {"model": "busy", "prompt": "stall", "max_tokens": 1})
+        assert cut.status_code == 504, cut.text
+        assert cut.json()["error"]["code"] == "backend_timeout"
+        assert "only this one was cut" in cut.json()["error"]["message"]
+        assert time.monotonic() - began < 10
+        served = post(up, {"model": "busy", "prompt": "hi", "max_tokens": 1})
+        assert served.status_code == 200, served.text
+        assert role_info(up, "busy")["pid"] == old_pid  # not restarted
+        assert "unhealthy" not in event_kinds(up, "busy")
     finally:
         assert up.stop(signal.SIGINT) == 0
 

@@ -19,7 +19,7 @@ import pytest
 
 from rosterd.adapters.base import ProgressProbe
 from rosterd.adapters.llamacpp import LlamaCppAdapter
-from rosterd.router.progress import ProgressCheck, wedged_verdict
+from rosterd.router.progress import ProgressCheck, Vouch, wedged_verdict
 
 _PROBE = LlamaCppAdapter().progress_probe
 assert _PROBE is not None
@@ -98,6 +98,19 @@ async def test_a_request_that_gets_bytes_is_never_looked_at(slots: str) -> None:
 
 
 @pytest.mark.parametrize("slots", ["off"], indirect=True)
-async def test_a_backend_that_cannot_tell_gets_no_verdict(slots: str) -> None:
-    verdict = await asyncio.wait_for(wedged_verdict(slots, PROBE, quiet_for_long, CHECK), 5)
+async def test_a_backend_that_cannot_tell_gets_no_verdict_and_no_longer_vouches(
+    slots: str,
+) -> None:
+    vouch = Vouch()
+    assert vouch()  # until a look says otherwise, its request may wait up to the cap
+    verdict = await asyncio.wait_for(wedged_verdict(slots, PROBE, quiet_for_long, CHECK, vouch), 5)
     assert verdict is None
+    assert not vouch()  # so its request keeps the deadline of its size
+
+
+@pytest.mark.parametrize("slots", ["moving"], indirect=True)
+async def test_a_backend_whose_counters_it_reads_keeps_vouching(slots: str) -> None:
+    vouch = Vouch()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(wedged_verdict(slots, PROBE, quiet_for_long, CHECK, vouch), 1.0)
+    assert vouch()

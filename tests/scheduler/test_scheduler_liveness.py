@@ -26,7 +26,7 @@ from rosterd.scheduler.events import (
     RevokeLeases,
     Suspect,
 )
-from rosterd.scheduler.health import SILENT_NODE_REPROBE_S
+from rosterd.scheduler.health import SILENT_NODE_REPROBE_S, STALL_PROBE_TIMEOUT_S
 from rosterd.scheduler.values import Phase, backoff_s
 from support.node_bench import LIMITS, Bench, assert_failed, spec
 
@@ -59,6 +59,22 @@ def test_an_idle_role_is_probed_every_interval_and_a_busy_one_is_not() -> None:
     bench.release(held)
     bench.at(230.0)
     assert len(probes(bench)) == 2
+
+
+def test_a_stalled_request_has_its_role_probed_at_once_within_the_short_bound() -> None:
+    # A backend with no progress signal is judged by this probe alone: seconds, not the 20
+    # of an idle probe, so a wedged one is restarted right after the request's 504.
+    bench = Bench([spec("a", 100)], 1000, dataclasses.replace(PROBING, probe_timeout_s=20.0))
+    first = bench.acquire("a")
+    bench.settle()
+    lease = bench.lease(first)
+    assert lease is not None
+    bench.send(Suspect(1.0, "a", lease.generation, "no first byte within 20 s"))
+    [probe] = probes(bench)
+    assert probe.timeout_s == STALL_PROBE_TIMEOUT_S
+    bench.send(ProbeDone(6.0, "a", probe.generation, ok=False, detail="no answer within 5 s"))
+    assert bench.phase("a") == Phase.UNHEALTHY.value
+    assert bench.of(RestartBackend)
 
 
 def test_a_failed_probe_marks_the_role_unhealthy_ends_its_requests_and_restarts_it() -> None:

@@ -1,7 +1,7 @@
 """A small stand-in for a backend server, for supervisor tests (stdlib only, starts fast).
 
     python tests/support/fake_backend.py --port P [--mode MODE] [--load-s S] [--child-pid-file F]
-                                 [--marker F] [llama-server's other options, ignored]
+                                 [--marker F] [--no-slots] [llama-server's other options, ignored]
 
 Modes:
   ok           /health answers 503 for --load-s seconds, then 200; /v1/models 200;
@@ -14,6 +14,11 @@ Modes:
                (it answers them from that loop; /health it answers without it).
   wedge-once   wedged if the --marker file does not exist yet (it creates it), else ok:
                the first process hangs, the one restarted after it serves.
+  stall-alone  a completion whose prompt is "stall" never returns, others are answered,
+               and /slots answers counters that move on every look (its other slots
+               progress): a request that stalls alone on a backend that works.
+With --no-slots, /slots and /metrics answer 501 at once, as llama-server's do when started
+with --no-slots: a backend with no progress signal (mlx_lm.server, llama-cpp-python).
 It stands in for llama-server where the real one cannot show a case (a generator that
 hangs while /health says 200, a load that takes seconds): llama-server's own options
 (-m, -c, -np, --alias) are accepted and ignored, so a wrapper script can be given to
@@ -39,12 +44,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument(
-        "--mode", default="ok", choices=["ok", "crash", "ignore-term", "wedged", "wedge-once"]
-    )
+    modes = ["ok", "crash", "ignore-term", "wedged", "wedge-once", "stall-alone"]
+    parser.add_argument("--mode", default="ok", choices=modes)
     parser.add_argument("--load-s", type=float, default=0.0)
     parser.add_argument("--child-pid-file", type=Path)
     parser.add_argument("--marker", type=Path)
+    parser.add_argument("--no-slots", action="store_true")
     args, _llama_server_options = parser.parse_known_args()
     started = time.monotonic()
     wedged = args.mode == "wedged"
@@ -63,6 +68,7 @@ def main() -> int:
         print("fatal: could not load model: bad magic", file=sys.stderr, flush=True)
         return 3
     hang = threading.Event()
+    looks: list[int] = []
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, body: object) -> None:
@@ -82,8 +88,21 @@ def main() -> int:
                     self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": "fake"}]})
+            elif self.path in ("/slots", "/metrics") and args.no_slots:
+                self._send(501, {"error": {"message": "This server does not support slots"}})
             elif self.path in ("/slots", "/metrics") and wedged:
                 hang.wait(600)  # llama-server answers these from its main loop, stuck here
+            elif self.path == "/slots" and args.mode == "stall-alone":
+                looks.append(len(looks))  # the other slot has written one more token
+                stuck = {"id": 0, "id_task": 1, "n_prompt_tokens_processed": 0}
+                busy = {"id": 1, "id_task": 2, "n_prompt_tokens_processed": 9}
+                self._send(
+                    200,
+                    [
+                        {**stuck, "next_token": [{"n_decoded": 0}]},
+                        {**busy, "next_token": [{"n_decoded": len(looks)}]},
+                    ],
+                )
             elif self.path == "/slots":
                 slot = {"id": 0, "id_task": -1, "n_prompt_tokens_processed": 0}
                 self._send(200, [{**slot, "next_token": {"n_decoded": 0}}])
@@ -96,7 +115,7 @@ def main() -> int:
             if body.get("stream"):
                 self._stream(body)
                 return
-            if wedged:
+            if wedged or (args.mode == "stall-alone" and body.get("prompt") == "stall"):
                 hang.wait(600)  # HTTP accepted, generation never ends
                 return
             self._send(

@@ -204,7 +204,10 @@ def up_cmd(
     first_byte_timeout: Annotated[
         float,
         typer.Option(
-            min=0.001, help="Seconds a request may wait for its first byte (then 504 and a probe)."
+            min=0.001,
+            help="The longest a request may wait for its first byte, seconds; its own deadline "
+            "follows from its prompt's size and its role's measured speed, at least 20 s "
+            "(then 504 and a probe).",
         ),
     ] = 300.0,
     progress_check_after: Annotated[

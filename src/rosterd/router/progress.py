@@ -15,6 +15,11 @@ can say how far it has come (the adapter's ``progress_probe``: llama-server's
 - counters that move, or an answer the check cannot read (a ``/slots`` turned
   off answers 501): left alone, under the first-byte deadline as before.
 
+While the check can read the backend's counters, it vouches for the request
+(:class:`Vouch`): the request's own first-byte deadline (from its prompt's size,
+:mod:`rosterd.router.deadlines`) then stretches to ``--first-byte-timeout``, since the
+check finds a stuck backend by itself; a backend that cannot tell gets no such grace.
+
 A verdict goes to ``on_wedged`` (the proxy tells the scheduler, which marks the role
 unhealthy, revokes its leases with ``backend_unhealthy`` and restarts it); the request
 is then cut through its revoked lease. httpx makes the look (a GET every few seconds,
@@ -56,13 +61,37 @@ class ProgressCheck:
     every_s: float = 5.0
 
 
+class Vouch:
+    """Whether a request's backend can show its progress, so its request may wait for its
+    first byte up to ``--first-byte-timeout``: yes until a look found it cannot tell (an
+    error status, an answer that is not its counters); ``False`` for a backend with no
+    progress probe at all (:meth:`never`). Call it for the answer."""
+
+    def __init__(self, can_tell: bool = True) -> None:
+        self.can_tell = can_tell
+
+    @classmethod
+    def never(cls) -> Vouch:
+        """The vouch of a backend that has no progress signal."""
+        return cls(can_tell=False)
+
+    def __call__(self) -> bool:
+        return self.can_tell
+
+
 async def wedged_verdict(
-    base_url: str, probe: ProgressProbe, quiet_since: Callable[[], float], check: ProgressCheck
+    base_url: str,
+    probe: ProgressProbe,
+    quiet_since: Callable[[], float],
+    check: ProgressCheck,
+    vouch: Vouch | None = None,
 ) -> str | None:
     """Look at the backend at ``base_url`` while its request is quiet (``quiet_since()``: the
     loop time of its last body byte) until it is found wedged: returns why, in words.
     Returns ``None`` when the backend cannot tell (an error status, an answer that is not
-    its counters); runs until cancelled while the backend progresses."""
+    its counters; ``vouch`` is then withdrawn); runs until cancelled while the backend
+    progresses."""
+    vouch = vouch if vouch is not None else Vouch()
     loop = asyncio.get_running_loop()
     seen: tuple[int, ...] | None = None
     changed_at = 0.0
@@ -90,10 +119,12 @@ async def wedged_verdict(
                 await asyncio.sleep(check.every_s)
                 continue
             if answer.status_code != 200:
+                vouch.can_tell = False
                 return None
             try:
                 counters = probe.counters(answer.json())
             except ValueError:
+                vouch.can_tell = False
                 return None
             if counters != seen:
                 seen, changed_at = counters, asked_at
@@ -112,11 +143,13 @@ def watched(
     probe: ProgressProbe | None,
     check: ProgressCheck,
     on_wedged: Callable[[str], None],
+    vouch: Vouch | None = None,
 ) -> Forward:
     """``forward`` with the progress check running beside it: while it runs,
     :func:`wedged_verdict` watches the body bytes it sends, and a verdict is given to
-    ``on_wedged`` (which must end the request, e.g. by revoking its lease). ``forward``
-    itself when ``probe`` is ``None`` (the backend cannot tell) or the check is off."""
+    ``on_wedged`` (which must end the request, e.g. by revoking its lease); ``vouch`` is
+    withdrawn when the backend cannot tell. ``forward`` itself when ``probe`` is ``None``
+    (the backend cannot tell) or the check is off."""
     if probe is None or not math.isfinite(check.after_s):
         return forward
 
@@ -144,7 +177,9 @@ def watched(
         watchers: list[asyncio.Task[str | None]] = []
 
         def start() -> None:
-            watcher = loop.create_task(wedged_verdict(base_url, probe, lambda: last_byte_at, check))
+            watcher = loop.create_task(
+                wedged_verdict(base_url, probe, lambda: last_byte_at, check, vouch)
+            )
             watcher.add_done_callback(report)
             watchers.append(watcher)
 

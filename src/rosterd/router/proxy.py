@@ -38,6 +38,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,7 +60,12 @@ from rosterd.router.client_side import (
     send_whole,
     wait_disconnect,
 )
-from rosterd.router.deadlines import Deadlines, forward_within_deadlines, stalled_error
+from rosterd.router.deadlines import (
+    Deadlines,
+    first_byte_deadline_s,
+    forward_within_deadlines,
+    stalled_error,
+)
 from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
@@ -71,7 +77,7 @@ from rosterd.router.openai_errors import (
     upstream_errors,
     upstream_status_error,
 )
-from rosterd.router.progress import watched
+from rosterd.router.progress import Vouch, watched
 from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.retries import RETRIES, backend_unreachable, may_resend
 from rosterd.router.routing import (
@@ -81,6 +87,7 @@ from rosterd.router.routing import (
     RoleRoute,
     RouterConfig,
 )
+from rosterd.router.speeds import RoleSpeeds
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.router.usage_hook import KeyUsage
 from rosterd.router.wait_report import wait_headers
@@ -105,8 +112,9 @@ Told = list[tuple[bytes, bytes]]
 @dataclass(frozen=True)
 class ProxyContext:
     """What every proxied path shares: the scheduler that grants leases, the routes and
-    names, the limits, the metrics, the upstream client, the charts' history and the
-    checks of restored KV caches (``restore_check``: the first answer after each)."""
+    names, the limits, the metrics, the upstream client, the charts' history, the
+    checks of restored KV caches (``restore_check``: the first answer after each) and
+    each role's measured speeds (``speeds``: what first-byte deadlines follow from)."""
 
     scheduler: NodeDirectory
     routes: Mapping[str, RoleRoute]
@@ -118,6 +126,7 @@ class ProxyContext:
     restores: RestoreChecks = field(default_factory=RestoreChecks)
     usage: KeyUsage | None = None
     turns: Turns = field(default_factory=Turns)
+    speeds: RoleSpeeds = field(default_factory=RoleSpeeds)
 
 
 class Proxy:
@@ -316,13 +325,22 @@ class Proxy:
         (llama-server keeps an open stream going through SIGTERM), and the client
         gets the reason (:meth:`_after_cut`). A backend that stalls is reported
         to the scheduler (``NodeDirectory.suspect``), which probes the role, and the
-        request ends with 504 ``backend_timeout`` (or an SSE error event).
+        request ends with 504 ``backend_timeout`` (or an SSE error event); a request
+        that stalls while the progress check sees its backend move stalled alone: it
+        ends with 504 and its role is left serving the others.
         """
         revoked = lease.revoked
         if revoked is not None:
             revoked.add_done_callback(cut.revoked)
-        config = self.ctx.config
-        deadlines = Deadlines(config.first_byte_timeout_s, config.chunk_timeout_s)
+        config, route = self.ctx.config, self.ctx.routes[lease.role]
+        resident = route.info.get("resident_bytes")
+        speeds = self.ctx.speeds.of(lease.role, resident if isinstance(resident, int) else 0)
+        cap_s = config.first_byte_timeout_s
+        first_byte_s = first_byte_deadline_s(payload, speeds, config.first_byte_rule, cap_s)
+        deadlines = Deadlines(first_byte_s, config.chunk_timeout_s, cap_s)
+        # A backend whose progress the check reads may take up to the cap (it is watched).
+        can_tell = route.progress is not None and math.isfinite(config.progress_check.after_s)
+        vouch = Vouch() if can_tell else Vouch.never()
         node = self.ctx.scheduler.nodes.get(lease.node)
         told = wait_headers(
             lease,
@@ -331,22 +349,32 @@ class Proxy:
             node.specs if node is not None else {},
         )
         try:
-            await forward_within_deadlines(
+            took_s = await forward_within_deadlines(
                 watched(  # the progress check, for a backend that can tell (else as given)
                     lambda out: self._forward(lease, payload, out, answer, told),
-                    probe=self.ctx.routes[lease.role].progress,
+                    probe=route.progress,
                     base_url=lease.endpoint.base_url,
                     check=config.progress_check,
                     on_wedged=lambda why: self.ctx.scheduler.suspect(lease, why, wedged=True),
+                    vouch=vouch,
                 ),
                 answer.send,
                 deadlines,
                 lease.role,
+                vouched=vouch,
             )
+            if answer.status == 200:
+                streamed = bool(payload.get("stream"))
+                self.ctx.speeds.answered(lease.role, answer.tail, took_s, streamed)
         except StalledError as stall:
             log.warning("ended a %s request to %s: %s", self.label, lease.role, stall)
-            self.ctx.scheduler.suspect(lease, str(stall))
-            await answer.end_with(stalled_error(stall), self.envelope.sse_event)
+            # The progress check read the backend's counters long enough to judge it and
+            # found it moving: this request stalled alone; the others on it keep going.
+            judged_s = config.progress_check.after_s + config.progress_check.window_s
+            alone = vouch() and stall.waited_s >= judged_s
+            if not alone:
+                self.ctx.scheduler.suspect(lease, str(stall))
+            await answer.end_with(stalled_error(stall, alone=alone), self.envelope.sse_event)
         finally:
             if revoked is not None:
                 revoked.remove_done_callback(cut.revoked)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from rosterd.adapters.base import ProgressProbe, rewrite_model_field
 from rosterd.errors import RouterError
 from rosterd.router.caller import may_use
+from rosterd.router.deadlines import FirstByteRule
 from rosterd.router.progress import ProgressCheck
 
 #: The endpoints routed by ``model`` (path -> metrics label).
@@ -85,9 +86,11 @@ class RouterConfig:
     ``cors_origins``: the browser origins (``https://host:port``, or ``*``)
     allowed to call the API from their pages (empty: no CORS headers at all).
     ``first_byte_timeout_s`` / ``chunk_timeout_s``: a request's deadlines for
-    its first body byte and between two chunks, seconds (then 504 and the role
-    is probed); ``request_read_timeout_s``: how long a client may take to send
-    its request headers and its body, seconds (then 408).
+    its first body byte (at most: a request's own follows from its size by
+    ``first_byte_rule``, :mod:`rosterd.router.deadlines`) and between two chunks,
+    seconds (then 504 and the role is probed); ``request_read_timeout_s``: how
+    long a client may take to send its request headers and its body, seconds
+    (then 408).
     ``progress_check``: when a quiet request asks its backend whether it works
     (:mod:`rosterd.router.progress`; roles whose backend can tell only).
     ``history_interval_s``: seconds between two points of the page's charts
@@ -104,6 +107,7 @@ class RouterConfig:
     chunk_timeout_s: float = 120.0
     request_read_timeout_s: float = 30.0
     progress_check: ProgressCheck = field(default_factory=ProgressCheck)
+    first_byte_rule: FirstByteRule = field(default_factory=FirstByteRule)
     history_interval_s: float = 10.0
 
 

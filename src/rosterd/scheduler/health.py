@@ -7,8 +7,12 @@ and backoff policy.
   keeps its memory, its leases are void, waiters wait for the ``ready`` of the
   new process, or fail when the supervisor gives up (``BackendChanged``).
 - **Probes.** A ready role idle for ``probe_interval_s`` gets ``ProbeBackend``;
-  so does a role a request ``Suspect``s (no byte within its deadline). One probe
-  per role at a time; an answer for an older generation is ignored.
+  so does a role a request ``Suspect``s (no byte within its deadline), at once and
+  bounded by :data:`STALL_PROBE_TIMEOUT_S` (or ``probe_timeout_s`` when shorter): the
+  stalled request was cut, so a backend that works answers one token in a moment, and
+  one that does not is restarted seconds after the deadline, its requests revoked
+  rather than left to wait out their own. One probe per role at a time; an answer
+  for an older generation is ignored.
 - **Unhealthy.** A failed probe revokes the role's leases (``backend_unhealthy``)
   and restarts it (``RestartBackend``); it keeps its memory. So does a ``Suspect``
   that is ``wedged`` (a request's progress check saw no progress), without a probe.
@@ -64,6 +68,10 @@ SEE_LOG = "see `rosterd ps` / the backend log"
 #: node's verdict comes from Ray (it declares a dead node within about 30 s by default),
 #: or from the agent answering again.
 SILENT_NODE_REPROBE_S = 2.0
+
+#: How long the generation probe of a role a stalled request suspects may take, seconds:
+#: one token on a second connection, whose slot the cut request has just freed.
+STALL_PROBE_TIMEOUT_S = 5.0
 
 
 class HealthRules:
@@ -166,7 +174,9 @@ class HealthRules:
             if ev.wedged:
                 self._mark_unhealthy(ev.role, ev.reason, ev.now, why=ev.reason)
                 return
-            self.probe(ev.role, ev.reason)
+            self.probe(
+                ev.role, ev.reason, min(self.state.limits.probe_timeout_s, STALL_PROBE_TIMEOUT_S)
+            )
             st.suspected = True  # no new request goes to it until the probe answered
 
     def on_probe_done(self, ev: ProbeDone, now: float) -> None:
@@ -205,14 +215,17 @@ class HealthRules:
             "back (served there) or lost (served elsewhere)"
         )
 
-    def probe(self, role: str, reason: str) -> None:
-        """Run ``role``'s generation probe unless one is under way (ready roles only)."""
+    def probe(self, role: str, reason: str, timeout_s: float | None = None) -> None:
+        """Run ``role``'s generation probe unless one is under way (ready roles only), within
+        ``timeout_s`` seconds (``None``: ``probe_timeout_s``)."""
         st = self.state.roles[role]
         if st.phase is not Phase.READY or st.probing:
             return
         st.probing = True
         self.state.out.append(LogNote("info", f"probing {role}: {reason}"))
-        self.state.out.append(ProbeBackend(role, st.generation, self.state.limits.probe_timeout_s))
+        if timeout_s is None:
+            timeout_s = self.state.limits.probe_timeout_s
+        self.state.out.append(ProbeBackend(role, st.generation, timeout_s))
 
     def _mark_unhealthy(self, role: str, detail: str, now: float, why: str | None = None) -> None:
         """``role``'s backend answers HTTP but does not generate: end its requests, restart it.
