@@ -26,6 +26,8 @@ past Starlette's router. Modules:
 - ``model_echo``: the answer's ``model`` is the name the client asked for;
 - ``retries``: every retry of a request in one table, in the order they nest;
 - ``deadlines``: a request's deadlines (first byte, between chunks);
+- ``speeds``: each role's measured prefill and generation speed, for the first-byte
+  deadline;
 - ``progress``: a quiet request asks its backend how far it has come;
 - ``wait_report``: the ``X-Rosterd-*`` headers of what a request waited for;
 - ``restore_check``: the first answer after a KV restore, judged;
