@@ -17,7 +17,7 @@ from typing import Literal
 
 from rosterd.backends.values import Endpoint
 from rosterd.errors import SchedulerError
-from rosterd.scheduler.values import NodeChange, NodeConcurrency, Revocation
+from rosterd.scheduler.values import DevicePool, NodeChange, NodeConcurrency, Revocation
 from rosterd.spec import InferenceSpec
 
 # --------------------------------------------------------------------------- events in
@@ -198,8 +198,10 @@ class Reconfigure:
     ``/status`` shows them (replacing those given before for the same roles).
     ``moved``: role -> the node a retired role moved to; its waiters this node cannot
     serve fail with ``RoleMovedError``, and the caller queues them there. A ``lost``
-    role that retires holds nothing: it is forgotten at once. Answered by one
-    ``Reconfigured``, what changed.
+    role that retires holds nothing: it is forgotten at once. ``devices``: device id ->
+    its pool (capacity, each placed role's bytes there), whole: a load needs room in
+    host RAM and in the device its role is placed on (none: host RAM alone). Answered
+    by one ``Reconfigured``, what changed.
     """
 
     now: float
@@ -210,6 +212,7 @@ class Reconfigure:
     memory: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     restart: frozenset[str] = frozenset()
     moved: Mapping[str, str] = field(default_factory=dict)
+    devices: Mapping[str, DevicePool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

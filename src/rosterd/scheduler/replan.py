@@ -133,6 +133,9 @@ class ReplanRules:
             self.state.out.append(LogNote("info", f"capacity is now {gib(ev.capacity_bytes)}"))
         if ev.concurrency is not None:
             self.state.concurrency = ev.concurrency
+        if dict(ev.devices) != self.state.devices:
+            # Level-based as the rest: the pools in force from now on; a load asks each.
+            self.state.devices = dict(ev.devices)
         retired = sorted(set(placed) - set(ev.specs))
         added = sorted(set(ev.specs) - set(placed))
         restarted: list[str] = []
