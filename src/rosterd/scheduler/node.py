@@ -384,8 +384,9 @@ class NodeScheduler(NodeLoop):
         re-plan removed the role and it drains before it stops; ``memory``: the
         role's figures, or ``None``; ``kv``: what is kept of its KV cache across stops
         (``KeptKvSource.kept_kv``), or ``None``); per node also ``running`` (requests
-        its backends run now) and ``max_concurrency`` (the node-wide limit now, or
-        ``None``).
+        its backends run now), ``max_concurrency`` (the node-wide limit now, or
+        ``None``) and ``pools`` (``MachineState.pools_view``: host RAM and each device,
+        declared, probed and counted).
         """
         now = self._clock()
         backends = self._backends
@@ -403,4 +404,5 @@ class NodeScheduler(NodeLoop):
             "roles": roles,
             "running": self._machine.node_running(),
             "max_concurrency": self._machine.node_limit(),
+            "pools": self._machine.state.pools_view(),
         }

@@ -363,6 +363,28 @@ class MachineState:
             )
         return states
 
+    def pools_view(self) -> dict[str, dict[str, object]]:
+        """Each pool of the node as ``/status`` and ``rosterd ps`` show it: ``host`` (its
+        ``capacity_bytes`` and ``resident_bytes``, as the node's own figures) and, per
+        device, ``declared_bytes``, ``probed_total_bytes`` and ``source`` (where its figure
+        comes from), ``capacity_bytes`` (what rosterd counts against there),
+        ``resident_bytes`` (the resident roles' bytes there) and ``roles`` (role -> its
+        bytes there), every figure in bytes. A node without devices has ``host`` alone."""
+        resident = set(self.resident())
+        view: dict[str, dict[str, object]] = {
+            "host": {"capacity_bytes": self.capacity_bytes, "resident_bytes": self.resident_bytes()}
+        }
+        for device, pool in sorted(self.devices.items()):
+            view[device] = {
+                "declared_bytes": pool.declared_bytes,
+                "probed_total_bytes": pool.probed_total_bytes,
+                "source": pool.source,
+                "capacity_bytes": pool.capacity_bytes,
+                "resident_bytes": sum(b for r, b in pool.bytes_by_role.items() if r in resident),
+                "roles": dict(sorted(pool.bytes_by_role.items())),
+            }
+        return view
+
     def revocation(self, role: str, label: str, for_role: str | None) -> Revocation:
         """What a client whose request to ``role`` is cut by this stop is told."""
         after = f"after --drain {self.limits.drain_s:g} s"
