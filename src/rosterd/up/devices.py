@@ -94,11 +94,13 @@ class RunDevices:
             ),
         )
 
-    def needs(self, memory: MemoryFigures, fleet: Fleet) -> dict[str, DeviceNeed] | None:
+    def needs(
+        self, memory: MemoryFigures, fleet: Fleet, specs: Sequence[InferenceSpec]
+    ) -> dict[str, DeviceNeed] | None:
         """Role -> what it needs on a device, when ``fleet`` has devices (``None``: none)."""
         if not any(n.devices for n in fleet.nodes) or not isinstance(memory, RosterMemory):
             return None
-        return device_needs(memory, fleet)
+        return device_needs(memory, fleet, {s.role: s.model for s in specs})
 
     def place(
         self,

@@ -200,7 +200,9 @@ class UpFleetEffects:
             fleet, nodes=tuple(n for n in fleet.nodes if n.name in effect.running)
         )
         notes = dict(effect.memory_notes)
-        needs = self.devices.needs(effect.config.memory, fleet) if effect.config else None
+        needs = (
+            self.devices.needs(effect.config.memory, fleet, effect.specs) if effect.config else None
+        )
         try:
             served = await asyncio.to_thread(
                 plan, effect.specs, running, effect.previous, memory_notes=notes, device_needs=needs
