@@ -6,7 +6,7 @@ role is placed on, each a budget of its own. Driven on ``Bench`` with an explici
 from __future__ import annotations
 
 from rosterd.errors import RoleRefusedError
-from rosterd.scheduler.events import Reconfigure
+from rosterd.scheduler.events import LogNote, MeasuredPeak, Reconfigure
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import DevicePool
 from support.node_bench import LIMITS, MIB, Bench, assert_failed, spec
@@ -89,3 +89,28 @@ def test_a_node_without_devices_counts_host_ram_alone() -> None:
     serve(bench, "a")
     serve(bench, "b")
     assert bench.stops() == ["a"]
+
+
+def test_a_measurement_past_the_count_on_a_device_is_counted_there_with_one_warning() -> None:
+    # NVML's per-process figure for a's backend (what a GPU would report; no GPU here).
+    bench = gpu_bench(1000, {"a": 400, "b": 400}, {})
+    serve(bench, "a")
+    bench.send(MeasuredPeak(bench.now, "a", 100 * MIB, 100 * MIB, {"CUDA0": 700 * MIB}))
+    bench.send(MeasuredPeak(bench.now, "a", 100 * MIB, 100 * MIB, {"CUDA0": 700 * MIB}))
+    warnings = [n.message for n in bench.of(LogNote) if "on device CUDA0" in n.message]
+    assert len(warnings) == 1
+    assert "role a holds 700 MiB on device CUDA0, 75% more than the 400 MiB" in warnings[0]
+    pools = bench.machine.state.pools_view()
+    assert pools["CUDA0"]["roles"] == {"a": 700 * MIB, "b": 400 * MIB}
+    serve(bench, "b")  # 700 + 400 no longer fit the device: a leaves it
+    assert bench.stops() == ["a"]
+    assert bench.machine.resident() == ("b",)
+
+
+def test_a_measurement_within_the_margin_changes_nothing() -> None:
+    bench = gpu_bench(1000, {"a": 400, "b": 400}, {})
+    serve(bench, "a")
+    bench.send(MeasuredPeak(bench.now, "a", 100 * MIB, 100 * MIB, {"CUDA0": 430 * MIB}))
+    serve(bench, "b")
+    assert bench.stops() == []
+    assert not [n for n in bench.of(LogNote) if "on device" in n.message]

@@ -222,12 +222,16 @@ class MeasuredPeak:
     (shown as the role's ``run_peak_bytes``). When ``peak_bytes`` passes the role's
     counted figure by more than ``MEASURED_OVER_COUNTED`` its count follows the
     measurement at once, as a change of scheduling facts does (the machine evicts other
-    roles if the node no longer fits)."""
+    roles if the node no longer fits). ``device_bytes``: device id -> what the backend
+    holds on that device (NVML's per-process figure); where it passes the bytes counted
+    for the role in that device's pool by the same margin, the pool counts it from then
+    on, with the same warning."""
 
     now: float
     role: str
     peak_bytes: int
     run_peak_bytes: int
+    device_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 Event = (

@@ -262,12 +262,22 @@ class NodeScheduler(NodeLoop):
         placed = self.specs
         return {role: rss for role, rss in measured.items() if role in placed}
 
-    def measured_peak(self, role: str, peak_bytes: int, run_peak_bytes: int) -> None:
+    def measured_peak(
+        self,
+        role: str,
+        peak_bytes: int,
+        run_peak_bytes: int,
+        device_bytes: Mapping[str, int] | None = None,
+    ) -> None:
         """Tell the node what ``role``'s backend was measured holding (any task):
         ``peak_bytes`` its run's peak RSS, ``run_peak_bytes`` the largest of this ``up``
-        under the same settings (shown in :meth:`snapshot`). The machine decides whether
-        the role's count follows it (``MeasuredPeak``)."""
-        self._post(MeasuredPeak(self._clock(), role, peak_bytes, run_peak_bytes))
+        under the same settings (shown in :meth:`snapshot`), ``device_bytes`` device id ->
+        what it holds there (NVML, per process). The machine decides whether the role's
+        count follows it (``MeasuredPeak``)."""
+        measured = MeasuredPeak(
+            self._clock(), role, peak_bytes, run_peak_bytes, dict(device_bytes or {})
+        )
+        self._post(measured)
 
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
