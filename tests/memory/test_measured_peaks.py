@@ -7,17 +7,21 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import cast
 
 import pytest
 
 from rosterd.backends.interface import RoleBackends
+from rosterd.devices.nvml import held_by_roles, read_nvml
 from rosterd.errors import MeasuredPeaksError
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.memory.watch import PeakRecorder
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.supervisor import process_tree_peak_rss_bytes
+from support.nvml_stand_in import StandInGpu, StandInNvml
 
 
 def test_peaks_survive_a_new_store(tmp_path: Path) -> None:
@@ -155,3 +159,40 @@ async def test_after_a_reload_each_peak_is_stored_under_the_settings_it_ran_with
     after.peaks["voice"] = 80
     await recorder.record()
     assert MeasuredPeaks(tmp_path).peak_bytes("box", "voice", fingerprint="v1") == 100
+
+
+class _Node:
+    """The node as the recorder tells it (``measured_peak``): what it was told, in order."""
+
+    name = "box"
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, int, int, Mapping[str, int] | None]] = []
+        self.listeners: list[object] = []
+
+    def measured_peak(
+        self, role: str, peak: int, run_peak: int, device_bytes: Mapping[str, int] | None = None
+    ) -> None:
+        self.told.append((role, peak, run_peak, device_bytes))
+
+
+async def test_what_a_backend_holds_on_each_gpu_goes_to_the_node_with_its_peak(
+    tmp_path: Path,
+) -> None:
+    # NVML through a stand-in: this machine has no GPU. chat's backend (pid 401) holds
+    # 6 GiB on the first GPU, another process 2 GiB that is nobody's role.
+    gib = 2**30
+    gpu = StandInGpu("NVIDIA H200", 141 * gib, 8 * gib, "00:1B.0", {401: 6 * gib, 7: 2 * gib})
+    nvml = cast(ModuleType, StandInNvml([gpu]))
+    held = held_by_roles(read_nvml(nvml), {"chat": 401, "voice": 402})
+    assert held == {"chat": {"CUDA0": 6 * gib}}
+    node = _Node()
+    recorder = PeakRecorder(
+        cast(NodeScheduler, node),
+        _Peaks({"chat": 400, "voice": 100}),
+        MeasuredPeaks(tmp_path),
+        {"chat": "c1", "voice": "v1"},
+        device_bytes=lambda: held,
+    )
+    await recorder.record()
+    assert node.told == [("chat", 400, 400, {"CUDA0": 6 * gib}), ("voice", 100, 100, None)]

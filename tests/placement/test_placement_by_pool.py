@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rosterd.fleet import Fleet, Node, Platform
 from rosterd.fleet.model import DeviceSpec
 from rosterd.placement import plan
-from rosterd.placement.device_need import DeviceNeed
+from rosterd.placement.device_need import GPU_TO_HOST_BANDWIDTH, DeviceNeed, partial_slowdown
 from rosterd.placement.devices import DevicePlan, place_on_devices
 from rosterd.residency import (
     AlreadyResident,
@@ -295,3 +296,12 @@ def test_in_any_order_of_requests_no_pool_is_over_capacity(
             for b in resident:
                 if a < b:
                     assert not excludes_each_other(specs[a], specs[b]), (a, b)
+
+
+def test_the_expected_slowdown_of_a_partial_offload_grows_with_the_layers_on_the_host() -> None:
+    assert partial_slowdown(999, 18) == 1.0  # -ngl 999: every layer
+    assert partial_slowdown(19, 18) == 1.0  # the output layer and all 18
+    assert partial_slowdown(10, 18) == pytest.approx(0.5 + 0.5 * GPU_TO_HOST_BANDWIDTH)
+    assert partial_slowdown(0, 18) == GPU_TO_HOST_BANDWIDTH
+    slowdowns = [partial_slowdown(n, 18) for n in range(20)]
+    assert slowdowns == sorted(slowdowns, reverse=True)

@@ -100,6 +100,10 @@ class SupervisorBackends:
         self._changes: asyncio.Queue[BackendEvent] = asyncio.Queue()
         self._peaks: dict[str, int] = {}
         self._started: set[str] = set()  # whose peaks are this instance's to report
+        #: Role -> the flags pinning its device and offload (issue 29: ``--device CUDA0
+        #: -ngl 999 --fit off``), given by the plan; appended last, so they win over the
+        #: fleet's ``args``. A role not in it (a node without devices) launches as before.
+        self.pins: dict[str, tuple[str, ...]] = {}
 
     #: Whether an endpoint's pid is a process of this machine (``NodeBackends``).
     pids_are_local = True
@@ -152,6 +156,8 @@ class SupervisorBackends:
             port = free_port(self.host) if picked else spec.serve.port
             assert port is not None
             launch = adapter.launch(spec, source, host=self.host, port=port)
+            if self.pins.get(role):
+                launch = replace(launch, argv=(*launch.argv, *self.pins[role]))
             if keeping is not None and self.kv is not None:
                 folder = self.kv.folder(role)
                 launch = replace(launch, argv=(*launch.argv, *keeping.launch_args(folder)))

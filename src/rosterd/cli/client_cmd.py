@@ -232,9 +232,33 @@ def ps_cmd(
                 Text(str(info.get("kv_summary") or "—")),
             )
         console.print(table)
+        for line in _pool_lines(node):
+            console.print(Text(line), soft_wrap=True)
         for role, info in node.get("roles", {}).items():
             for line in _role_notes(role, info):
                 console.print(Text(line), soft_wrap=True)
+
+
+def _pool_lines(node: dict[str, Any]) -> list[str]:
+    """One line per device pool of a node (``pools`` beside host RAM): what counts
+    resident there against its capacity, where the figure comes from (declared, probed)
+    and each role's bytes there."""
+    lines: list[str] = []
+    for device, pool in (node.get("pools") or {}).items():
+        if device == "host" or not isinstance(pool, dict):
+            continue
+        declared, probed = pool.get("declared_bytes"), pool.get("probed_total_bytes")
+        origin = [f"declared {_gib(declared)} GiB"] if isinstance(declared, int) else []
+        origin.append(
+            f"probed {_gib(probed)} GiB" if isinstance(probed, int) else "no probe sees it"
+        )
+        roles = ", ".join(f"{r} {_gib(b)}" for r, b in (pool.get("roles") or {}).items())
+        lines.append(
+            f"{device}: {_gib_or_dash(pool.get('resident_bytes'))} of "
+            f"{_gib_or_dash(pool.get('capacity_bytes'))}"
+            f" GiB resident ({'; '.join(origin)}); placed there: {roles or 'none'}"
+        )
+    return lines
 
 
 def _guessed(memory: dict[str, Any]) -> bool:

@@ -226,11 +226,17 @@ def _render_devices(console: Console, node: str, devices: DevicePlan) -> None:
         if choice.partial:
             of = f" of {choice.layers}" if choice.layers is not None else ""
             layers = (choice.gpu_layers or 1) - 1
+            slowdown = ""
+            if choice.layers:
+                from rosterd.placement.device_need import partial_slowdown
+
+                times = partial_slowdown(choice.gpu_layers or 0, choice.layers)
+                slowdown = f" (expect it about {times:.1f}x slower than all on the device)"
             console.print(
                 Text(
                     f"{role}: partial offload (-ngl {choice.gpu_layers}): the output layer and "
                     f"{layers}{of} layers on {choice.device}, the rest on the CPU, which bounds "
-                    "its speed"
+                    f"its speed{slowdown}"
                 )
             )
         elif choice.device is None:
@@ -296,7 +302,7 @@ def plan_cmd(
     if by_pool:
         from rosterd.memory.by_pool import device_needs
 
-        needs = device_needs(memory, nodes)
+        needs = device_needs(memory, nodes, {s.spec.role: s.spec.model for s in imported.specs})
     result = plan(
         planned,
         nodes,

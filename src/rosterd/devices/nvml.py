@@ -105,3 +105,17 @@ def _device(module: ModuleType, index: int) -> NvmlDevice:
         used_bytes=int(memory.used),
         processes=processes,
     )
+
+
+def held_by_roles(reading: NvmlReading, pids: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """Role -> device id (``CUDA<index>``) -> bytes its backend's process holds there, from
+    ``reading``'s per-process figures; ``pids``: role -> its backend's pid. A role NVML
+    reports nothing for is left out (it holds nothing on any GPU)."""
+    role_of = {pid: role for role, pid in pids.items()}
+    held: dict[str, dict[str, int]] = {}
+    for device in reading.devices:
+        for pid, n_bytes in device.processes.items():
+            role = role_of.get(pid)
+            if role is not None:
+                held.setdefault(role, {})[device.cuda_id] = n_bytes
+    return held

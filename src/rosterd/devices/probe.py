@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from rosterd.adapters.llamacpp import help_lists_fit
 from rosterd.devices.listing import ListedDevice, parse_list_devices
 from rosterd.devices.nvml import read_nvml
 from rosterd.devices.pools import NodePools, node_pools
@@ -57,3 +58,19 @@ def probe_pools(
             listed = parse_list_devices(text)
     reading = read_nvml()
     return node_pools(node, listed, reading.devices, own_pids), tuple(notes)
+
+
+def server_lists_fit(llama_server: Path, timeout_s: float = LIST_DEVICES_TIMEOUT_S) -> bool:
+    """Whether ``llama_server --help`` lists ``--fit`` (``help_lists_fit``); ``False`` when it
+    does not run, so no ``--fit off`` is passed to a build that may not know the flag."""
+    try:
+        done = subprocess.run(
+            [str(llama_server), "--help"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return help_lists_fit(done.stdout + done.stderr)

@@ -26,7 +26,8 @@ class Solve:
     ``running``, keeping ``previous`` (the plan in force) where it still fits;
     ``memory_notes`` as ``plan``'s. ``whole``: plan the whole fleet too (a new
     configuration); otherwise the plan of the running nodes is also the whole one.
-    The solver runs off the loop, up to its time limit."""
+    ``config``: the configuration planned (its memory figures give each role's need on
+    a device). The solver runs off the loop, up to its time limit."""
 
     specs: Sequence[InferenceSpec]
     fleet: Fleet
@@ -34,6 +35,7 @@ class Solve:
     previous: Plan | None
     memory_notes: Mapping[str, str] = field(default_factory=dict)
     whole: bool = True
+    config: ServedConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ class FleetState:
             self.plan,
             config.memory.reason_notes(),
             whole=whole,
+            config=config,
         )
 
     def _apply(self, change: Change) -> ApplyPlan:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from rosterd.fleet.model import Fleet
 from rosterd.roster.result import ImportedRoster, ImportedSpec
-from rosterd.scheduler.values import NodeConcurrency
+from rosterd.scheduler.values import DevicePool, NodeConcurrency
 from rosterd.spec import InferenceSpec
 
 
@@ -167,7 +167,8 @@ class NodeServing:
     shows them (``memory``: role -> ``RoleMemory.as_json``) and the node-wide limit on
     generations at once (``concurrency``; ``None``: a node kept keeps its own, a new one
     has none); ``run`` says who runs it (``LOCAL`` or ``AGENT``; ``LOST`` for a lost
-    node that keeps the roles nowhere else could take)."""
+    node that keeps the roles nowhere else could take); ``devices``: device id -> its
+    pool as the node machine holds roles to it (none: host RAM alone)."""
 
     name: str
     capacity_bytes: int
@@ -176,3 +177,4 @@ class NodeServing:
     memory: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     concurrency: NodeConcurrency | None = None
     run: NodeRun = NodeRun.LOCAL
+    devices: Mapping[str, DevicePool] = field(default_factory=dict)

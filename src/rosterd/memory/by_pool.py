@@ -13,6 +13,8 @@ fleet entry's ``offload`` says whether a partial offload is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.flavors import DeviceUse
 from rosterd.fleet import Fleet
@@ -43,14 +45,18 @@ def gguf_split(figures: RoleMemory, gpu_layers: int = ALL_LAYERS) -> PoolEstimat
     )
 
 
-def device_needs(memory: RosterMemory, fleet: Fleet) -> dict[str, DeviceNeed]:
+def device_needs(
+    memory: RosterMemory, fleet: Fleet, models: Mapping[str, str | None] | None = None
+) -> dict[str, DeviceNeed]:
     """Role -> what it needs on a device (see the module docstring); roles whose flavor
-    uses no device are left out."""
+    uses no device are left out. ``models``: role -> its roster model name, under which
+    its fleet ``models:`` entry (and so its ``offload``) is found when the role id is not
+    a key there, as the weights are found (``Fleet.entry_of``)."""
     needs: dict[str, DeviceNeed] = {}
     for role, figures in memory.roles.items():
         if figures.flavor.facts.devices is DeviceUse.NONE:
             continue
-        entry = fleet.entry_of(role)
+        entry = fleet.entry_of(role, (models or {}).get(role))
         offload = entry.offload if entry is not None else "full"
         counted = figures.counted().counted_bytes
         if gguf_split(figures, 0) is not None and figures.facts is not None:

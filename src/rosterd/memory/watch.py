@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from rosterd.backends.interface import PeakSource
+from rosterd.devices.nvml import NvmlReading, held_by_roles, read_nvml
 from rosterd.errors import MeasuredPeaksError
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.scheduler.node import NodeScheduler
@@ -49,7 +50,9 @@ class PeakRecorder:
     ``node``: the node scheduler (told each role's peak: ``measured_peak``); ``source``:
     its backends boundary; ``peaks``: the state
     folder's measured peaks; ``fingerprints``: role -> the run fingerprint
-    (roles not named are not recorded); ``wall_clock``: seconds since the epoch.
+    (roles not named are not recorded); ``wall_clock``: seconds since the epoch;
+    ``device_bytes``: reads role -> device id -> bytes its backend holds there now (NVML,
+    :func:`nvml_device_bytes`), told to the node with each peak (``None``: not read).
     """
 
     def __init__(
@@ -62,8 +65,10 @@ class PeakRecorder:
         interval_s: float = 10.0,
         on_error: Callable[[str], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
+        device_bytes: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
     ) -> None:
         self.node = node
+        self._device_bytes = device_bytes
         self.peaks = peaks
         # (backends, role -> fingerprint), oldest first: one per configuration served
         self._sources: list[tuple[PeakSource, dict[str, str]]] = [(source, dict(fingerprints))]
@@ -121,13 +126,19 @@ class PeakRecorder:
                     peak = max(peak, found[role])  # the same settings: the largest of this up
                 found[role] = peak
                 fingerprint_of[role] = fingerprint
+        on_devices: Mapping[str, Mapping[str, int]] = {}
+        if self._device_bytes is not None:
+            try:
+                on_devices = self._device_bytes()
+            except Exception as exc:  # the reading only adds evidence: the peaks go on
+                log.warning("node %s: cannot read the devices: %s", self.node.name, exc)
         for role, peak in sorted(found.items()):
             fingerprint = fingerprint_of[role]
             prior = self._recorded.get(role)
             run_peak = peak
             if prior is not None and prior[0] == fingerprint:
                 run_peak = max(peak, prior[1])  # an earlier run of this `up`, same settings
-            self.node.measured_peak(role, peak, run_peak)
+            self.node.measured_peak(role, peak, run_peak, on_devices.get(role))
             if fingerprint is None or self._recorded.get(role) == (fingerprint, run_peak):
                 continue
             try:
@@ -182,7 +193,38 @@ def follow_peaks(
         if name in following and following[name].node is node:
             following[name].add_source(source, fingerprints)
             continue
-        recorder = PeakRecorder(node, source, peaks, fingerprints, on_error=on_error)
+        local = bool(getattr(source, "pids_are_local", False))
+        recorder = PeakRecorder(
+            node,
+            source,
+            peaks,
+            fingerprints,
+            on_error=on_error,
+            device_bytes=nvml_device_bytes(node) if local else None,
+        )
         recorder.start()
         added.append(recorder)
     return added
+
+
+def nvml_device_bytes(
+    node: NodeScheduler, read: Callable[[], NvmlReading] = read_nvml
+) -> Callable[[], dict[str, dict[str, int]]]:
+    """A reader of what ``node``'s backends hold on each NVIDIA GPU (role -> device id ->
+    bytes, NVML's per-process figure, issue 29) for a node whose backends are processes of
+    this machine; it reads nothing on a node without device pools. ``read``: NVML's
+    reading (a stand-in in tests)."""
+
+    def held() -> dict[str, dict[str, int]]:
+        view = node.snapshot()
+        pools, roles = view.get("pools"), view.get("roles")
+        if not isinstance(pools, dict) or len(pools) <= 1 or not isinstance(roles, dict):
+            return {}
+        pids = {
+            role: info["pid"]
+            for role, info in roles.items()
+            if isinstance(info, dict) and isinstance(info.get("pid"), int)
+        }
+        return held_by_roles(read(), pids)
+
+    return held

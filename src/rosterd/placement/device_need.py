@@ -72,3 +72,23 @@ def devices_for(spec: InferenceSpec, node: Node) -> list[DeviceSpec]:
     if use is DeviceUse.GPU_SHARE:
         return [d for d in node.devices if d.gpu_share]
     return []
+
+
+#: How many times a GPU's memory bandwidth a host's is taken to be, for the slowdown of a
+#: partial offload: generating a token reads every weight once, so it is bound by memory
+#: bandwidth (a 24 GiB GPU reads about 1 TB/s, a desktop's dual-channel DDR5 about 80 to
+#: 100 GB/s: about 10x). LM Studio#2431 measured about 3 tok/s instead of 8 for a model
+#: mostly on the CPU, within this bound.
+GPU_TO_HOST_BANDWIDTH: float = 10.0
+
+
+def partial_slowdown(gpu_layers: int, layers: int) -> float:
+    """How many times slower a role generates with ``gpu_layers`` (llama.cpp's ``-ngl``: the
+    output layer, then that many less one of its ``layers`` repeating layers) on the device
+    than with every layer there: the layers left on the host are read at host memory
+    bandwidth (:data:`GPU_TO_HOST_BANDWIDTH` times slower). An estimate of the bound, not a
+    measurement; 1.0 when every layer is on the device or ``layers`` is not positive."""
+    if layers <= 0:
+        return 1.0
+    on_host = min(max(layers - max(gpu_layers - 1, 0), 0), layers) / layers
+    return (1 - on_host) + on_host * GPU_TO_HOST_BANDWIDTH

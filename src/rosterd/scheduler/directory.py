@@ -82,6 +82,7 @@ def default_node(serving: NodeServing, backends: RoleBackends) -> NodeScheduler:
         serving.specs,
         backends,
         unavailable=serving.unavailable,
+        devices=serving.devices,
     )
 
 
@@ -237,6 +238,7 @@ class NodeDirectory:
                 },
                 memory=serving.memory,
                 concurrency=serving.concurrency,
+                devices=serving.devices,
             )
         drained = sorted(set(self.nodes) - set(nodes))
         for name in drained:

@@ -17,7 +17,7 @@ from typing import Literal
 
 from rosterd.backends.values import Endpoint
 from rosterd.errors import SchedulerError
-from rosterd.scheduler.values import NodeChange, NodeConcurrency, Revocation
+from rosterd.scheduler.values import DevicePool, NodeChange, NodeConcurrency, Revocation
 from rosterd.spec import InferenceSpec
 
 # --------------------------------------------------------------------------- events in
@@ -198,8 +198,10 @@ class Reconfigure:
     ``/status`` shows them (replacing those given before for the same roles).
     ``moved``: role -> the node a retired role moved to; its waiters this node cannot
     serve fail with ``RoleMovedError``, and the caller queues them there. A ``lost``
-    role that retires holds nothing: it is forgotten at once. Answered by one
-    ``Reconfigured``, what changed.
+    role that retires holds nothing: it is forgotten at once. ``devices``: device id ->
+    its pool (capacity, each placed role's bytes there), whole: a load needs room in
+    host RAM and in the device its role is placed on (none: host RAM alone). Answered
+    by one ``Reconfigured``, what changed.
     """
 
     now: float
@@ -210,6 +212,7 @@ class Reconfigure:
     memory: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     restart: frozenset[str] = frozenset()
     moved: Mapping[str, str] = field(default_factory=dict)
+    devices: Mapping[str, DevicePool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,12 +222,16 @@ class MeasuredPeak:
     (shown as the role's ``run_peak_bytes``). When ``peak_bytes`` passes the role's
     counted figure by more than ``MEASURED_OVER_COUNTED`` its count follows the
     measurement at once, as a change of scheduling facts does (the machine evicts other
-    roles if the node no longer fits)."""
+    roles if the node no longer fits). ``device_bytes``: device id -> what the backend
+    holds on that device (NVML's per-process figure); where it passes the bytes counted
+    for the role in that device's pool by the same margin, the pool counts it from then
+    on, with the same warning."""
 
     now: float
     role: str
     peak_bytes: int
     run_peak_bytes: int
+    device_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 Event = (

@@ -44,7 +44,7 @@ import dataclasses
 import math
 
 from rosterd.errors import LoadBackoffError, LoadFailedError
-from rosterd.residency import Wait, decide
+from rosterd.residency import Wait, decide_by_pool
 from rosterd.scheduler.events import (
     BackendChanged,
     LogNote,
@@ -281,7 +281,7 @@ class HealthRules:
             if all(w.no_evict for w in st.waiters):
                 continue  # a warm-up never evicts, nor cancels a load
             state = self.state.node_state(now, ignore_in_flight=False, for_role=role)
-            decision = decide(state, role)
+            decision = decide_by_pool(state, self.state.device_states(state), role)
             if isinstance(decision, Wait) and tr.role in decision.blocking:
                 cause = f"nobody waits for it any more and {role} needs its room"
                 self.state.record("load_cancelled", tr.role, cause)

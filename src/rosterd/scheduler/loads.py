@@ -1,7 +1,8 @@
 """What to load, what to evict, who waits (DESIGN.md layer 6, pure): the node machine's
 load rules, the residency policy's answers under the node's rules.
 
-:class:`LoadRules` asks :func:`rosterd.residency.decide` for each role with waiters
+:class:`LoadRules` asks :func:`rosterd.residency.decide_by_pool` (host RAM and, on a node
+with devices, the device a role is placed on) for each role with waiters
 (interactive first, then by the oldest request) and keeps the rules of issue 5 and
 USERS.md around its answer: no eviction under a request (busy roles drain in arrival
 order, ``hold_since``, and are cut after ``drain_s``); turns (a batch request lets a
@@ -19,7 +20,7 @@ import math
 from collections.abc import Iterable
 
 from rosterd.errors import RoleRefusedError
-from rosterd.residency import AlreadyResident, Load, Refuse, Wait, decide
+from rosterd.residency import AlreadyResident, Load, Refuse, Wait, decide_by_pool
 from rosterd.scheduler.events import FinishUnload, LogNote
 from rosterd.scheduler.health import HealthRules
 from rosterd.scheduler.state import MachineState
@@ -115,7 +116,7 @@ class LoadRules:
             drained = self.state.drained(role, oldest, now)
             warm_up_only = all(w.no_evict for w in st.waiters)
             node = self.state.node_state(now, ignore_in_flight=drained, for_role=role)
-            decision = decide(node, role)
+            decision = decide_by_pool(node, self.state.device_states(node), role)
             if isinstance(decision, AlreadyResident):
                 continue
             if isinstance(decision, Refuse):

@@ -109,6 +109,21 @@ class NodeLoop:
         if metrics is not None:
             metrics.capacity_bytes.labels(node=name).set(machine.capacity_bytes)
             metrics.resident_bytes.labels(node=name).set(0)
+        self._pool_gauges()
+
+    def _pool_gauges(self) -> None:
+        """Each pool's capacity and resident bytes, labelled by ``device`` (``host``: RAM)."""
+        if self._metrics is None:
+            return
+        for device, pool in self._machine.state.pools_view().items():
+            labels = {"node": self.name, "device": device}
+            for gauge, key in (
+                (self._metrics.pool_capacity_bytes, "capacity_bytes"),
+                (self._metrics.pool_resident_bytes, "resident_bytes"),
+            ):
+                figure = pool[key]
+                if isinstance(figure, int):
+                    gauge.labels(**labels).set(figure)
 
     @property
     def capacity_bytes(self) -> int:
@@ -224,6 +239,7 @@ class NodeLoop:
             budget = effect.change.capacity_bytes
             if self._metrics is not None and budget is not None:
                 self._metrics.capacity_bytes.labels(node=self.name).set(budget[1])
+            self._pool_gauges()
         else:
             assert isinstance(effect, FinishShutdown)
             if self._shut_down is not None and not self._shut_down.done():
@@ -364,6 +380,7 @@ class NodeLoop:
                 cause = effect.label or "unload"
                 metrics.evictions.labels(node=node, role=role, cause=cause).inc()
             metrics.resident_bytes.labels(node=node).set(event.resident_bytes)
+            self._pool_gauges()
         for listener in list(self.listeners):
             try:
                 listener(event)

@@ -71,7 +71,13 @@ from rosterd.scheduler.replan import ReplanRules
 from rosterd.scheduler.shutdown import ShutdownRules
 from rosterd.scheduler.state import MachineState, Waiter
 from rosterd.scheduler.transition import Transitions
-from rosterd.scheduler.values import NodeConcurrency, Phase, SchedulerLimits, client_reason
+from rosterd.scheduler.values import (
+    DevicePool,
+    NodeConcurrency,
+    Phase,
+    SchedulerLimits,
+    client_reason,
+)
 from rosterd.spec import InferenceSpec
 
 _SHUTTING_DOWN = "rosterd is shutting down"
@@ -81,7 +87,7 @@ class NodeMachine:
     """The pure scheduler of one node: ``handle(event) -> effects``.
 
     Built as ``NodeMachine(capacity_bytes, specs, limits, concurrency, unavailable=...,
-    memory=...)`` (see ``MachineState``).
+    memory=..., devices=...)`` (see ``MachineState``).
     """
 
     def __init__(
@@ -93,9 +99,16 @@ class NodeMachine:
         *,
         unavailable: Mapping[str, str] | None = None,
         memory: Mapping[str, Mapping[str, object]] | None = None,
+        devices: Mapping[str, DevicePool] | None = None,
     ) -> None:
         state = MachineState(
-            capacity_bytes, specs, limits, concurrency, unavailable=unavailable, memory=memory
+            capacity_bytes,
+            specs,
+            limits,
+            concurrency,
+            unavailable=unavailable,
+            memory=memory,
+            devices=devices,
         )
         self.state = state
         self.grants = GrantRules(state)

@@ -49,7 +49,13 @@ from rosterd.scheduler.events import (
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.loop import NodeLoop
 from rosterd.scheduler.machine import NodeMachine
-from rosterd.scheduler.values import NodeChange, NodeConcurrency, Phase, SchedulerLimits
+from rosterd.scheduler.values import (
+    DevicePool,
+    NodeChange,
+    NodeConcurrency,
+    Phase,
+    SchedulerLimits,
+)
 from rosterd.spec import InferenceSpec
 
 #: A copy's state by its role's phase (``ready`` is decided with its probe, above).
@@ -80,8 +86,9 @@ class NodeScheduler(NodeLoop):
     node agent's: an endpoint then never carries one, even after a restart). ``concurrency``: the
     node-wide limit on generations at once (``None``: only the per-role limit).
     ``memory``: role -> its memory figures (``RoleMemory.as_json``), shown in
-    :meth:`snapshot`. All of the node's state but its backends is handed to its
-    machine, which alone holds it from then on.
+    :meth:`snapshot`. ``devices``: device id -> its pool (none: host RAM alone; a load
+    needs room in every pool its role uses). All of the node's state but its backends is
+    handed to its machine, which alone holds it from then on.
     """
 
     #: How long :meth:`measured_bytes` waits for the backends to answer, seconds.
@@ -104,10 +111,17 @@ class NodeScheduler(NodeLoop):
         pids_are_local: bool = True,
         concurrency: NodeConcurrency | None = None,
         memory: Mapping[str, Mapping[str, object]] | None = None,
+        devices: Mapping[str, DevicePool] | None = None,
     ) -> None:
         limits = limits or SchedulerLimits()
         machine = NodeMachine(
-            capacity_bytes, specs, limits, concurrency, unavailable=unavailable, memory=memory
+            capacity_bytes,
+            specs,
+            limits,
+            concurrency,
+            unavailable=unavailable,
+            memory=memory,
+            devices=devices,
         )
         super().__init__(
             name,
@@ -248,12 +262,22 @@ class NodeScheduler(NodeLoop):
         placed = self.specs
         return {role: rss for role, rss in measured.items() if role in placed}
 
-    def measured_peak(self, role: str, peak_bytes: int, run_peak_bytes: int) -> None:
+    def measured_peak(
+        self,
+        role: str,
+        peak_bytes: int,
+        run_peak_bytes: int,
+        device_bytes: Mapping[str, int] | None = None,
+    ) -> None:
         """Tell the node what ``role``'s backend was measured holding (any task):
         ``peak_bytes`` its run's peak RSS, ``run_peak_bytes`` the largest of this ``up``
-        under the same settings (shown in :meth:`snapshot`). The machine decides whether
-        the role's count follows it (``MeasuredPeak``)."""
-        self._post(MeasuredPeak(self._clock(), role, peak_bytes, run_peak_bytes))
+        under the same settings (shown in :meth:`snapshot`), ``device_bytes`` device id ->
+        what it holds there (NVML, per process). The machine decides whether the role's
+        count follows it (``MeasuredPeak``)."""
+        measured = MeasuredPeak(
+            self._clock(), role, peak_bytes, run_peak_bytes, dict(device_bytes or {})
+        )
+        self._post(measured)
 
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
@@ -284,6 +308,7 @@ class NodeScheduler(NodeLoop):
         moved: Mapping[str, str] | None = None,
         memory: Mapping[str, Mapping[str, object]] | None = None,
         concurrency: NodeConcurrency | None = None,
+        devices: Mapping[str, DevicePool] | None = None,
     ) -> NodeChange:
         """Serve ``specs`` within ``capacity_bytes`` from now on (a re-plan); what changes.
 
@@ -299,7 +324,8 @@ class NodeScheduler(NodeLoop):
         there). ``unavailable``: role -> why it cannot be served (its requests fail at
         once). ``memory``: role -> its memory figures for :meth:`snapshot` (replacing
         those given before for the same roles). ``concurrency``: the node-wide limit
-        from now on (``None``: the one in force stays).
+        from now on (``None``: the one in force stays). ``devices``: device id -> its
+        pool, whole (none: host RAM is the only pool).
 
         Synchronous, and the loop takes the event at once, after what its inbox holds
         (``NodeLoop._take_now``): every request after this call, and every read of
@@ -319,6 +345,7 @@ class NodeScheduler(NodeLoop):
             {role: dict(figures) for role, figures in (memory or {}).items()},
             frozenset(restart),
             dict(moved or {}),
+            dict(devices or {}),
         )
         answers = [e.change for e in self._take_now(event) if isinstance(e, Reconfigured)]
         return answers[0] if answers else NodeChange()  # none: the step failed, and said so
@@ -367,8 +394,9 @@ class NodeScheduler(NodeLoop):
         re-plan removed the role and it drains before it stops; ``memory``: the
         role's figures, or ``None``; ``kv``: what is kept of its KV cache across stops
         (``KeptKvSource.kept_kv``), or ``None``); per node also ``running`` (requests
-        its backends run now) and ``max_concurrency`` (the node-wide limit now, or
-        ``None``).
+        its backends run now), ``max_concurrency`` (the node-wide limit now, or
+        ``None``) and ``pools`` (``MachineState.pools_view``: host RAM and each device,
+        declared, probed and counted).
         """
         now = self._clock()
         backends = self._backends
@@ -386,4 +414,5 @@ class NodeScheduler(NodeLoop):
             "roles": roles,
             "running": self._machine.node_running(),
             "max_concurrency": self._machine.node_limit(),
+            "pools": self._machine.state.pools_view(),
         }

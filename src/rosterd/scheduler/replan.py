@@ -133,6 +133,9 @@ class ReplanRules:
             self.state.out.append(LogNote("info", f"capacity is now {gib(ev.capacity_bytes)}"))
         if ev.concurrency is not None:
             self.state.concurrency = ev.concurrency
+        if dict(ev.devices) != self.state.devices:
+            # Level-based as the rest: the pools in force from now on; a load asks each.
+            self.state.devices = dict(ev.devices)
         retired = sorted(set(placed) - set(ev.specs))
         added = sorted(set(ev.specs) - set(placed))
         restarted: list[str] = []
@@ -180,6 +183,7 @@ class ReplanRules:
         st = self.state.roles.get(ev.role)
         if st is None:
             return
+        self._measured_on_devices(ev)
         if st.memory is not None:
             st.memory["run_peak_bytes"] = ev.run_peak_bytes
         spec = st.next_spec or st.spec
@@ -205,6 +209,28 @@ class ReplanRules:
                 )
             )
         self._on_replace_spec(grown, False, now)
+
+    def _measured_on_devices(self, ev: MeasuredPeak) -> None:
+        """Per device ``ev`` measured: the pool counts what the role holds there from now
+        on when it passes the bytes counted by more than ``MEASURED_OVER_COUNTED`` (the
+        host's rule, per pool; issue 29). Said once per role and device; the next load
+        that needs room there evicts to fit."""
+        for device, held in sorted(ev.device_bytes.items()):
+            pool = self.state.devices.get(device)
+            counted = pool.bytes_by_role.get(ev.role) if pool is not None else None
+            if pool is None or counted is None or held <= counted * MEASURED_OVER_COUNTED:
+                continue
+            grown = {**pool.bytes_by_role, ev.role: held}
+            self.state.devices[device] = dataclasses.replace(pool, bytes_by_role=grown)
+            self.state.out.append(
+                LogNote(
+                    "warning",
+                    f"role {ev.role} holds {held / 2**20:.0f} MiB on device {device}, "
+                    f"{(held / max(counted, 1) - 1) * 100:.0f}% more than the "
+                    f"{counted / 2**20:.0f} MiB counted for it there; counting what it holds "
+                    "from now on",
+                )
+            )
 
     def _on_retire(self, role: str, moved_to: str | None, now: float) -> None:
         st = self.state.roles.get(role)

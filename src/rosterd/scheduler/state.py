@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rosterd.backends.values import Endpoint
 from rosterd.errors import SchedulerError
@@ -23,13 +23,14 @@ from rosterd.residency import NodeState, excludes_each_other
 from rosterd.scheduler.events import Effect, FailWaiter, RecordEvent, UpdateGauges
 from rosterd.scheduler.values import (
     HOLDS_MEMORY,
+    DevicePool,
     NodeConcurrency,
     Phase,
     Revocation,
     SchedulerLimits,
     client_reason,
 )
-from rosterd.spec import InferenceSpec
+from rosterd.spec import InferenceSpec, MemorySpec
 
 
 @dataclass(eq=False)
@@ -95,8 +96,9 @@ class MachineState:
     ``capacity_bytes``: the node's budget; ``specs``: the roles placed on it;
     ``limits``: the knobs; ``concurrency``: the node-wide limit on generations at
     once (``None``: none beyond the per-role limit); ``unavailable``: role -> why it
-    cannot be served; ``memory``: role -> its figures as ``/status`` shows them. Roles
-    are kept sorted by id (ties break by id).
+    cannot be served; ``memory``: role -> its figures as ``/status`` shows them;
+    ``devices``: device id -> its :class:`DevicePool` (none: host RAM is the only pool, as
+    on a node without devices). Roles are kept sorted by id (ties break by id).
     """
 
     def __init__(
@@ -108,8 +110,10 @@ class MachineState:
         *,
         unavailable: Mapping[str, str] | None = None,
         memory: Mapping[str, Mapping[str, object]] | None = None,
+        devices: Mapping[str, DevicePool] | None = None,
     ) -> None:
         self.capacity_bytes = capacity_bytes
+        self.devices = dict(devices or {})
         self.specs = dict(specs)
         self.limits = limits
         self.concurrency = concurrency
@@ -335,6 +339,51 @@ class MachineState:
             recency=recency,
             recently_loaded=recent,
         )
+
+    def device_states(self, host: NodeState) -> dict[str, NodeState]:
+        """Device id -> the residency question for that device, beside ``host`` (this
+        node's :meth:`node_state`): the roles placed on the device, each with ``memory``
+        set to what it holds there, and those of them resident, busy or recent as on the
+        host (``rosterd.residency.decide_by_pool``). Empty on a node without devices."""
+        states: dict[str, NodeState] = {}
+        for device, pool in sorted(self.devices.items()):
+            specs = {
+                role: replace(self.specs[role], memory=MemorySpec(weights_bytes=held))
+                for role, held in pool.bytes_by_role.items()
+                if role in self.specs
+            }
+            resident = host.resident & specs.keys()
+            states[device] = NodeState(
+                capacity_bytes=pool.capacity_bytes,
+                specs=specs,
+                resident=frozenset(resident),
+                in_flight={r: n for r, n in host.in_flight.items() if r in resident},
+                recency=tuple(r for r in host.recency if r in resident),
+                recently_loaded=host.recently_loaded & resident,
+            )
+        return states
+
+    def pools_view(self) -> dict[str, dict[str, object]]:
+        """Each pool of the node as ``/status`` and ``rosterd ps`` show it: ``host`` (its
+        ``capacity_bytes`` and ``resident_bytes``, as the node's own figures) and, per
+        device, ``declared_bytes``, ``probed_total_bytes`` and ``source`` (where its figure
+        comes from), ``capacity_bytes`` (what rosterd counts against there),
+        ``resident_bytes`` (the resident roles' bytes there) and ``roles`` (role -> its
+        bytes there), every figure in bytes. A node without devices has ``host`` alone."""
+        resident = set(self.resident())
+        view: dict[str, dict[str, object]] = {
+            "host": {"capacity_bytes": self.capacity_bytes, "resident_bytes": self.resident_bytes()}
+        }
+        for device, pool in sorted(self.devices.items()):
+            view[device] = {
+                "declared_bytes": pool.declared_bytes,
+                "probed_total_bytes": pool.probed_total_bytes,
+                "source": pool.source,
+                "capacity_bytes": pool.capacity_bytes,
+                "resident_bytes": sum(b for r, b in pool.bytes_by_role.items() if r in resident),
+                "roles": dict(sorted(pool.bytes_by_role.items())),
+            }
+        return view
 
     def revocation(self, role: str, label: str, for_role: str | None) -> Revocation:
         """What a client whose request to ``role`` is cut by this stop is told."""

@@ -217,3 +217,22 @@ class NodeChange:
             "updated": list(self.updated),
             "capacity_bytes": list(self.capacity_bytes) if self.capacity_bytes else None,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePool:
+    """One device's memory on a node as the node machine holds roles to it (issue 29: a
+    GPU's memory is a budget of its own): ``capacity_bytes`` (what rosterd may count
+    there: declared or probed, less the reserve and what other processes hold) and
+    ``bytes_by_role`` (role -> the bytes it holds on the device when resident: the plan's
+    ``DeviceChoice.device_bytes``). A role not in ``bytes_by_role`` uses no room there.
+    For display only (``/status``'s ``pools``): ``declared_bytes`` (the fleet file's
+    figure; ``None``: not declared), ``probed_total_bytes`` (what a probe listed;
+    ``None``: no probe saw it) and ``source`` (``declared``, ``declared, probed``,
+    ``probed``)."""
+
+    capacity_bytes: int
+    bytes_by_role: Mapping[str, int] = field(default_factory=dict)
+    declared_bytes: int | None = None
+    probed_total_bytes: int | None = None
+    source: str = "declared"

@@ -52,6 +52,7 @@ from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeConcurrency
 from rosterd.supervisor import BackendEvent
 from rosterd.up.config import serving_facts
+from rosterd.up.devices import RunDevices
 from rosterd.up.options import UpOptions
 from rosterd.up.report import Reporter, backend_event_text, plan_table
 
@@ -144,6 +145,7 @@ class UpFleetEffects:
         self._applying: dict[str, NodeBackends] = {}  # each node's backends, as a plan is applied
         self._serving = False
         self._warm_later: list[str] = []
+        self.devices = RunDevices()  # the nodes' pools, found at the first plan
 
     # ---- backends events --------------------------------------------------------------
 
@@ -184,25 +186,37 @@ class UpFleetEffects:
             concurrency=serving.concurrency
             or NodeConcurrency(node.max_concurrency if node is not None else None, {}),
             memory=serving.memory,
+            devices=serving.devices,
         )
 
     # ---- the effects ------------------------------------------------------------------
 
     async def solve(self, effect: Solve) -> tuple[Plan, Plan]:
         """The plans of ``effect``, the solver run off the loop (up to its time limit)."""
-        fleet = effect.fleet
+        for warning in await asyncio.to_thread(self.devices.find_pools, effect.fleet):
+            self.reporter.say(Level.WARNING, warning)
+        fleet = self.devices.counted(effect.fleet)
         running = dataclasses.replace(
             fleet, nodes=tuple(n for n in fleet.nodes if n.name in effect.running)
         )
         notes = dict(effect.memory_notes)
+        needs = (
+            self.devices.needs(effect.config.memory, fleet, effect.specs) if effect.config else None
+        )
         try:
             served = await asyncio.to_thread(
-                plan, effect.specs, running, effect.previous, memory_notes=notes
+                plan, effect.specs, running, effect.previous, memory_notes=notes, device_needs=needs
             )
+            served = self.devices.place(effect.specs, running, served, needs)
             full = served
             if effect.whole and len(running.nodes) < len(fleet.nodes):
                 full = await asyncio.to_thread(
-                    plan, effect.specs, fleet, effect.previous, memory_notes=notes
+                    plan,
+                    effect.specs,
+                    fleet,
+                    effect.previous,
+                    memory_notes=notes,
+                    device_needs=needs,
                 )
         finally:
             self.after_plan()
@@ -287,9 +301,13 @@ class UpFleetEffects:
         self._taught = {}
         if self._taught_config is not None:
             self._config = self._taught_config
-        self._applying = {n: self._backends_of(n, s.run) for n, s in effect.nodes.items()}
+        nodes = {n: self.devices.serving(s) for n, s in effect.nodes.items()}
+        for name, serving in nodes.items():
+            if serving.run is NodeRun.LOCAL and name in self._local:
+                self._local[name].pins = self.devices.pins(serving)
+        self._applying = {n: self._backends_of(n, s.run) for n, s in nodes.items()}
         change = self.scheduler.apply_plan(
-            effect.nodes, self._applying, restart=effect.restart, replace=effect.replace
+            nodes, self._applying, restart=effect.restart, replace=effect.replace
         )
         self._follow_peaks()
         return dict(change.as_json())

@@ -1,0 +1,151 @@
+"""The devices of one ``rosterd up`` run (DESIGN.md layer 8; issue 29: a GPU's memory is a
+budget of its own, planned, pinned and held at run time).
+
+:class:`RunDevices` finds the pools of this machine's nodes once, at the run's first plan
+(``llama-server --list-devices`` and NVML, :func:`rosterd.devices.probe.probe_pools`)
+where the fleet declares a device on this machine or NVML finds a GPU,
+merges them with the fleet's declared ``devices:`` (a declared device that no probe sees is
+used as declared, with one warning) and keeps them for the run. Each plan then places the
+roles that use a device on one (:func:`rosterd.placement.devices.place_on_devices`); what
+it decided reaches the node machines as their device pools (``DevicePool``: a load needs
+room in every pool its role uses) and the launches as their pins (``--device``, ``-ngl``,
+``--fit off`` where the build lists it). Nodes of other machines (a node agent's) are
+planned from their declared devices alone. A fleet with no devices on a machine with none
+has the host pool alone: every plan, load and launch is as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from rosterd.adapters.llamacpp import find_llama_server, pinned_args
+from rosterd.devices.nvml import read_nvml
+from rosterd.devices.pools import NodePools, node_pools, with_counted_devices
+from rosterd.devices.probe import probe_pools, server_lists_fit
+from rosterd.errors import AdapterError
+from rosterd.flavors import DeviceUse
+from rosterd.fleet import Fleet
+from rosterd.fleet.addresses import is_this_machine
+from rosterd.fleet_scheduler.values import MemoryFigures, NodeServing
+from rosterd.memory.by_pool import device_needs
+from rosterd.memory.gathering import RosterMemory
+from rosterd.placement import Plan
+from rosterd.placement.device_need import DeviceNeed
+from rosterd.placement.devices import DevicePlan, place_on_devices
+from rosterd.scheduler.values import DevicePool
+from rosterd.spec import InferenceSpec
+
+
+class RunDevices:
+    """The pools of a run's nodes, found once, and the device plan of the latest solve.
+
+    ``pools``: node -> its :class:`NodePools` (``None`` until :meth:`find_pools` ran);
+    ``plan``: the latest :class:`DevicePlan` (``None``: no node has a device);
+    ``fit_flag``: whether this machine's llama-server lists ``--fit``.
+    """
+
+    def __init__(self) -> None:
+        self.pools: dict[str, NodePools] | None = None
+        self.plan: DevicePlan | None = None
+        self.fit_flag = False
+
+    def find_pools(self, fleet: Fleet) -> tuple[str, ...]:
+        """Find each node's pools, once per run (blocking: run it off the event loop): this
+        machine's nodes by probe, the others from the fleet file alone. Returns what a
+        person should read: one warning per declared device no probe saw, and why a probe
+        could not run where devices are declared."""
+        if self.pools is not None:
+            return ()
+        here = [n for n in fleet.nodes if is_this_machine(n.address)]
+        if not any(n.devices for n in here) and not read_nvml().devices:
+            # Nothing declared here and no NVIDIA GPU: host RAM alone, as always, without
+            # running llama-server before the run has even bound its port.
+            self.pools = {n.name: node_pools(n, probed=False) for n in fleet.nodes}
+            return ()
+        binary = None
+        with contextlib.suppress(AdapterError):  # no llama.cpp here: NVML, the fleet file
+            binary = find_llama_server()
+        said: list[str] = []
+        pools: dict[str, NodePools] = {}
+        for node in fleet.nodes:
+            if node not in here:
+                pools[node.name] = node_pools(node, probed=False)
+                continue
+            found, notes = probe_pools(node, binary)
+            pools[node.name] = found
+            said.extend(found.warnings)
+            if node.devices:
+                said.extend(notes)
+        if binary is not None and any(p.devices() for p in pools.values()):
+            self.fit_flag = server_lists_fit(binary)
+        self.pools = pools
+        return tuple(dict.fromkeys(said))
+
+    def counted(self, fleet: Fleet) -> Fleet:
+        """``fleet`` with each node's devices as counted (:func:`with_counted_devices`)."""
+        pools = self.pools or {}
+        return dataclasses.replace(
+            fleet,
+            nodes=tuple(
+                with_counted_devices(n, pools[n.name]) if n.name in pools else n
+                for n in fleet.nodes
+            ),
+        )
+
+    def needs(
+        self, memory: MemoryFigures, fleet: Fleet, specs: Sequence[InferenceSpec]
+    ) -> dict[str, DeviceNeed] | None:
+        """Role -> what it needs on a device, when ``fleet`` has devices (``None``: none)."""
+        if not any(n.devices for n in fleet.nodes) or not isinstance(memory, RosterMemory):
+            return None
+        return device_needs(memory, fleet, {s.role: s.model for s in specs})
+
+    def place(
+        self,
+        specs: Sequence[InferenceSpec],
+        fleet: Fleet,
+        node_plan: Plan,
+        needs: Mapping[str, DeviceNeed] | None,
+    ) -> Plan:
+        """Place the roles that use a device on one (``fleet`` as :meth:`counted`); the plan
+        less the roles no device could take, and the device plan kept for :meth:`serving`."""
+        if needs is None:
+            self.plan = None
+            return node_plan
+        self.plan = place_on_devices(specs, fleet, node_plan, needs, self.plan)
+        return self.plan.plan
+
+    def serving(self, serving: NodeServing) -> NodeServing:
+        """``serving`` with its node's device pools, as the latest plan placed its roles."""
+        pools = self.plan.pools.get(serving.name) if self.plan is not None else None
+        if not pools:
+            return serving
+        found = {p.id: p for p in (self.pools or {}).get(serving.name, NodePools(())).pools}
+        devices = {}
+        for device, pool in pools.items():
+            seen = found.get(device)
+            devices[device] = DevicePool(
+                pool.capacity_bytes,
+                {r: b for r, b in pool.bytes_by_role.items() if r in serving.specs},
+                declared_bytes=seen.declared_bytes if seen is not None else None,
+                probed_total_bytes=seen.probed_total_bytes if seen is not None else None,
+                source=seen.source if seen is not None else "declared",
+            )
+        return dataclasses.replace(serving, devices=devices)
+
+    def pins(self, serving: NodeServing) -> dict[str, tuple[str, ...]]:
+        """Role -> its pinned llama-server flags on ``serving``'s node (none without devices):
+        its device and offload (``--device CUDA0 -ngl 999``; ``--device none -ngl 0``: the
+        CPU alone on a node with devices) and ``--fit off`` where the build lists it."""
+        if self.plan is None or serving.name not in self.plan.pools:
+            return {}
+        pins: dict[str, tuple[str, ...]] = {}
+        for role, spec in serving.specs.items():
+            if spec.flavor.facts.devices is not DeviceUse.ANY_DEVICE:
+                continue  # a Mac's GPU share (mlx_lm) or none: nothing to pin
+            choice = self.plan.device_of(role, serving.name)
+            if choice is not None:
+                pins[role] = pinned_args(choice.device, choice.gpu_layers, fit_flag=self.fit_flag)
+        return pins

@@ -1,0 +1,133 @@
+"""``rosterd up`` on a fleet declaring a small GPU (issue 29: a GPU's memory is a budget of
+its own): two llama.cpp roles that each need most of the device swap on it, one resident at
+a time, though host RAM holds both; each is launched pinned (``--device CUDA0 -ngl 999
+--fit off``); ``/status``, ``/metrics`` and ``rosterd ps`` show the device's pool.
+
+This machine has no GPU: the device is declared, so ``up`` warns once that no probe sees
+it. The ``llama-server`` that ``up`` runs is a wrapper standing in for a CUDA build: it
+logs the argv rosterd built and runs the real llama-server with ``--device none`` (a
+CPU-only build refuses a device it does not list), so the test checks rosterd's argv and
+residency, not llama-server's behaviour on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support.up import MODELS, prepare_example_models, rosterd_argv, start_up, write_roster
+
+GIB = 2**30
+
+pytestmark = pytest.mark.slow
+
+
+def cuda_stand_in(tmp: Path, real: Path, argv_log: Path) -> Path:
+    """A ``llama-server`` that logs its argv to ``argv_log`` and runs ``real`` with the
+    pinned device replaced by ``none`` (it stands in for a CUDA build this machine lacks)."""
+    script = tmp / "llama-server"
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f"printf '%s\\n' \"$*\" >> '{argv_log}'\n"
+        'args=("$@")\n'
+        'for i in "${!args[@]}"; do\n'
+        '  if [ "${args[$i]}" = "--device" ]; then args[$((i+1))]=none; fi\n'
+        "done\n"
+        f"exec '{real}' \"${{args[@]}}\"\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def entry(role: str, name: str) -> dict[str, object]:
+    return {
+        "id": role,
+        "role": "test",
+        "name": name,
+        "repo": f"local/{name}",
+        "ram_gb": 0.1,
+        "backend": "llama.cpp",
+        "status": "live",
+    }
+
+
+def ask(url: str, model: str) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    answer = httpx.post(url + "/v1/chat/completions", json=body, timeout=120, trust_env=False)
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_second_role_on_a_full_gpu_evicts_the_first_and_both_run_pinned(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    prepare_example_models()
+    argv_log = tmp_path / "argv.log"
+    binary = cuda_stand_in(tmp_path, llama_server_binary, argv_log)
+    roster = write_roster(tmp_path / "roster.yaml", [entry("x", "tiny-a"), entry("y", "tiny-b")])
+    node = {
+        "name": "box",
+        "memory_gb": 4,
+        "reserved_gb": 1,
+        "platform": "linux-x86_64",
+        "address": "127.0.0.1",
+        "devices": [{"id": "CUDA0", "memory_gb": 0.8}],
+    }
+    models = {
+        "tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1},
+        "tiny-b": {"path": str(MODELS / "tiny-b.gguf"), "ctx_size": 256, "parallel": 1},
+    }
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(json.dumps({"nodes": [node], "models": models, "model_roots": [str(MODELS)]}))
+    up = start_up(
+        [str(roster), "--fleet", str(fleet), "--min-busy-residency", "0"],
+        tmp_path,
+        free_port,
+        env={"ROSTERD_LLAMA_SERVER": str(binary)},
+    )
+    try:
+        ask(up.url, "tiny-a")
+        ask(up.url, "tiny-b")
+        status = up.get("/status")
+        roles = status["nodes"]["box"]["roles"]
+        resident = sorted(r for r, info in roles.items() if info["phase"] != "stopped")
+        events = up.get("/rosterd/events")["events"]
+        metrics = httpx.get(up.url + "/metrics", timeout=30, trust_env=False).text
+        ps = subprocess.run(
+            [*rosterd_argv(), "ps", "--url", up.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, NO_COLOR="1", COLUMNS="200"),
+            check=True,
+        ).stdout
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    assert resident == ["y"], json.dumps(status)
+    gpu = status["nodes"]["box"]["pools"]["CUDA0"]
+    assert gpu["declared_bytes"] == gpu["capacity_bytes"] == int(0.8 * GIB)
+    assert gpu["probed_total_bytes"] is None  # declared: no probe sees it here
+    assert sorted(gpu["roles"]) == ["x", "y"]
+    assert gpu["resident_bytes"] == gpu["roles"]["y"]
+    gauges = dict(
+        line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("rosterd_pool_")
+    )
+    cuda = 'rosterd_pool_capacity_bytes{device="CUDA0",node="box"}'
+    assert float(gauges[cuda]) == gpu["capacity_bytes"], gauges
+    assert 'rosterd_pool_resident_bytes{device="host",node="box"}' in gauges
+    assert "CUDA0: " in ps, ps
+    assert "declared 0.80 GiB; no probe sees it" in ps, ps
+    stopped = [e for e in events if e.get("kind") == "stopped" and e.get("role") == "x"]
+    assert stopped, events
+    warning = "device CUDA0 is declared in the fleet file but no probe sees it"
+    assert up.output().count(warning) == 1, up.output()
+    launches = [line for line in argv_log.read_text().splitlines() if " -m " in f" {line}"]
+    assert len(launches) == 2, launches
+    for line in launches:
+        assert "--device CUDA0 -ngl 999 --fit off" in line, line
