@@ -271,6 +271,7 @@ class KvKeeper:
             remove(record_path(folder, slot))
             remove(file_path)
             self._kept[role].pop(slot, None)
+            self._saved.discard(role)  # running, its stop saves what it holds again
             total -= size
             self._totals(role).pruned_bytes += size
             removed.append(f"{role}/{file_path.name}")
