@@ -18,8 +18,8 @@ declares :class:`rosterd.adapters.base.SlotKeeping`; :class:`KvKeeper` does the 
 - **when**: while the role is idle (:meth:`KvKeeper.save_idle`: the node machine's
   ``SaveKv``, ``kv_idle_save_s`` after its last request, no lease granted meanwhile),
   so that its stop finds the slots saved and only stops the process; in the stop
-  (:meth:`KvKeeper.stopping`) only when a request was granted since
-  (:meth:`KvKeeper.changing`), or nothing was saved yet. One role's saves run one at a
+  (:meth:`KvKeeper.stopping`) when no idle save came since the start, or a request was
+  granted after it (:meth:`KvKeeper.changing`). One role's saves run one at a
   time (a stop waits for an idle save under way).
 - **restore**: before the role's first request (the start returns after it), into the
   same slot ids; a record that does not match is refused with one line naming the
@@ -126,8 +126,7 @@ class KvKeeper:
     _running: dict[str, _Running] = field(default_factory=dict)
     #: Role -> slot -> its record: what is kept now, as the files said when last read.
     _kept: dict[str, dict[int, KvRecord]] = field(default_factory=dict)
-    #: Roles whose slots hold what their files hold (restored, or saved while idle, and
-    #: no request granted since): their stop saves nothing.
+    #: Roles saved while idle with no request granted since: their stop saves nothing.
     _saved: set[str] = field(default_factory=set)
     #: Role -> the lock its saves take: an idle save and a stop never write at once.
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -196,7 +195,10 @@ class KvKeeper:
         # Only now: a stop during the restore (a shutdown) saves nothing half-restored,
         # and the files it restores from stay for the next start.
         self._running[role] = _Running(keeping, base_url, identity, slots)
-        self._saved.add(role)  # its slots hold what was kept (or nothing): none to save
+        # A new run: its stop saves, unless an idle save comes first. Backends whose grants
+        # never reach this keeper (a node agent's, over Ray) get no idle save either, so
+        # their stops always save.
+        self._saved.discard(role)
         self.last_restore[role] = result
         return result
 
