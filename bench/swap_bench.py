@@ -1,25 +1,29 @@
 """What a swap and a wedge cost: rosterd against llama.cpp's own router mode, in one run.
 
-    .venv/bin/python bench/swap_bench.py [--rounds N] [--models 2|3] [--no-wedge]
+    .venv/bin/python bench/swap_bench.py [--rounds N] [--models 2|3] [--idle S] [--no-wedge]
         [--llama-wedge-wait S]
 
 In one run it writes three tiny random GGUFs into one folder and starts, side by
 side on the same files:
 
-- ``rosterd up`` with its default flags on a one-node fleet whose budget holds
-  one of the three roles at a time (so every request for another role forces a
-  swap: stop the resident backend, start the asked one);
+- ``rosterd up`` with its default flags (the KV cache kept) on a one-node fleet whose
+  budget holds one of the three roles at a time (so every request for another role
+  forces a swap: stop the resident backend, start the asked one);
+- the same with ``keep_kv: false`` on every model (nothing saved, nothing restored);
 - ``llama-server --models-dir D --models-max 1`` (llama.cpp's router mode: one
   child llama-server per model, at most one loaded; a request's ``model``, the
   file's name, picks it).
 
 **Swap**: requests alternate over the first ``--models`` models (default 2: x, y,
 x, y, ..., one person switching between a chat model and a coder), one token
-each, alternating between the two servers, for ``--rounds`` rotations. Two roles
+each, alternating between the three servers, for ``--rounds`` rotations (default 4:
+8 swaps), with ``--idle`` seconds (default 2) after each step, so the roles are idle
+when they are evicted (past the 1.5 s after which rosterd saves an idle role's KV:
+the swap finds it saved and only stops it). Two roles
 evicting each other back and forth is what ``--min-busy-residency`` holds
 only while the role has work: an idle role yields at once. Each request's time
 is the swap as a client sees it (stop, load, first answer); medians and ranges
-are printed.
+are printed, and each rosterd's median over the router's.
 
 **Wedge**: a second ``rosterd up`` with short liveness flags
 (``--probe-interval 1 --probe-timeout 1 --first-byte-timeout 2``) serves one
@@ -90,10 +94,17 @@ def rosterd_argv() -> list[str]:
 
 
 def start_rosterd(
-    work: Path, name: str, roles: tuple[str, ...], capacity_gb: float, flags: list[str]
+    work: Path,
+    name: str,
+    roles: tuple[str, ...],
+    capacity_gb: float,
+    flags: list[str],
+    *,
+    keep_kv: bool = True,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``rosterd up`` serving ``roles`` (0.5 GiB each, one file each) on a node of
-    ``capacity_gb``; its process and URL once ``/health`` answers."""
+    ``capacity_gb`` (``keep_kv``: the fleet's ``keep_kv`` of every model); its process and
+    URL once ``/health`` answers."""
     folder = work / name
     folder.mkdir()
     roster = {
@@ -121,7 +132,10 @@ def start_rosterd(
                 "address": "127.0.0.1",
             }
         ],
-        "models": {r: {"path": str(work / "models" / f"{r}.gguf"), "ctx_size": 256} for r in roles},
+        "models": {
+            r: {"path": str(work / "models" / f"{r}.gguf"), "ctx_size": 256, "keep_kv": keep_kv}
+            for r in roles
+        },
         "model_roots": [str(work / "models")],
     }
     (folder / "roster.yaml").write_text(json.dumps(roster))
@@ -194,29 +208,39 @@ def summary(label: str, seconds: list[float]) -> str:
     )
 
 
+KEPT = "rosterd (KV kept)"
+NOT_KEPT = "rosterd (keep_kv: false)"
+ROUTER = "llama.cpp router"
+
+
 def swap_round_trip(args: argparse.Namespace, work: Path) -> dict[str, list[float]]:
     models = MODELS[: args.models]
-    rosterd, rosterd_url = start_rosterd(work, "swap", models, 0.6, [])  # default flags
+    kept, kept_url = start_rosterd(work, "swap", models, 0.6, [])  # default flags
+    not_kept, not_kept_url = start_rosterd(work, "swap-no-kv", models, 0.6, [], keep_kv=False)
     router, router_url = start_llama_router(work)
-    times: dict[str, list[float]] = {"rosterd": [], "llama.cpp router": []}
+    times: dict[str, list[float]] = {KEPT: [], NOT_KEPT: [], ROUTER: []}
     try:
         with httpx.Client(timeout=120, trust_env=False) as client:
             ids = llama_model_ids(client, router_url)
-            complete(client, rosterd_url, MODELS[0])  # both start with x resident
-            complete(client, router_url, ids[MODELS[0]])
+            own = {m: m for m in models}
+            urls = {KEPT: (kept_url, own), NOT_KEPT: (not_kept_url, own), ROUTER: (router_url, ids)}
+            for url, names in urls.values():  # each starts with x resident
+                complete(client, url, names[MODELS[0]])
+            time.sleep(args.idle)
             for _ in range(args.rounds):
                 for model in (*models[1:], models[0]):
-                    times["rosterd"].append(complete(client, rosterd_url, model))
-                    times["llama.cpp router"].append(complete(client, router_url, ids[model]))
+                    for label, (url, names) in urls.items():
+                        times[label].append(complete(client, url, names[model]))
                     if args.verbose:
-                        print(
-                            f"  {model}: rosterd {times['rosterd'][-1] * 1000:.0f} ms, "
-                            f"llama.cpp {times['llama.cpp router'][-1] * 1000:.0f} ms"
-                        )
+                        said = ", ".join(f"{k} {v[-1] * 1000:.0f} ms" for k, v in times.items())
+                        print(f"  {model}: {said}")
+                    time.sleep(args.idle)
     finally:
-        rosterd.send_signal(signal.SIGINT)
+        for proc in (kept, not_kept):
+            proc.send_signal(signal.SIGINT)
         router.terminate()
-        rosterd.wait(60)
+        for proc in (kept, not_kept):
+            proc.wait(60)
         router.wait(30)
     return times
 
@@ -276,9 +300,12 @@ def llama_router_wedge(work: Path, give_up_s: float) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="rotations over the models")
+    parser.add_argument("--rounds", type=int, default=4, help="rotations over the models")
     parser.add_argument(
         "--models", type=int, choices=(2, 3), default=2, help="how many models to alternate"
+    )
+    parser.add_argument(
+        "--idle", type=float, default=2.0, help="seconds idle after each step of the swap"
     )
     parser.add_argument("--no-wedge", action="store_true", help="measure only the swap")
     parser.add_argument(
@@ -295,8 +322,10 @@ def main() -> int:
         print("request that forces a swap of two idle roles (stop + load + 1 token):")
         for label, seconds in times.items():
             print("  " + summary(label, seconds))
-        ratio = statistics.median(times["rosterd"]) / statistics.median(times["llama.cpp router"])
-        print(f"  rosterd / llama.cpp router (medians): {ratio:.2f}x")
+        router = statistics.median(times[ROUTER])
+        for label in (KEPT, NOT_KEPT):
+            ratio = statistics.median(times[label]) / router
+            print(f"  {label} / {ROUTER} (medians): {ratio:.2f}x")
         if args.no_wedge:
             return 0
         wedge = rosterd_wedge(work)

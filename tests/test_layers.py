@@ -104,6 +104,7 @@ _PURE_STATE_MACHINE = (
     "rosterd.scheduler.health",
     "rosterd.scheduler.transition",
     "rosterd.scheduler.loads",
+    "rosterd.scheduler.kv_saves",
     "rosterd.scheduler.shutdown",
     "rosterd.scheduler.values",
     "rosterd.backends.interface",

@@ -1,10 +1,11 @@
 """The kept KV files themselves (issue 20): a save whose record no longer matches the run
-is refused with one line naming the difference and removed, and the disk budget prunes
-the least recently used first.
+is refused with one line naming the difference and removed, a slot saved while idle is
+not written again by the stop (issue 31), and the disk budget prunes the least recently
+used first.
 
-The mismatch runs a real llama-server on the tiny GGUF through the local backends (the
-same ``SupervisorBackends`` ``rosterd up`` uses); the budget needs no server: it reads
-only the records.
+The mismatch and the idle save run a real llama-server on the tiny GGUF through the local
+backends (the same ``SupervisorBackends`` ``rosterd up`` uses); the budget needs no
+server: it reads only the records.
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from rosterd.backends.local import SupervisorBackends
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import Supervisor
 from rosterd.weights import ResolvedWeights
+
+
+async def generate(
+    backends: SupervisorBackends, base_url: str, prompt: str = "a b c d e f"
+) -> None:
+    """A request on the role ``tiny`` as the node loop grants it: the lease marks its slots
+    changed (``kv_changing``), then the backend generates."""
+    backends.kv_changing("tiny")
+    async with httpx.AsyncClient(base_url=base_url, timeout=60, trust_env=False) as client:
+        answer = await client.post("/completion", json={"prompt": prompt, "n_predict": 4})
+        assert answer.status_code == 200
 
 
 async def test_a_save_of_other_settings_is_refused_named_and_removed(
@@ -42,9 +54,7 @@ async def test_a_save_of_other_settings_is_refused_named_and_removed(
         kv=kv,
     )  # fmt: skip
     endpoint = await backends.start("tiny")
-    async with httpx.AsyncClient(base_url=endpoint.base_url, timeout=60) as client:
-        answer = await client.post("/completion", json={"prompt": "a b c d e f", "n_predict": 4})
-        assert answer.status_code == 200
+    await generate(backends, endpoint.base_url)
     await backends.stop("tiny")
     folder = tmp_path / "state" / "kv" / "tiny"
     record = json.loads((folder / "slot0.json").read_text())
@@ -63,6 +73,45 @@ async def test_a_save_of_other_settings_is_refused_named_and_removed(
     assert kv.last_restore["tiny"].outcome == "refused"
     assert kv.totals["tiny"].refusals == 1
     await backends.stop("tiny")
+
+
+async def test_a_slot_saved_while_idle_is_not_written_again_by_the_stop(
+    supervisor: Supervisor, tmp_path: Path, tiny_gguf: Path, llama_server_binary: Path
+) -> None:
+    """The idle save (``save_kv``) writes the slot; a stop with no request since writes
+    nothing (the eviction only stops the process); a request since makes the stop save."""
+    spec = InferenceSpec(role="tiny", flavor=InferFlavor.LLAMACPP, model="tiny")
+    kv = KvKeeper(tmp_path / "state" / "kv")
+
+    def weights(_spec: InferenceSpec) -> ResolvedWeights:
+        return ResolvedWeights(path=tiny_gguf, ctx_size=512, parallel=1)
+
+    backends = SupervisorBackends(
+        supervisor, {"tiny": spec}, host="127.0.0.1", resolve_weights=weights, auto_ports=True,
+        kv=kv,
+    )  # fmt: skip
+    folder = tmp_path / "state" / "kv" / "tiny"
+    endpoint = await backends.start("tiny")
+    await generate(backends, endpoint.base_url)
+    await backends.save_kv("tiny")
+    idle = json.loads((folder / "slot0.json").read_text())
+    await backends.save_kv("tiny")  # nothing ran since: nothing written
+    await backends.stop("tiny")
+    assert json.loads((folder / "slot0.json").read_text()) == idle
+    assert kv.totals["tiny"].saves == 1
+    assert sorted(p.name for p in folder.glob("*.bin")) == [idle["file"]]
+
+    endpoint = await backends.start("tiny")  # restores the idle save
+    assert kv.last_restore["tiny"].outcome == "restored"
+    await generate(backends, endpoint.base_url, "a b c d e f g h i j k l")
+    await backends.save_kv("tiny")
+    backends.kv_changing("tiny")  # a request granted after the idle save, then the stop
+    await backends.stop("tiny")  # saves what changed
+    stopped = json.loads((folder / "slot0.json").read_text())
+    assert kv.totals["tiny"].saves == 3
+    assert stopped["file"] != idle["file"]
+    assert stopped["tokens"] > idle["tokens"]
+    assert sorted(p.name for p in folder.glob("*.bin")) == [stopped["file"]]
 
 
 def test_the_disk_budget_prunes_the_least_recently_used_first(tmp_path: Path) -> None:

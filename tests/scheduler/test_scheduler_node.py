@@ -31,6 +31,7 @@ from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.values import Phase, SchedulerLimits
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, PortInUseError, ProbeResult, Supervisor
+from support.node_loop import LIMITS as NODE_LIMITS
 from support.node_loop import Clock, GatedBackends, make_node, spec, use
 
 
@@ -299,3 +300,45 @@ def test_every_scheduler_phase_has_its_rosterd_role_phase_label() -> None:
     text = metrics.render().decode()
     assert 'rosterd_role_phase{node="box",phase="unhealthy",role="chat"} 1.0' in text
     assert 'rosterd_role_phase{node="box",phase="ready",role="chat"} 0.0' in text
+
+
+class SavingBackends(GatedBackends):
+    """``GatedBackends`` that also save an idle role's KV (``IdleKvSaver``): each save is
+    recorded and finishes when the test opens ``save_gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saving = asyncio.Event()
+        self.save_gate = asyncio.Event()
+        self.saves: list[str] = []
+        self.changing: list[str] = []
+
+    async def save_kv(self, role: str) -> None:
+        self.saves.append(role)
+        self.saving.set()
+        await self.save_gate.wait()
+
+    def kv_changing(self, role: str) -> None:
+        self.changing.append(role)
+
+
+async def test_an_idle_role_is_saved_and_a_request_during_the_save_waits_for_it() -> None:
+    clock = Clock()
+    backends = SavingBackends()
+    node, _ = make_node([spec("a", 100)], backends=backends, clock=clock)
+    assert await use(node, "a") == "a"
+    assert backends.changing == ["a"]  # the grant told the backends its slots change
+    clock.move_to_soon(NODE_LIMITS.kv_idle_save_s)  # idle for the quiet time: it is saved
+    await backends.saving.wait()
+    waiting = asyncio.create_task(use(node, "a"))
+    for _ in range(10):  # steps of the event loop, no time: the node's loop takes it
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    role = node.snapshot()["roles"]["a"]  # type: ignore[index]
+    assert role["queued"] == 1
+    assert "being saved" in role["waiting_reason"]
+    backends.save_gate.set()
+    assert await waiting == "a"
+    assert backends.saves == ["a"]
+    assert backends.changing == ["a", "a"]
+    await node.shutdown()

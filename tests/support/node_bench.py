@@ -19,9 +19,11 @@ from rosterd.scheduler.events import (
     Event,
     FailWaiter,
     GrantLease,
+    KvSaveDone,
     LoadDone,
     RecordEvent,
     Release,
+    SaveKv,
     StartBackend,
     StopBackend,
     StopDone,
@@ -57,7 +59,9 @@ def spec(role: str, mib: int, **options: Any) -> InferenceSpec:
 class Bench:
     """A node loop that applies nothing: it feeds events to the machine at ``now`` and
     records every effect, and checks that the processes alive (from ``StartBackend``
-    until its role's ``StopDone``) never break the budget or an exclusion."""
+    until its role's ``StopDone``) never break the budget or an exclusion. An idle KV save
+    (``SaveKv``) is answered at once, as backends that keep no KV answer it, unless
+    ``answer_saves`` is false (the test answers it with ``KvSaveDone`` itself)."""
 
     def __init__(
         self, specs: list[InferenceSpec], capacity_mib: int, limits: SchedulerLimits = LIMITS
@@ -72,6 +76,7 @@ class Bench:
         self.alive: set[str] = set()
         self.violations: list[str] = []
         self._tickets = itertools.count(1)
+        self.answer_saves = True
 
     # ---- driving --------------------------------------------------------------------
 
@@ -84,6 +89,9 @@ class Bench:
             if isinstance(effect, StartBackend):
                 self.alive.add(effect.role)  # memory is held from the first byte loaded
                 self._check()
+        for effect in out:
+            if isinstance(effect, SaveKv) and self.answer_saves:
+                self.send(KvSaveDone(self.now, effect.role, effect.generation))
         return out
 
     def acquire(self, role: str, **options: Any) -> int:

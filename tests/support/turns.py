@@ -3,7 +3,8 @@
 ``simulate(requests, limits)`` feeds ``NodeMachine`` two roles that cannot be
 resident together (each takes most of the node's memory), arrivals at their
 times, a lease given back ``service_s`` after its grant, a start answered
-``load_s`` after it was asked, a stop ``stop_s`` after, and ticks every
+``load_s`` after it was asked, a stop ``stop_s`` after, an idle KV save at once (as
+backends that keep no KV answer it), and ticks every
 ``tick_s``. Time is simulated: nothing sleeps. It records each request's wait,
 each swap with what justified it, and every failure, for
 ``test_scheduler_turns.py``.
@@ -22,9 +23,11 @@ from rosterd.scheduler.events import (
     Event,
     FailWaiter,
     GrantLease,
+    KvSaveDone,
     LoadDone,
     Release,
     RevokeLeases,
+    SaveKv,
     StartBackend,
     StopBackend,
     StopDone,
@@ -128,6 +131,8 @@ def simulate(
             waited = now - min(theirs) if theirs else 0.0
             outcome.swaps.append(Swap(now, effect.role, len(own), waited))
             later(now + stop_s, "stopped", effect.role)
+        elif isinstance(effect, SaveKv):
+            later(now, "saved", effect)
         elif isinstance(effect, RevokeLeases):
             for ticket, lease in list(leases.items()):
                 if lease.role == effect.role and lease.generation == effect.generation:
@@ -155,6 +160,9 @@ def simulate(
             elif kind == "loaded":
                 role = str(payload)
                 send(LoadDone(now, role, endpoint=Endpoint(f"http://127.0.0.1:1/{role}", role)))
+            elif kind == "saved":
+                assert isinstance(payload, SaveKv)
+                send(KvSaveDone(now, payload.role, payload.generation))
             else:
                 send(StopDone(now, str(payload)))
         assert now <= horizon_s, f"still running at {now} s: waiting {waiting}, leases {leases}"

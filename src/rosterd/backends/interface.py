@@ -24,6 +24,7 @@ __all__ = [
     "BackendEvent",
     "BackendEventSource",
     "Endpoint",
+    "IdleKvSaver",
     "KeptKvSource",
     "MeasuredBackends",
     "PeakSource",
@@ -136,6 +137,26 @@ class KeptKvSource(Protocol):
         """What is kept of ``role``'s KV cache now, for ``/status``: ``{"tokens",
         "file_bytes", "last_restore", "last_restore_detail"}``; ``None`` when these
         backends keep nothing for it."""
+        ...
+
+
+@runtime_checkable
+class IdleKvSaver(Protocol):
+    """Backends that can save a role's KV cache while it is idle, so that its stop only
+    stops the process (the node machine's ``SaveKv``; ``rosterd.scheduler.kv_saves``)."""
+
+    async def save_kv(self, role: str) -> None:
+        """Save ``role``'s KV cache now; the node scheduler grants no lease of ``role``
+        until it returns.
+
+        Contract: never raises (a failure is logged, and the stop saves instead); a no-op
+        for a role whose KV is not kept or not running.
+        """
+        ...
+
+    def kv_changing(self, role: str) -> None:
+        """A lease was granted on ``role``: its KV cache changes, so its next idle save or
+        its stop must save it again. Synchronous and cheap: called as the lease is given."""
         ...
 
 

@@ -1,5 +1,5 @@
 """Kept KV caches on this machine (DESIGN.md layer 6, beside the local backends): save a
-role's slots when its backend stops, restore them when it starts again.
+role's slots while it is idle or when its backend stops, restore them when it starts again.
 
 Every stop of a role's backend throws away what it computed for each slot, so the next
 request pays the whole prefill again (gemma-3 270M here: a 3,710-token prompt took
@@ -15,6 +15,12 @@ declares :class:`rosterd.adapters.base.SlotKeeping`; :class:`KvKeeper` does the 
   the record replaced (written to ``.tmp``, fsynced, renamed), and only then the older
   file removed. A crash or a ``kill -9`` at any point leaves the older save or none,
   and the next start says which (an unfinished file no record names is removed).
+- **when**: while the role is idle (:meth:`KvKeeper.save_idle`: the node machine's
+  ``SaveKv``, ``kv_idle_save_s`` after its last request, no lease granted meanwhile),
+  so that its stop finds the slots saved and only stops the process; in the stop
+  (:meth:`KvKeeper.stopping`) when no idle save came since the start, or a request was
+  granted after it (:meth:`KvKeeper.changing`). One role's saves run one at a
+  time (a stop waits for an idle save under way).
 - **restore**: before the role's first request (the start returns after it), into the
   same slot ids; a record that does not match is refused with one line naming the
   difference, and removed with its file.
@@ -31,6 +37,7 @@ keeper on its node.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -119,6 +126,10 @@ class KvKeeper:
     _running: dict[str, _Running] = field(default_factory=dict)
     #: Role -> slot -> its record: what is kept now, as the files said when last read.
     _kept: dict[str, dict[int, KvRecord]] = field(default_factory=dict)
+    #: Roles saved while idle with no request granted since: their stop saves nothing.
+    _saved: set[str] = field(default_factory=set)
+    #: Role -> the lock its saves take: an idle save and a stop never write at once.
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     def _totals(self, role: str) -> KeptTotals:
         return self.totals.setdefault(role, KeptTotals())
@@ -184,25 +195,64 @@ class KvKeeper:
         # Only now: a stop during the restore (a shutdown) saves nothing half-restored,
         # and the files it restores from stay for the next start.
         self._running[role] = _Running(keeping, base_url, identity, slots)
+        # A new run: its stop saves, unless an idle save comes first. Backends whose grants
+        # never reach this keeper (a node agent's, over Ray) get no idle save either, so
+        # their stops always save.
+        self._saved.discard(role)
         self.last_restore[role] = result
         return result
 
+    def changing(self, role: str) -> None:
+        """A request was granted on ``role``: its slots change, so its next idle save or
+        its stop saves them."""
+        self._saved.discard(role)
+
+    async def save_idle(self, role: str) -> None:
+        """Save every slot of the idle ``role`` that holds tokens, now (the node machine
+        grants it no lease meanwhile), so that its stop has nothing left to save. A
+        no-op for a role not started through :meth:`started` or saved already. Never
+        raises: a failed slot is logged, and the stop tries again."""
+        async with self._lock(role):
+            running = self._running.get(role)
+            if running is None or role in self._saved:
+                return
+            if await self._save_slots(role, running):
+                self._saved.add(role)
+            self.prune()
+
     async def stopping(self, role: str) -> None:
-        """The role's backend is about to stop: save every slot that holds tokens.
-        A no-op for a role not started through :meth:`started`. Never raises."""
-        running = self._running.pop(role, None)
-        if running is None:
-            return
+        """The role's backend is about to stop: save every slot that holds tokens, unless
+        they were saved while it was idle and served nothing since (then nothing is
+        written: the stop only stops). Waits for an idle save under way. A no-op for a
+        role not started through :meth:`started`. Never raises."""
+        async with self._lock(role):
+            running = self._running.pop(role, None)
+            if running is None:
+                return
+            if role in self._saved:
+                self._saved.discard(role)
+                log.debug("role %s: KV saved while idle; nothing to save at the stop", role)
+                return
+            await self._save_slots(role, running)
+            self.prune()
+
+    def _lock(self, role: str) -> asyncio.Lock:
+        return self._locks.setdefault(role, asyncio.Lock())
+
+    async def _save_slots(self, role: str, running: _Running) -> bool:
+        """Save each of ``running``'s slots; whether every one was saved (or empty)."""
         folder = self.folder(role)
+        saved = True
         async with backend_client(base_url=running.base_url) as client:
             for slot in range(running.slots):
-                await self._save_slot(role, folder, slot, running, client)
-        self.prune()
+                saved = await self._save_slot(role, folder, slot, running, client) and saved
+        return saved
 
     def forget(self, role: str) -> None:
         """The role's backend is gone without a stop we asked for (a crash, a restart):
         there is nothing left to save."""
         self._running.pop(role, None)
+        self._saved.discard(role)
 
     def prune(self) -> list[str]:
         """Remove the least recently used saves until every role's files fit
@@ -223,6 +273,7 @@ class KvKeeper:
             remove(record_path(folder, slot))
             remove(file_path)
             self._kept[role].pop(slot, None)
+            self._saved.discard(role)  # running, its stop saves what it holds again
             total -= size
             self._totals(role).pruned_bytes += size
             removed.append(f"{role}/{file_path.name}")
@@ -239,7 +290,9 @@ class KvKeeper:
 
     async def _save_slot(
         self, role: str, folder: Path, slot: int, running: _Running, client: httpx.AsyncClient
-    ) -> None:
+    ) -> bool:
+        """Save ``slot`` under a new name, then its record, then remove the older file;
+        whether it was saved (or held nothing)."""
         name = f"slot{slot}-{time.time_ns():x}.bin"
         try:
             saved = await running.keeping.save(client, slot, name, timeout_s=SLOT_CALL_TIMEOUT_S)
@@ -247,10 +300,10 @@ class KvKeeper:
             self._totals(role).failures += 1
             remove(folder / name)
             log.warning("role %s: KV of slot %d not saved: %s", role, slot, exc)
-            return
+            return False
         if saved.tokens == 0:
             remove(folder / name)  # an empty slot: the older save, if any, stays
-            return
+            return True
         path = folder / name
         _fsync(path)
         kept = self._kept.setdefault(role, {})
@@ -280,6 +333,7 @@ class KvKeeper:
             _mib(saved.file_bytes),
             saved.took_s * 1000,
         )
+        return True
 
     async def _restore(
         self,

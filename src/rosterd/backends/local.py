@@ -56,7 +56,8 @@ class SupervisorBackends:
     for it, as roster.rs does); otherwise the spec's model, then the role id; ``kv``: the
     machine's kept KV caches (``None``: nothing is kept), used for roles whose adapter can
     save its slots and whose fleet entry keeps them (``keep_kv``, the default): a start
-    restores them before it returns, a stop saves them before the process is stopped.
+    restores them before it returns, a stop saves them before the process is stopped unless
+    they were saved while the role was idle (:meth:`save_kv`) and served nothing since.
 
     Roles of a flavor with one shared server per node (an adapter whose
     ``shared_server`` is set: ollama) are not processes: they go to
@@ -217,6 +218,17 @@ class SupervisorBackends:
             await self.kv.stopping(role)  # every stop we ask for saves first
         self._sample_peak(role)  # the process and its high-water mark are gone after the stop
         await self.supervisor.stop(role)
+
+    async def save_kv(self, role: str) -> None:
+        """Save ``role``'s KV cache while it is idle (``IdleKvSaver``): its next stop only
+        stops the process. A no-op without a keeper, or for a role whose KV is not kept."""
+        if self.kv is not None:
+            await self.kv.save_idle(role)
+
+    def kv_changing(self, role: str) -> None:
+        """A lease was granted on ``role`` (``IdleKvSaver``): its KV must be saved again."""
+        if self.kv is not None:
+            self.kv.changing(role)
 
     def kept_kv(self, role: str) -> dict[str, object] | None:
         """What the machine keeps of ``role``'s KV cache (``KeptKvSource``), with the

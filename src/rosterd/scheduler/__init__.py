@@ -15,6 +15,8 @@
   (probes, crash restarts, load backoff, cancelled loads, a lost node).
 - :mod:`~rosterd.scheduler.replan`: ``ReplanRules``, a re-plan (``Reconfigure``) and
   a measured peak (``MeasuredPeak``).
+- :mod:`~rosterd.scheduler.kv_saves`: ``KvSaveRules``, an idle role's KV cache saved
+  before anything evicts it.
 - :mod:`~rosterd.scheduler.shutdown`: ``ShutdownRules``, the last change.
 - :mod:`~rosterd.scheduler.loop`: ``NodeLoop``, the asyncio loop of one node that
   applies the machine's effects.

@@ -159,6 +159,16 @@ class ProbeDone:
 
 
 @dataclass(frozen=True, slots=True)
+class KvSaveDone:
+    """The ``SaveKv`` of ``role``'s ``generation`` returned (saved, or failed and logged by
+    the backends): its leases may be granted again."""
+
+    now: float
+    role: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: timers (queue timeouts, drain, revocation wait, idle TTL) are checked."""
 
@@ -245,6 +255,7 @@ Event = (
     | StopDone
     | Suspect
     | ProbeDone
+    | KvSaveDone
     | Tick
     | Shutdown
     | Reconfigure
@@ -280,6 +291,16 @@ class ProbeBackend:
     role: str
     generation: int
     timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SaveKv:
+    """Run ``IdleKvSaver.save_kv(role)`` in the background: save the KV cache of the idle
+    ``role`` (``generation``) now, so that a later stop finds it saved; report it with
+    ``KvSaveDone``. No lease of the role is granted until then."""
+
+    role: str
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +416,7 @@ Effect = (
     StartBackend
     | StopBackend
     | ProbeBackend
+    | SaveKv
     | RestartBackend
     | GrantLease
     | FailWaiter

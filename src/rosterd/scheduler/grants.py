@@ -95,6 +95,10 @@ class GrantRules:
             if st.silent_retry_at is None:  # else it waits for its node's verdict, as it says
                 st.waiting_reason = "a request got no byte in time: its backend is being probed"
             return 0
+        if st.kv_saving:
+            # kv_saves.py: the idle save of its KV cache never runs beside a request
+            st.waiting_reason = "its KV cache is being saved while it was idle; a moment"
+            return 0
         st.waiting_reason = None
         granted = 0
         kept: deque[Waiter] = deque()
@@ -142,6 +146,7 @@ class GrantRules:
             if waiter.take_slot:
                 st.running += 1
                 st.last_used = now
+                st.kv_changed = True  # its slots change: saved again once it is idle
             waited = now - waiter.since
             lease = GrantLease(
                 waiter.ticket, role, st.endpoint, st.generation, waited, waiter.take_slot
@@ -155,8 +160,8 @@ class GrantRules:
         """Whether ``st``'s oldest waiter can be granted now."""
         if st.phase is not Phase.READY or st.endpoint is None or not st.waiters:
             return False
-        if st.unload_tickets or st.next_spec is not None or st.suspected:
-            return False  # unloading, restarting or being probed: its requests wait
+        if st.unload_tickets or st.next_spec is not None or st.suspected or st.kv_saving:
+            return False  # unloading, restarting, being probed or saved: its requests wait
         waiter = st.waiters[0]
         if waiter.newer_than is not None and st.generation <= waiter.newer_than:
             return False  # it waits for the restarted backend

@@ -6,12 +6,12 @@ event at a time from the node's inbox, hands it to the pure
 :class:`~rosterd.scheduler.machine.NodeMachine` and applies the effects that
 come back, in order: it resolves the callers' futures (``GrantLease``,
 ``FailWaiter``, ``FinishUnload``, ``FinishShutdown``), runs
-``RoleBackends.start``/``stop``/``probe``/``restart`` as tasks whose results come
-back as ``LoadDone``/``StopDone``/``ProbeDone`` events, sets revocation futures,
-updates the metrics (:mod:`rosterd.metrics`), logs (logger ``rosterd.scheduler``)
-and keeps the bounded event log (:attr:`NodeLoop.events`). When the inbox stays
-empty for ``tick_s`` it sends a ``Tick``, so the machine checks its timers. What a
-backend did by itself (the supervisor's ``BackendEvent``, a node agent's, a restart
+``RoleBackends.start``/``stop``/``probe``/``restart`` and ``IdleKvSaver.save_kv`` as
+tasks whose results come back as ``LoadDone``/``StopDone``/``ProbeDone``/``KvSaveDone``
+events, sets revocation futures, updates the metrics (:mod:`rosterd.metrics`), logs
+(logger ``rosterd.scheduler``) and keeps the bounded event log (:attr:`NodeLoop.events`).
+When the inbox stays empty for ``tick_s`` it sends a ``Tick``, so the machine checks its
+timers. What a backend did by itself (the supervisor's ``BackendEvent``, a node agent's, a restart
 of its own that failed) enters as ``BackendChanged`` (:meth:`NodeLoop.backend_event`).
 
 Plain asyncio: scheduling is rosterd's own job.
@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rosterd.backends.interface import BackendEventSource, RoleBackends
+from rosterd.backends.interface import BackendEventSource, IdleKvSaver, RoleBackends
 from rosterd.errors import NodeLostError, NodeUnreachableError
 from rosterd.metrics import RosterdMetrics
 from rosterd.scheduler.events import (
@@ -38,6 +38,7 @@ from rosterd.scheduler.events import (
     FinishUnload,
     ForgetRole,
     GrantLease,
+    KvSaveDone,
     LoadDone,
     LogNote,
     ProbeBackend,
@@ -47,6 +48,7 @@ from rosterd.scheduler.events import (
     Release,
     RestartBackend,
     RevokeLeases,
+    SaveKv,
     StartBackend,
     StopBackend,
     StopDone,
@@ -220,6 +222,8 @@ class NodeLoop:
             self._spawn(self._stop_backend(effect.role, backends))
         elif isinstance(effect, ProbeBackend):
             self._spawn(self._probe_backend(effect))
+        elif isinstance(effect, SaveKv):
+            self._spawn(self._save_kv(effect))
         elif isinstance(effect, RestartBackend):
             self._spawn(self._restart_backend(effect.role))
         elif isinstance(effect, RevokeLeases):
@@ -260,6 +264,9 @@ class NodeLoop:
             effect.role, self.name, effect.endpoint, effect.generation, effect.waited_s, held[1]
         )
         future.set_result(lease)
+        backends = self._started_by.get(effect.role, self._backends)
+        if effect.take_slot and isinstance(backends, IdleKvSaver):
+            backends.kv_changing(effect.role)
         if self._metrics is not None and effect.take_slot:
             self._metrics.queue_wait.labels(role=effect.role).observe(effect.waited_s)
 
@@ -286,6 +293,16 @@ class NodeLoop:
         except Exception as exc:
             error = str(exc) or type(exc).__name__
         self._post(StopDone(self._clock(), role, error))
+
+    async def _save_kv(self, effect: SaveKv) -> None:
+        backends = self._started_by.get(effect.role, self._backends)
+        try:
+            if isinstance(backends, IdleKvSaver):
+                await backends.save_kv(effect.role)
+        except Exception:  # the contract says never; the role must not wait forever
+            log.exception("node %s: the idle KV save of %s failed", self.name, effect.role)
+        finally:
+            self._post(KvSaveDone(self._clock(), effect.role, effect.generation))
 
     async def _probe_backend(self, effect: ProbeBackend) -> None:
         role, timeout = effect.role, effect.timeout_s

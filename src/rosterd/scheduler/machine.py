@@ -24,8 +24,9 @@ lease: per-role and node-wide concurrency, queue timeouts),
 a load), :class:`~rosterd.scheduler.health.HealthRules` (probes, ``unhealthy``, crash
 restarts, load backoff, cancelled loads, a lost node),
 :class:`~rosterd.scheduler.loads.LoadRules` (what to load or evict, who waits),
-:class:`~rosterd.scheduler.replan.ReplanRules` (``Reconfigure``, ``MeasuredPeak``)
-and :class:`~rosterd.scheduler.shutdown.ShutdownRules`. This module keeps the event
+:class:`~rosterd.scheduler.replan.ReplanRules` (``Reconfigure``, ``MeasuredPeak``),
+:class:`~rosterd.scheduler.kv_saves.KvSaveRules` (a role's KV cache saved while it is
+idle) and :class:`~rosterd.scheduler.shutdown.ShutdownRules`. This module keeps the event
 dispatch, the step after every event (the order in which the families decide), the
 answers of the transition's starts and stops, and the reads the node loop and
 ``/status`` make. ``docs/scheduler.md`` states each rule and draws the state table.
@@ -50,6 +51,7 @@ from rosterd.scheduler.events import (
     Effect,
     Event,
     FinishUnload,
+    KvSaveDone,
     LoadDone,
     LogNote,
     MeasuredPeak,
@@ -66,6 +68,7 @@ from rosterd.scheduler.events import (
 )
 from rosterd.scheduler.grants import GrantRules
 from rosterd.scheduler.health import SEE_LOG, HealthRules
+from rosterd.scheduler.kv_saves import KvSaveRules
 from rosterd.scheduler.loads import LoadRules
 from rosterd.scheduler.replan import ReplanRules
 from rosterd.scheduler.shutdown import ShutdownRules
@@ -117,6 +120,7 @@ class NodeMachine:
         self.shutdown = ShutdownRules(state, self.transitions)
         self.loads = LoadRules(state, self.health, self.transitions)
         self.replan = ReplanRules(state, self.grants, self.transitions, self.shutdown)
+        self.kv_saves = KvSaveRules(state)
 
     # ---- what the node loop and /status read ---------------------------------------
 
@@ -216,6 +220,8 @@ class NodeMachine:
             self.health.on_suspect(event)
         elif isinstance(event, ProbeDone):
             self.health.on_probe_done(event, now)
+        elif isinstance(event, KvSaveDone):
+            self.kv_saves.on_saved(event)
         elif isinstance(event, Shutdown):
             self.shutdown.on_shutdown(now, at_once=event.at_once)
         elif isinstance(event, Reconfigure):
@@ -306,6 +312,7 @@ class NodeMachine:
         st.last_used = st.last_probe = now
         st.displaced = displaced
         st.load_failures = 0
+        st.kv_changed = st.kv_saving = False  # what it restored is saved already
         st.backoff_until = None
         st.waiting_reason = None
         st.logged_waits.clear()
@@ -337,8 +344,9 @@ class NodeMachine:
     def _step(self, now: float) -> None:
         """After every event, the families decide in this order: queue timeouts, the re-plan
         settled (retired roles forgotten, new specs taken), a revoking stop issued, the
-        grants; then shutdown alone, or the probes and, with the node still, one of: an
-        unload, a re-plan's stop, a load (or the evictions it needs), an idle TTL."""
+        grants; then shutdown alone, or the probes, the idle KV saves and, with the node
+        still, one of: an unload, a re-plan's stop, a load (or the evictions it needs), an
+        idle TTL."""
         self.grants.expire(now)
         self.replan.settle(now)
         tr = self.transitions.current
@@ -363,6 +371,7 @@ class NodeMachine:
             self.shutdown.step(now)
             return
         self.health.schedule_probes(now)
+        self.kv_saves.schedule(now)
         if self.transitions.current is not None:
             self.health.cancel_unwanted_load(now)
             return

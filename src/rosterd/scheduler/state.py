@@ -88,6 +88,10 @@ class RoleState:
     unavailable: str | None = None  # why it cannot be served (its requests fail at once)
     memory: dict[str, object] | None = None  # its figures as /status shows them
     grew: bool = False  # its count followed a measurement past it (said once)
+    # The idle save of its KV cache (kv_saves.py): a request ran since the last one (or
+    # the load), and one is under way (new leases wait for it).
+    kv_changed: bool = False
+    kv_saving: bool = False
 
 
 class MachineState:

@@ -82,7 +82,9 @@ class SchedulerLimits:
     how long a probe may take before the backend counts as wedged;
     ``load_backoff_s`` / ``max_load_backoff_s``: after a failed load, requests
     are refused (503, ``Retry-After``) for ``load_backoff_s`` doubling per
-    failure in a row, at most ``max_load_backoff_s``.
+    failure in a row, at most ``max_load_backoff_s``. ``kv_idle_save_s``: how long a
+    role stays idle after its last request before its KV cache is saved (``SaveKv``),
+    so that an eviction finds it saved (``math.inf``: only when it stops).
     """
 
     max_concurrency: int = 4
@@ -97,6 +99,7 @@ class SchedulerLimits:
     probe_timeout_s: float = 20.0
     load_backoff_s: float = 0.5
     max_load_backoff_s: float = 30.0
+    kv_idle_save_s: float = 1.5
 
 
 @dataclass(frozen=True)
