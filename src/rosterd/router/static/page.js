@@ -404,7 +404,10 @@ function updateRow(row, role, info) {
   // The KV cache kept across swaps and the last restore's result (rosterd.router.restore_check).
   const kv = row.querySelector(".kv");
   kv.textContent = info.kv_summary || "—";
-  kv.title = (info.kv && (info.kv.last_restore_check_detail || info.kv.last_restore_detail)) || "";
+  kv.title =
+    (info.kv &&
+      (info.kv.not_kept || info.kv.last_restore_check_detail || info.kv.last_restore_detail)) ||
+    "";
   kv.dataset.kind = info.kv && info.kv.last_restore_check === "not reused" ? "error" : "";
   const note = roleNote(role, info);
   const cell = row.querySelector(".note");
