@@ -133,6 +133,7 @@ async function connect() {
   }
   setConn("live", "live");
   loadHistory(); // the charts' past; the stream's `sample` events add to it
+  startUsage(); // usage.js: the usage table, for a key that may read it
   try {
     await readEventBlocks(response, dispatch);
   } catch (_) { /* cut: reconnect below */ }
