@@ -3,7 +3,7 @@ milliseconds.
 
     python scripts/make_tiny_gguf.py OUT.gguf [--seed N] [--arch llama|gemma3|qwen3]
         [--blocks N] [--embd N] [--heads N] [--kv-heads N] [--head-dim N]
-        [--ff N] [--context-length N] [--sliding-window N] [--rerank]
+        [--ff N] [--context-length N] [--sliding-window N] [--rerank] [--hybrid ARCH]
 
 Importable as well: ``write_tiny_gguf(path, seed=0, **shape)``. The default model
 has 2 blocks, n_embd 64, 4 heads, a 128-wide feed-forward and a byte-level
@@ -24,6 +24,13 @@ laid out: architecture ``qwen3``, ``qwen3.pooling_type`` = 4 (llama.cpp's
 ``build_pooling`` (``src/llama-graph.cpp``) applies to the last token's state.
 ``llama-server --reranking`` then answers ``/v1/rerank`` with one random score per
 document: the answer's shape, not its quality.
+
+``hybrid="lfm2"`` (``--hybrid ARCH``, one of :data:`HYBRID_ARCHITECTURES`) writes the
+same model's header and tensors under a hybrid architecture's name (attention layers
+among recurrent ones, as llama.cpp's ``llm_arch_is_hybrid`` lists them): what rosterd
+reads from the header (``rosterd.model_facts.slot_reuse``: a restored slot of such a
+model cannot serve, so its KV cache is not kept). Its recurrent layers' tensors are not
+written, so llama-server refuses to load it; a test serves it with a stand-in.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ N_BLOCKS: Final[int] = 2
 CONTEXT_LENGTH: Final[int] = 512
 SPECIAL_TOKENS: Final[tuple[str, ...]] = ("<unk>", "<s>", "</s>")
 ARCHITECTURES: Final[tuple[str, ...]] = ("llama", "gemma3", "qwen3")
+#: Hybrid architectures ``hybrid`` may name (GGUF names, llama.cpp's ``LLM_ARCH_NAMES``).
+HYBRID_ARCHITECTURES: Final[tuple[str, ...]] = ("lfm2", "qwen35", "jamba", "granitehybrid")
 #: llama.cpp's ``LLAMA_POOLING_TYPE_RANK`` (``include/llama.h``): the GGUF is a reranker.
 POOLING_TYPE_RANK: Final[int] = 4
 #: Architectures whose attention normalises Q and K per head (``attn_q_norm``/``attn_k_norm``).
@@ -76,6 +85,7 @@ def write_tiny_gguf(
     context_length: int = CONTEXT_LENGTH,
     sliding_window: int = 0,
     rerank: bool = False,
+    hybrid: str | None = None,
 ) -> Path:
     """Write the tiny model to ``path`` (overwritten) and return it as a ``Path``.
 
@@ -86,11 +96,15 @@ def write_tiny_gguf(
     gemma3 only, 0 for none) makes every layer but each sixth one a sliding-window
     layer, as llama.cpp reads gemma3. ``rerank`` writes a qwen3 reranker (see the
     module docstring); ``arch`` must then be ``qwen3`` or left at its default.
+    ``hybrid``: the header's architecture, one of :data:`HYBRID_ARCHITECTURES` (see the
+    module docstring; the model is ``arch``'s otherwise).
 
     Raises:
-        ValueError: an unknown ``arch``, a reranker of another architecture than
-            qwen3, or a shape that does not divide.
+        ValueError: an unknown ``arch`` or ``hybrid``, a reranker of another architecture
+            than qwen3, or a shape that does not divide.
     """
+    if hybrid is not None and hybrid not in HYBRID_ARCHITECTURES:
+        raise ValueError(f"hybrid must be one of {', '.join(HYBRID_ARCHITECTURES)}, not {hybrid!r}")
     if rerank:
         if arch not in ("llama", "qwen3"):
             raise ValueError(f"a reranker is written as qwen3, not {arch!r}")
@@ -106,8 +120,8 @@ def write_tiny_gguf(
     tokens, scores, types = _vocab()
     n_vocab = len(tokens)
 
-    writer = gguf.GGUFWriter(str(out), arch)
-    writer.add_name(f"rosterd-tiny-{arch}{'-rerank' if rerank else ''}-{seed}")
+    writer = gguf.GGUFWriter(str(out), hybrid or arch)
+    writer.add_name(f"rosterd-tiny-{hybrid or arch}{'-rerank' if rerank else ''}-{seed}")
     writer.add_context_length(context_length)
     writer.add_embedding_length(embd)
     writer.add_block_count(blocks)
@@ -193,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rerank", action="store_true", help="a qwen3 reranker (pooling type rank, cls head)"
     )
+    parser.add_argument(
+        "--hybrid",
+        choices=HYBRID_ARCHITECTURES,
+        default=None,
+        help="write the header under this hybrid architecture (llama-server cannot load it)",
+    )
     args = parser.parse_args(argv)
     path = write_tiny_gguf(
         args.out,
@@ -207,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         context_length=args.context_length,
         sliding_window=args.sliding_window,
         rerank=args.rerank,
+        hybrid=args.hybrid,
     )
     print(f"{path} ({path.stat().st_size} bytes)")
     return 0

@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "rosterd.model_facts.gguf_file": 2,
     "rosterd.model_facts.mlx_folder": 2,
     "rosterd.model_facts.reader": 2,
+    "rosterd.model_facts.slot_reuse": 2,
     # a node's devices: the listing and breakdown parsers and NVML's reading are files in,
     # values out; a node's pools are a pure decision; the probe runs llama-server
     "rosterd.devices": 2,

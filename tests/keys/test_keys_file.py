@@ -6,6 +6,8 @@ Pure: the reader, the values and the ``rosterd keys`` commands on a temporary fi
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import jsonschema
@@ -24,6 +26,7 @@ from rosterd.keys import (
     KeyRing,
     Scope,
     key_digest,
+    load_keys,
     new_token,
     parse_keys,
     render_keys,
@@ -258,12 +261,34 @@ def test_keys_add_prints_the_key_once_last_and_writes_only_its_hash(tmp_path: Pa
     assert "alice" in table.output
     assert "qwen-*" in table.output
 
-    removed = runner.invoke(app, ["keys", "remove", "alice", "--keys", str(file)])
+    # The hint names the keys file: run as printed, it removes the key.
+    (hint,) = _hints(again.output, "rosterd keys remove")
+    assert hint == f"rosterd keys remove alice --keys {shlex.quote(str(file))}"
+    removed = runner.invoke(app, shlex.split(hint)[1:])
     assert removed.exit_code == 0, removed.output
     assert [k.name for k in parse_keys(file.read_text())] == ["bob"]
+    assert _hints(removed.output, "rosterd up") == [f"rosterd up --keys {shlex.quote(str(file))}"]
     missing = runner.invoke(app, ["keys", "remove", "alice", "--keys", str(file)])
     assert missing.exit_code == 2
     assert "no key named 'alice'" in missing.output
+    (listing,) = _hints(missing.output, "rosterd keys list")
+    assert runner.invoke(app, shlex.split(listing)[1:]).exit_code == 0
+    # The file says how to add a key to it, and so does its error for a key without a hash.
+    assert f"rosterd keys add NAME --keys {shlex.quote(str(file))}" in file.read_text()
+    with pytest.raises(InputError) as no_hash:
+        load_keys(_written(file, "keys:\n  - name: carol\n"))
+    assert f"`rosterd keys add NAME --keys {shlex.quote(str(file))}`" in str(no_hash.value)
+
+
+def _hints(output: str, command: str) -> list[str]:
+    """The commands starting with ``command`` in backquotes in ``output`` (lines joined)."""
+    said = " ".join(output.split())
+    return [h for h in re.findall(r"`([^`]+)`", said) if h.startswith(command)]
+
+
+def _written(file: Path, text: str) -> Path:
+    file.write_text(text)
+    return file
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -30,6 +31,7 @@ from rosterd.router import RoleRoute, RouterConfig, create_app
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
+from rosterd.usage import UsageStore
 from support.backends import NoLiveness, pick_free_port
 
 MIB = 2**20
@@ -123,10 +125,11 @@ async def _serve(app: Any, port: int) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def router_over_stand_in(
-    config: RouterConfig | None = None,
+    config: RouterConfig | None = None, usage: UsageStore | None = None
 ) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
-    """The router (role ``mlx-chat``, flavor mlx_lm, no native dialect) over the stand-in;
-    yields its URL and the list of chat requests the stand-in got."""
+    """The router (role ``mlx-chat``, flavor mlx_lm, no native dialect) over the stand-in,
+    keeping its usage in ``usage`` when given; yields its URL and the list of chat requests
+    the stand-in got."""
     seen: list[dict[str, Any]] = []
     backend_port, router_port = pick_free_port(), pick_free_port()
     spec = InferenceSpec(
@@ -135,7 +138,7 @@ async def router_over_stand_in(
     node = NodeScheduler("n1", 100 * MIB, {"mlx-chat": spec}, StandInBackends(backend_port))
     scheduler = NodeDirectory({"n1": node})
     route = RoleRoute("mlx-chat", names=("mlx-m",), flavor="mlx_lm", native=frozenset())
-    app = create_app(scheduler, {"mlx-chat": route}, config=config)
+    app = create_app(scheduler, {"mlx-chat": route}, config=config, usage=usage)
     async with _serve(stand_in_mlx_server(seen), backend_port), _serve(app, router_port):
         try:
             yield f"http://127.0.0.1:{router_port}", seen
@@ -364,3 +367,29 @@ async def test_a_translated_answer_carries_rosterds_headers_as_a_passed_through_
         assert answer.status_code == 200
         assert answer.headers["x-rosterd-role"] == "mlx-chat"
         assert "x-rosterd-queue-wait-s" in answer.headers
+
+
+async def test_a_translated_answer_counts_the_tokens_the_backend_reported(tmp_path: Path) -> None:
+    """Usage per key (and the tokens-per-day limits, which count the same) reads the chat
+    completion's own usage: 11 prompt and 7 completion tokens each, plain or streamed, though
+    the dialect's answer says them in its own words."""
+    store = UsageStore(tmp_path)
+    store.open()
+    try:
+        async with (
+            router_over_stand_in(usage=store) as (url, _),
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            messages = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+            responses = {"max_output_tokens": 8, "input": "hi"}
+            for path, body in (("/v1/messages", messages), ("/v1/responses", responses)):
+                for stream in (False, True):
+                    payload = {**body, "model": "mlx-m", "stream": stream}
+                    answer = await client.post(path, json=payload)
+                    assert answer.status_code == 200, answer.text
+            rows = (await client.get("/rosterd/usage")).json()["rows"]
+    finally:
+        store.close()
+    assert [
+        (r["role"], r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows
+    ] == [("mlx-chat", 4, 4 * 11, 4 * 7)]

@@ -126,7 +126,11 @@ def ring(keys: dict[str, tuple[str, frozenset[Scope], tuple[str, ...]]]) -> KeyR
 
 
 @contextlib.asynccontextmanager
-async def lab(tmp_path: Any, usage: UsageStore | None = None) -> AsyncIterator[Lab]:
+async def lab(
+    tmp_path: Any,
+    usage: UsageStore | None = None,
+    keys: dict[str, tuple[str, frozenset[Scope], tuple[str, ...]]] = KEYS,
+) -> AsyncIterator[Lab]:
     from starlette.applications import Starlette
     from starlette.routing import Route
 
@@ -141,7 +145,7 @@ async def lab(tmp_path: Any, usage: UsageStore | None = None) -> AsyncIterator[L
     scheduler = NodeDirectory({"n1": node})
     native = frozenset({"messages", "responses", "rerank"})
     routes = {r: RoleRoute(r, names=(f"{r}-m",), native=native) for r in ROLES}
-    keys = Keys(ring(KEYS))
+    gate = Keys(ring(keys))
     store = usage or UsageStore(tmp_path / "usage-state")
     store.open()
 
@@ -153,12 +157,12 @@ async def lab(tmp_path: Any, usage: UsageStore | None = None) -> AsyncIterator[L
         routes,
         reload=reload,
         log_path=lambda role: tmp_path / f"{role}.log",
-        keys=keys,
+        keys=gate,
         usage=store,
     )
     backend = Starlette(routes=[Route("/{path:path}", stand_in, methods=["POST"])])
     try:
         async with serve_app(backend, backend_port), serve_app(app, router_port):
-            yield Lab(f"http://127.0.0.1:{router_port}", keys)
+            yield Lab(f"http://127.0.0.1:{router_port}", gate)
     finally:
         store.close()

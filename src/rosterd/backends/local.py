@@ -13,14 +13,16 @@ for the adapter's type, and hands such roles to
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
+from rosterd.adapters import Adapter, Launch, SharedServer, WeightsSource, adapter_for
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.kv_keep import KeptTotals, KvKeeper
 from rosterd.backends.shared import SharedServers
 from rosterd.errors import BackendAlreadySupervisedError, PortInUseError
+from rosterd.model_facts.slot_reuse import slot_reuse_of
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import (
     BackendEvent,
@@ -38,6 +40,8 @@ _BIND_RACE_TRIES = 3
 
 #: Re-exported: a TCP port nothing listens on (``rosterd.supervisor.free_port``).
 __all__ = ["SupervisorBackends", "free_port"]
+
+log = logging.getLogger("rosterd.kv")
 
 
 class SupervisorBackends:
@@ -87,6 +91,8 @@ class SupervisorBackends:
     ) -> None:
         self.supervisor = supervisor
         self.kv = kv
+        # role -> why its KV cache is not kept (its architecture cannot reuse a restore).
+        self.kv_not_kept: dict[str, str] = {}
         self.model_names = dict(model_names or {})
         self.specs = dict(specs)
         self.host = host
@@ -159,6 +165,8 @@ class SupervisorBackends:
             launch = adapter.launch(spec, source, host=self.host, port=port)
             if self.pins.get(role):
                 launch = replace(launch, argv=(*launch.argv, *self.pins[role]))
+            if keeping is not None and not await self._slots_reusable(role, source, launch):
+                keeping = None  # its architecture cannot reuse a restored slot: not saved
             if keeping is not None and self.kv is not None:
                 folder = self.kv.folder(role)
                 launch = replace(launch, argv=(*launch.argv, *keeping.launch_args(folder)))
@@ -181,6 +189,19 @@ class SupervisorBackends:
                 restored = result.tokens if result.outcome == "restored" else 0
             return Endpoint(backend.base_url, launch.served_model, backend.pid, restored)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _slots_reusable(self, role: str, source: WeightsSource, launch: Launch) -> bool:
+        """Whether ``role``'s backend, launched as ``launch``, could reuse a restored slot
+        (``rosterd.model_facts.slot_reuse``: not a hybrid or recurrent model, nor a
+        sliding-window one without ``--swa-full``); when not, says why once, and
+        :meth:`kept_kv` shows it."""
+        reuse = await asyncio.to_thread(slot_reuse_of, source.path, launch.argv)
+        if reuse.reusable:
+            self.kv_not_kept.pop(role, None)
+        elif self.kv_not_kept.get(role) != reuse.why:
+            self.kv_not_kept[role] = reuse.why
+            log.info("%s: %s", role, reuse.why)
+        return reuse.reusable
 
     async def _after_previous(self, role: str) -> None:
         """Wait until no backend of ``role`` runs under the supervisor that other backends
@@ -236,6 +257,8 @@ class SupervisorBackends:
         without a keeper or for a role of another node."""
         if self.kv is None or role not in self.specs:
             return None
+        if role in self.kv_not_kept:
+            return {"not_kept": self.kv_not_kept[role]}
         kept = self.kv.kept(role)
         restore = self.kv.last_restore.get(role)
         totals = self.kv.totals.get(role) or KeptTotals()

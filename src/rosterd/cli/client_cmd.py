@@ -288,6 +288,8 @@ def _role_notes(role: str, info: dict[str, Any]) -> list[str]:
     if isinstance(backoff, int | float):
         notes.append(f"{role}: no load for {backoff:.0f} s more (backoff after failed loads)")
     kv = info.get("kv")
+    if isinstance(kv, dict) and kv.get("not_kept"):
+        notes.append(f"{role}: KV cache not kept across swaps: {kv['not_kept']}")
     if isinstance(kv, dict) and kv.get("last_restore_check") == "not reused":
         detail = str(kv.get("last_restore_check_detail") or "").removeprefix(f"role {role}: ")
         notes.append(f"{role}: {detail}")

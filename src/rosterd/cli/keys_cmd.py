@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import tempfile
 from enum import Enum
@@ -67,7 +68,7 @@ def _write(path: Path, keys: tuple[ApiKey, ...]) -> None:
     """
     from rosterd.keys import render_keys
 
-    text = render_keys(keys)
+    text = render_keys(keys, str(path))
     try:
         mode = path.stat().st_mode & 0o777
     except OSError:
@@ -132,7 +133,8 @@ def add_cmd(
     if any(key.name == name for key in keys):
         raise OptionError(
             f"the keys file {keys_file} has a key named {name!r} already; choose another "
-            f"name, or `rosterd keys remove {name}` first"
+            f"name, or `rosterd keys remove {shlex.quote(name)} --keys "
+            f"{shlex.quote(str(keys_file))}` first"
         )
     scopes = {_choice(Scope, s, "--scope") for s in scope or ["use"]}
     for pattern in models or ():
@@ -212,6 +214,13 @@ def remove_cmd(
     kept = tuple(key for key in keys if key.name != name)
     if len(kept) == len(keys):
         known = ", ".join(k.name for k in keys) or "none"
-        raise OptionError(f"the keys file {keys_file} has no key named {name!r} (keys: {known})")
+        raise OptionError(
+            f"the keys file {keys_file} has no key named {name!r} (keys: {known}; "
+            f"`rosterd keys list --keys {shlex.quote(str(keys_file))}` shows them)"
+        )
     _write(keys_file, kept)
-    make_console().print(f"removed key {name!r} from {keys_file}", markup=False)
+    make_console().print(
+        f"removed key {name!r} from {keys_file}; a running `rosterd up --keys "
+        f"{shlex.quote(str(keys_file))}` drops it on its next reload (`rosterd reload`)",
+        markup=False,
+    )

@@ -62,12 +62,36 @@ def pool_to_json(split: PoolEstimate) -> dict[str, object]:
     }
 
 
+def kv_keeping(memory: RoleMemory) -> dict[str, object] | None:
+    """Whether ``rosterd up`` keeps the role's KV cache across swaps: ``{"kept": bool,
+    "why": str}`` (``why`` empty when kept), for a role whose backend can save its slots and
+    whose weights were read; ``None`` otherwise. Not kept: the fleet entry's ``keep_kv:
+    false``, or an architecture that cannot reuse a restored slot
+    (``rosterd.model_facts.slot_reuse``; with the KV kept the backend is launched with
+    ``--swa-full``, so a sliding-window model's is kept)."""
+    from rosterd.adapters import adapter_for
+    from rosterd.model_facts.slot_reuse import SWA_FULL_FLAG, slot_reuse
+
+    facts, weights = memory.facts, memory.weights
+    if facts is None or weights is None or adapter_for(memory.flavor).slot_keeping is None:
+        return None
+    if not weights.keep_kv:
+        return {"kept": False, "why": "the fleet's models entry says keep_kv: false"}
+    reuse = slot_reuse(
+        facts.architecture,
+        sliding_window=facts.sliding_window,
+        swa_full=weights.keep_kv or SWA_FULL_FLAG in weights.extra_args,
+    )
+    return {"kept": reuse.reusable, "why": reuse.why}
+
+
 def model_to_json(memory: RoleMemory) -> dict[str, object]:
     """One role's entry of ``--json``: ``flavor``, ``weights`` (``path``, ``format``,
     ``architecture``, ``parameter_count``, ``quantization``, ``context_length``, or
     ``None``), ``ctx_size``, ``parallel``, ``reranker`` (its backend serves ``/v1/rerank``,
     ``rosterd.weights.serves_rerank``; ``None`` without weights), ``declared_bytes``,
-    ``declared_unmeasured``, ``estimate`` (parts, notes, or ``None``) and ``estimate_note``."""
+    ``declared_unmeasured``, ``estimate`` (parts, notes, or ``None``), ``estimate_note``
+    and ``kv_kept`` (:func:`kv_keeping`)."""
     from rosterd.memory.gathering import serving_settings
 
     facts = memory.facts
@@ -104,6 +128,7 @@ def model_to_json(memory: RoleMemory) -> dict[str, object]:
             "notes": list(estimate.notes),
         },
         "estimate_note": memory.estimate_note,
+        "kv_kept": kv_keeping(memory),
     }
 
 
@@ -168,6 +193,9 @@ def models_cmd(
                 f"x {parallel} slot(s)"
                 + ("; a reranker (/v1/rerank)" if m.weights and m.weights.reranking else "")
             )
+            keeping = kv_keeping(m)
+            if keeping is not None and not keeping["kept"]:
+                weights.append(f"\nKV cache not kept across swaps: {keeping['why']}")
         parts = (
             Text(
                 f"weights {show_gb(estimate.weights_bytes)}: {estimate.weights_note}\n"

@@ -28,6 +28,7 @@ prefix, or longer than :data:`SHOWN_MAX_CHARS`) is shown by its length only.
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Final
 
@@ -135,11 +136,13 @@ def parse_keys(text: str | bytes, *, file: str | None = None) -> tuple[ApiKey, .
     return _KeysReader(file).read(root)
 
 
-def render_keys(keys: tuple[ApiKey, ...]) -> str:
+def render_keys(keys: tuple[ApiKey, ...], file: str = "FILE") -> str:
     """The keys file's text for ``keys`` (what ``rosterd keys add`` and ``remove`` write):
-    every field given, defaults included, so that a reader sees what each key may do."""
+    every field given, defaults included, so that a reader sees what each key may do;
+    ``file``: its path, in the comment that says how to add a key."""
     lines = [
-        "# rosterd keys: only hashes of the keys are kept here (`rosterd keys add` makes one).",
+        "# rosterd keys: only hashes of the keys are kept here; to add a key:",
+        f"#   rosterd keys add NAME --keys {_shell_word(file)}",
         "keys:",
     ]
     if not keys:
@@ -168,6 +171,16 @@ def _yaml_text(text: str) -> str:
     import json
 
     return json.dumps(text, ensure_ascii=False)
+
+
+def _shell_word(text: str) -> str:
+    """``text`` as one word of a shell command (a hint the user pastes as printed)."""
+    return shlex.quote(text)
+
+
+def _add_hint(file: str | None) -> str:
+    """The command that writes a key into ``file`` (``FILE`` when it is not known)."""
+    return f"`rosterd keys add NAME --keys {_shell_word(file or 'FILE')}`"
 
 
 class _KeysReader:
@@ -286,7 +299,7 @@ class _KeysReader:
                     item,
                     f"{path}.{required}",
                     f"missing required key {required!r}; every key needs `name` (a plain token) "
-                    "and `hash` (`rosterd keys add` writes both)",
+                    f"and `hash` ({_add_hint(self.file)} writes both)",
                 )
         name_node = fields["name"][1]
         name = self.scalar(name_node)
@@ -305,8 +318,8 @@ class _KeysReader:
                 hash_node,
                 f"{path}.hash",
                 f"expected {DIGEST_PREFIX} and 64 lowercase hex digits (the key's SHA-256, as "
-                "`rosterd keys add` writes it), found something else; never put the key itself "
-                "in this file",
+                f"{_add_hint(self.file)} writes it), found something else; never put the key "
+                "itself in this file",
             )
         scopes = frozenset({Scope.USE})
         if "scopes" in fields:

@@ -147,7 +147,7 @@ def create_app(
         Route("/rosterd/unload/{role}", served.unload, methods=["POST"]),
         Route("/rosterd/logs/{role}", served.logs, methods=["GET"]),
     ]
-    route_list += page_routes(scheduler, served.status_data, live, history)
+    route_list += page_routes(scheduler, served.status_data, live, history, routes.names)
     if reload is not None:
         route_list.append(Route("/rosterd/reload", served.reload_config, methods=["POST"]))
     proxies = {path: Proxy(ctx, path) for path in PROXIED_PATHS}

@@ -29,6 +29,9 @@ from rosterd.scheduler.values import Revocation
 
 #: The bytes of an answer's end kept to read the usage the backend reports.
 ANSWER_TAIL_BYTES: Final[int] = 2048
+#: The bytes of an answer's start kept for the usage said there (an Anthropic stream's
+#: prompt tokens, in its ``message_start``).
+ANSWER_HEAD_BYTES: Final[int] = 1024
 
 #: Why a request was cut: its client left, or the scheduler revoked its lease (and why).
 CutReason = Literal["client_left"] | Revocation
@@ -44,10 +47,21 @@ class ClientAnswer:
     event stream; ``sse_open``: an event stream started and has not ended;
     ``done``: the last body message was sent; ``tokens``: what the backend said it
     generated (0: it did not say); ``tail``: the last bytes of the backend's answer (where
-    its usage is); ``waited_s``: the request's wait for its role, seconds.
+    its usage is) and ``head`` its first bytes (an event stream's, where some dialects say
+    the prompt's usage); ``waited_s``: the request's wait for its role, seconds.
     """
 
-    __slots__ = ("_send", "done", "sse_open", "status", "stream", "tail", "tokens", "waited_s")
+    __slots__ = (
+        "_send",
+        "done",
+        "head",
+        "sse_open",
+        "status",
+        "stream",
+        "tail",
+        "tokens",
+        "waited_s",
+    )
 
     def __init__(self, send: Send) -> None:
         self._send = send
@@ -56,7 +70,7 @@ class ClientAnswer:
         self.sse_open = False
         self.done = False
         self.tokens = 0
-        self.tail = b""
+        self.tail = self.head = b""
         self.waited_s = 0.0
 
     async def send(self, message: Message) -> None:
@@ -130,22 +144,24 @@ async def wait_disconnect(receive: Receive) -> None:
 
 async def pass_body(
     upstream: UpstreamResponse, send: Send, ends: tuple[bytes, ...]
-) -> tuple[bool, bytes]:
+) -> tuple[bool, bytes, bytes]:
     """Send ``upstream``'s body on chunk by chunk as it arrives (response left open);
     returns whether one of ``ends`` (the event that ends a finished stream of the path:
-    ``data: [DONE]``, ``message_stop``, ...) was seen, also across two chunks, and the
-    body's last :data:`ANSWER_TAIL_BYTES` bytes, where a finished event stream has the
-    usage the backend reports."""
-    tail = b""
+    ``data: [DONE]``, ``message_stop``, ...) was seen, also across two chunks, the body's
+    first :data:`ANSWER_HEAD_BYTES` bytes, and its last :data:`ANSWER_TAIL_BYTES` bytes,
+    where a finished event stream has the usage the backend reports."""
+    head = tail = b""
     seen = False
     async for chunk in upstream.chunks():
         if chunk:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if len(head) < ANSWER_HEAD_BYTES:
+                head = (head + chunk)[:ANSWER_HEAD_BYTES]
             if not seen:
                 window = tail[-64:] + chunk
                 seen = any(end in window for end in ends)
             tail = (tail + chunk)[-ANSWER_TAIL_BYTES:]
-    return seen, tail
+    return seen, head, tail
 
 
 async def send_whole(

@@ -30,6 +30,7 @@ from rosterd.router.openai_errors import error_response, scheduler_errors
 from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.routing import RoleRoute, RouteTable, shown_name
 from rosterd.router.streams import LiveStreams
+from rosterd.router.ui import shown_events
 from rosterd.router.upstream import Upstream
 from rosterd.router.wait_report import evicted_for
 from rosterd.scheduler.directory import NodeDirectory
@@ -155,8 +156,10 @@ class Endpoints:
         return JSONResponse(self.history.as_json())
 
     async def events(self, _: Request) -> Response:
-        """``GET /rosterd/events``: the scheduler's event log."""
-        return JSONResponse({"events": [e.as_json() for e in self.scheduler.events()]})
+        """``GET /rosterd/events``: the scheduler's event log, as the request's key may see
+        it (``rosterd.router.ui.shown_event``)."""
+        events = shown_events(self.scheduler.events(), self.routes.names)
+        return JSONResponse({"events": events})
 
     async def metrics_text(self, _: Request) -> Response:
         """``GET /metrics``: Prometheus' text, the node gauges observed first."""

@@ -62,6 +62,7 @@ ROLE_SERIES: Final[tuple[str, ...]] = (
 )
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_OUTPUT_TOKENS = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
 _PREDICTED_N = re.compile(rb'"predicted_n"\s*:\s*(\d+)')
 _EVAL_COUNT = re.compile(rb'"eval_count"\s*:\s*(\d+)')
 
@@ -71,9 +72,10 @@ Value = float | int | None
 def generated_tokens(tail: bytes) -> int:
     """The tokens an answer says it generated, from its last bytes (the end of a JSON
     answer, or an event stream's last events): the last ``usage.completion_tokens``, else
-    llama-server's ``timings.predicted_n``, else Ollama's ``eval_count`` (its own API, passed
-    through), else 0 (the backend did not say)."""
-    for pattern in (_COMPLETION_TOKENS, _PREDICTED_N, _EVAL_COUNT):
+    ``usage.output_tokens`` (Anthropic's Messages and OpenAI's Responses, served by the
+    backend itself), else llama-server's ``timings.predicted_n``, else Ollama's
+    ``eval_count`` (its own API, passed through), else 0 (the backend did not say)."""
+    for pattern in (_COMPLETION_TOKENS, _OUTPUT_TOKENS, _PREDICTED_N, _EVAL_COUNT):
         found = pattern.findall(tail)
         if found:
             return int(found[-1])

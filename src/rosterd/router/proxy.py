@@ -148,6 +148,9 @@ class Proxy:
         self.dialect = DIALECT_PATHS.get(path)
         self.envelope = envelope_for(path)
         self.stream_ends = STREAM_ENDS.get(path, (b"data: [DONE]",))
+        # count_tokens answers a prompt's length (input_tokens) but serves nothing: no
+        # tokens used.
+        self.answer_says_usage = self.label != "count_tokens"
         # (role, status) -> its counter and histogram children: labels() takes a lock and
         # builds its key on every call. Bounded by the roles times the statuses sent.
         self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -210,7 +213,8 @@ class Proxy:
                     self.ctx.usage.done(
                         role,
                         answer.status,
-                        answer.tail,
+                        answer.tail if self.answer_says_usage else b"",
+                        head=answer.head,
                         completion=answer.tokens,
                         queue_wait_s=answer.waited_s,
                         duration_s=time.perf_counter() - started,
@@ -405,7 +409,8 @@ class Proxy:
         role, route = lease.role, self.ctx.routes[lease.role]
         send = ModelEcho.wrap(send, self.path, payload, lease.endpoint.served_model)
         if self.dialect is not None and self.dialect not in route.native:
-            await self._forward_translated(lease, payload, send, told)
+            answer.tail = await self._forward_translated(lease, payload, send, told)
+            answer.tokens = generated_tokens(answer.tail)
             return
         upstream_body = route.rewrite(payload, lease.endpoint.served_model)
         body = json.dumps(
@@ -432,9 +437,10 @@ class Proxy:
 
     async def _forward_translated(
         self, lease: Lease, payload: dict[str, Any], send: Send, told: Told
-    ) -> None:
+    ) -> bytes:
         """A request in a dialect the role's backend does not speak: translated to its chat
-        route and back (``rosterd.router.dialects``), with rosterd's ``told`` headers."""
+        route and back (``rosterd.router.dialects``), with rosterd's ``told`` headers;
+        returns the chat answer's last bytes (where its usage is)."""
         role = lease.role
         base_url = lease.endpoint.base_url
 
@@ -448,7 +454,9 @@ class Proxy:
             await send(message)
 
         route, model = self.ctx.routes[role], lease.endpoint.served_model
-        await forward_in_dialect(self.path, route, payload, model, post, send_told, self.label)
+        return await forward_in_dialect(
+            self.path, route, payload, model, post, send_told, self.label
+        )
 
     async def _backend_failed(self, role: str, upstream: UpstreamResponse) -> None:
         """The backend answered 5xx: its text, as the path's 502 (or the 5xx it maps to).
@@ -499,7 +507,7 @@ class Proxy:
         )
         try:
             with upstream_errors(role, mid_stream=True):
-                finished, tail = await pass_body(upstream, send, self.stream_ends)
+                finished, answer.head, tail = await pass_body(upstream, send, self.stream_ends)
                 answer.tokens = generated_tokens(tail)
                 answer.tail = tail
         except RouterError as err:

@@ -41,9 +41,11 @@ _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 #: What makes a restore that loaded its file useless, most likely first.
 LIKELY_CAUSES: Final[str] = (
     "likely a sliding-window model launched without --swa-full (only the window's last "
-    "tokens are in the kept cache), a changed chat template or system prompt (the prompt "
-    "no longer begins with the kept tokens), or a first request from another conversation "
-    "than the kept one"
+    "tokens are in the kept cache), a hybrid or recurrent model (Qwen3.5 and Qwen3-Next's "
+    "Gated DeltaNet, Mamba, Jamba, Granite hybrid, LFM2: llama-server cannot reuse a "
+    "restored slot of its recurrent layers, and rosterd keeps none of an architecture it "
+    "knows as such), a changed chat template or system prompt (the prompt no longer begins "
+    "with the kept tokens), or a first request from another conversation than the kept one"
 )
 
 
@@ -178,9 +180,13 @@ def kv_summary(kv: dict[str, object] | None) -> str:
     """One cell for a role's kept KV cache (``rosterd ps``, the live page): the tokens and
     bytes kept and the last restore's result, such as ``3,713 tok · 18 MiB · restored``
     (``restored, not reused`` when the first request after it prefilled the prompt whole);
-    ``—`` when nothing is kept and nothing was restored."""
+    ``not kept`` for a role whose architecture cannot reuse a restored slot (its ``kv``'s
+    ``not_kept`` says why, ``rosterd.model_facts.slot_reuse``); ``—`` when nothing is kept
+    and nothing was restored."""
     if not kv:
         return "—"
+    if kv.get("not_kept"):
+        return "not kept"
     parts: list[str] = []
     tokens, size = kv.get("tokens"), kv.get("file_bytes")
     if isinstance(tokens, int) and isinstance(size, int) and (tokens or size):

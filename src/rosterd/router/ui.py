@@ -21,16 +21,18 @@ The charts are drawn with uPlot (MIT, ~50 KB, vendored under ``static/vendor/`` 
 its licence): a small, well-kept canvas library for time series, with no dependencies
 and nothing to fetch, so the page works on a lab network without the internet.
 
-Keys: the page, its CSS and its script hold no data and are served without a
-key; everything they show comes from the stream, ``/rosterd/logs``,
-``/rosterd/history``, ``/rosterd/load|unload`` and (the playground)
-``/v1/chat/completions``, which the key gate guards as every other path. The
-script sends ``Authorization: Bearer`` with ``fetch`` and reads the stream with
-``fetch`` too (``EventSource`` cannot send a header). A cookie set by a login
-would have let any other site's page make a logged-in browser load and unload
-roles (cross-site requests carry cookies); a header only this page's script
-sets cannot be sent that way, and the gate keeps one rule and its
-constant-time comparison. The key is kept in the tab's ``sessionStorage``.
+Keys: a key whose ``models`` list some roles sees only those, here as in ``GET /status``:
+the snapshots hold only its roles, and a scheduler event of any other role is not sent
+(:func:`shown_event`; the same holds for ``GET /rosterd/events``). The page, its CSS and
+its script hold no data and are served without a key; everything they show comes from
+the stream, ``/rosterd/logs``, ``/rosterd/history``, ``/rosterd/load|unload``,
+``/rosterd/usage`` and (the playground) ``/v1/chat/completions``, which the key gate
+guards as every other path. The script sends ``Authorization: Bearer`` with ``fetch``
+and reads the stream with ``fetch`` too (``EventSource`` cannot send a header). A cookie
+set by a login would have let any other site's page make a logged-in browser load and
+unload roles (cross-site requests carry cookies); a header only this page's script sets
+cannot be sent that way, and the gate keeps one rule and its constant-time comparison.
+The key is kept in the tab's ``sessionStorage``.
 
 Library choice: Starlette's ``StaticFiles`` serves the files from the package,
 with ETags and ``304 Not Modified``.
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Final
@@ -50,6 +53,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rosterd.router.history import History
+from rosterd.router.routing import ModelNames
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.values import SchedulerEvent
@@ -77,8 +81,36 @@ def sse(event: str, data: object) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def _history(scheduler: NodeDirectory) -> dict[str, object]:
-    return {"events": [e.as_json() for e in scheduler.events()[-HISTORY_EVENTS:]]}
+#: What stands for a role the caller's key may not see, in an event's ``cause``.
+HIDDEN_ROLE: Final[str] = "another role"
+
+
+def shown_event(event: SchedulerEvent, names: ModelNames | None) -> dict[str, object] | None:
+    """``event`` as JSON for the request's key (``rosterd.router.caller``): ``None`` when
+    the key may not use its role; else without the roles it may not use (gone from
+    ``resident``, and named :data:`HIDDEN_ROLE` in ``cause``, e.g. an eviction's "evicted
+    for ROLE"). ``names`` ``None``: every event whole."""
+    if names is None:
+        return event.as_json()
+    if not names.visible(event.role):
+        return None
+    shown = event.as_json()
+    hidden = [r for r in {*names.names_of, *event.resident} if not names.visible(r)]
+    if hidden:
+        shown["resident"] = [r for r in event.resident if r not in hidden]
+        words = "|".join(re.escape(r) for r in sorted(hidden, key=len, reverse=True))
+        pattern = rf"(?<![\w.-])(?:{words})(?![\w.-])"
+        shown["cause"] = re.sub(pattern, HIDDEN_ROLE, event.cause)
+    return shown
+
+
+def shown_events(events: list[SchedulerEvent], names: ModelNames | None) -> list[dict[str, object]]:
+    """:func:`shown_event` of each of ``events``, the hidden ones left out."""
+    return [e for e in (shown_event(event, names) for event in events) if e is not None]
+
+
+def _history(scheduler: NodeDirectory, names: ModelNames | None) -> dict[str, object]:
+    return {"events": shown_events(scheduler.events()[-HISTORY_EVENTS:], names)}
 
 
 async def event_stream(
@@ -88,6 +120,7 @@ async def event_stream(
     *,
     interval_s: float = SNAPSHOT_INTERVAL_S,
     history: History | None = None,
+    names: ModelNames | None = None,
 ) -> AsyncIterator[bytes]:
     """The page's stream: history and a snapshot at once, then scheduler events as they
     are recorded and snapshots (see the module docstring), until ``streams`` closes.
@@ -95,7 +128,8 @@ async def event_stream(
     ``await status()`` is ``GET /status``'s JSON. Every node's listeners hear the events
     (nodes added later are joined at the next snapshot); a client that falls
     :data:`STREAM_QUEUE_EVENTS` behind gets a fresh history instead. With ``history``,
-    its new points go out as ``sample`` events, looked for at each snapshot.
+    its new points go out as ``sample`` events, looked for at each snapshot. With
+    ``names``, the request's key sees only the events of its roles (:func:`shown_event`).
     """
     queue: asyncio.Queue[SchedulerEvent] = asyncio.Queue(STREAM_QUEUE_EVENTS)
     overflowed = False
@@ -118,7 +152,7 @@ async def event_stream(
     join_nodes()
     try:
         yield f"retry: {RECONNECT_MS}\n\n".encode()
-        yield sse("history", _history(scheduler))
+        yield sse("history", _history(scheduler, names))
         yield sse("snapshot", await status())
         sent_sample = 0
         next_snapshot = time.monotonic() + interval_s
@@ -128,12 +162,11 @@ async def event_stream(
                 overflowed = False
                 while not queue.empty():
                     queue.get_nowait()
-                yield sse("history", _history(scheduler))
+                yield sse("history", _history(scheduler, names))
                 next_snapshot = time.monotonic()
             elif event is not None:
-                yield sse("scheduler", event.as_json())
-                while not queue.empty():
-                    yield sse("scheduler", queue.get_nowait().as_json())
+                for shown in shown_events([event, *_drain(queue)], names):
+                    yield sse("scheduler", shown)
                 # The state after the event, soon: the page shows the new phase at once.
                 next_snapshot = min(next_snapshot, time.monotonic() + EVENT_SNAPSHOT_DELAY_S)
             if not streams.closed and time.monotonic() >= next_snapshot:
@@ -150,16 +183,25 @@ async def event_stream(
                 listeners.remove(hear)
 
 
+def _drain(queue: asyncio.Queue[SchedulerEvent]) -> list[SchedulerEvent]:
+    out: list[SchedulerEvent] = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
+    return out
+
+
 def page_routes(
     scheduler: NodeDirectory,
     status: Callable[[], Awaitable[Mapping[str, object]]],
     streams: LiveStreams,
     history: History | None = None,
+    names: ModelNames | None = None,
 ) -> list[BaseRoute]:
     """The page's routes: ``/``, ``/ui``, ``/ui/static/*`` and ``/rosterd/events/stream``.
 
     ``await status()`` gives ``GET /status``'s JSON (the snapshots); ``streams`` ends
-    the event streams when serving stops; ``history``'s points go out as ``sample``.
+    the event streams when serving stops; ``history``'s points go out as ``sample``;
+    ``names``: the roles each request's key may see (:func:`shown_event`).
     """
 
     async def page(_: Request) -> Response:
@@ -181,7 +223,7 @@ def page_routes(
 
     async def stream(_: Request) -> Response:
         return StreamingResponse(
-            event_stream(scheduler, status, streams, history=history),
+            event_stream(scheduler, status, streams, history=history, names=names),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )

@@ -4,10 +4,17 @@ for its key's name and role (:class:`KeyUsage`), into the usage database
 ``GET /rosterd/usage``.
 
 Tokens are what the backend reported in its answer, read from the answer's end as the
-page's charts read them (:func:`rosterd.router.history.generated_tokens`): prompt tokens
-are the last ``usage.prompt_tokens``, else llama-server's ``timings.prompt_n``, else
-Ollama's ``prompt_eval_count``. A request made without a key (an open router) is counted
-under the name ``-``.
+page's charts read them (:func:`rosterd.router.history.generated_tokens`), in every dialect:
+for a request rosterd translated (Anthropic's Messages or OpenAI's Responses to a backend
+without them, Ollama's ``/api/chat`` and ``/api/generate`` to any but ollama) from the chat
+completion the backend answered. Prompt tokens are the whole prompt's, cached or not: the
+last ``usage.prompt_tokens``; else ``usage.input_tokens`` plus Anthropic's
+``cache_read_input_tokens`` and ``cache_creation_input_tokens`` (its ``input_tokens`` leaves
+out what the cache held; OpenAI's Responses counts it in and has neither); else Ollama's
+``prompt_eval_count``; else llama-server's ``timings.prompt_n``; and where the answer's end
+does not say (an Anthropic stream says it in ``message_start``), the same read from the
+answer's first bytes. A request made without a key (an open router) is counted under the
+name ``-``.
 """
 
 from __future__ import annotations
@@ -35,18 +42,35 @@ NO_KEY: Final[str] = "-"
 DEFAULT_SINCE: Final[str] = "7d"
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_PROMPT_N = re.compile(rb'"prompt_n"\s*:\s*(\d+)')
+_INPUT_TOKENS = re.compile(rb'"input_tokens"\s*:\s*(\d+)')
+_CACHE_READ = re.compile(rb'"cache_read_input_tokens"\s*:\s*(\d+)')
+_CACHE_CREATION = re.compile(rb'"cache_creation_input_tokens"\s*:\s*(\d+)')
 _PROMPT_EVAL_COUNT = re.compile(rb'"prompt_eval_count"\s*:\s*(\d+)')
+_PROMPT_N = re.compile(rb'"prompt_n"\s*:\s*(\d+)')
 
 
-def prompt_tokens(tail: bytes) -> int:
-    """The prompt tokens an answer says it read, from its last bytes (see the module); 0
-    when it does not say."""
-    for pattern in (_PROMPT_TOKENS, _PROMPT_N, _PROMPT_EVAL_COUNT):
-        found = pattern.findall(tail)
-        if found:
-            return int(found[-1])
-    return 0
+def _last(pattern: re.Pattern[bytes], text: bytes) -> int | None:
+    found = pattern.findall(text)
+    return int(found[-1]) if found else None
+
+
+def _said_prompt(text: bytes) -> int | None:
+    for pattern in (_PROMPT_TOKENS, _INPUT_TOKENS, _PROMPT_EVAL_COUNT, _PROMPT_N):
+        said = _last(pattern, text)
+        if said is not None:
+            if pattern is _INPUT_TOKENS:  # Anthropic's: what the cache held comes apart
+                said += (_last(_CACHE_READ, text) or 0) + (_last(_CACHE_CREATION, text) or 0)
+            return said
+    return None
+
+
+def prompt_tokens(tail: bytes, head: bytes = b"") -> int:
+    """The prompt tokens an answer says it read (see the module): from ``tail``, its last
+    bytes, else from ``head``, its first; 0 when neither says."""
+    said = _said_prompt(tail)
+    if said is None and head:
+        said = _said_prompt(head)
+    return said or 0
 
 
 class KeyUsage:
@@ -78,18 +102,20 @@ class KeyUsage:
         status: int,
         tail: bytes,
         *,
+        head: bytes = b"",
         completion: int | None = None,
         queue_wait_s: float,
         duration_s: float,
     ) -> None:
         """Count one finished request of the caller's key on ``role``: ``status`` its HTTP
-        status (0: none sent; 4xx or 5xx, or none, is an error), ``tail`` its answer's last
-        bytes (tokens; ``completion``: its completion tokens when already read from it),
+        status (0: none sent; 4xx or 5xx, or none, is an error), ``tail`` and ``head`` its
+        answer's last and first bytes (tokens; ``completion``: its completion tokens when
+        already read from it),
         ``queue_wait_s`` its wait for the role and ``duration_s`` its whole time, seconds
         (served: the difference)."""
         key = caller()
         name = key.name if key is not None else NO_KEY
-        prompt = prompt_tokens(tail) if tail else 0
+        prompt = prompt_tokens(tail, head) if tail else 0
         if completion is None:
             completion = generated_tokens(tail) if tail else 0
         counted = self._counted.get((name, role, status))

@@ -78,13 +78,14 @@ async def forward_in_dialect(
     post: PostUpstream,
     send: Send,
     label: str,
-) -> None:
+) -> bytes:
     """Serve ``payload`` (on dialect ``path``) through the backend's chat completions:
     translated, rewritten to ``served_model``, posted with ``post``, answered on ``send``
-    in the dialect (``forward_translated``)."""
+    in the dialect (``forward_translated``); returns the chat answer's last bytes (its
+    usage, as the backend reported it; empty when it answered none)."""
     translation = TRANSLATIONS[path]
     chat = route.rewrite(translation.chat_request(payload, _who(route)), served_model)
-    await forward_translated(
+    return await forward_translated(
         translation,
         chat,
         role=route.role,

@@ -7,6 +7,11 @@ a plain one whole, a stream event by event as its chunks arrive (each chat chunk
 its own events at once: nothing is held back). A backend's 4xx comes back with its
 status in the dialect's error shape; a 5xx is 502 (``upstream_status_error``), and a
 stream that ends without ``data: [DONE]`` ends with the dialect's error event.
+
+The chat answer's last bytes (:data:`~rosterd.router.client_side.ANSWER_TAIL_BYTES`) are
+returned to the proxy, which reads the tokens the backend reported from them as it does
+for a chat request (usage per key, the charts): the dialect's answer says them in other
+words, or not at all.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, Protocol
 from starlette.types import Send
 
 from rosterd.errors import RouterError
+from rosterd.router.client_side import ANSWER_TAIL_BYTES
 from rosterd.router.dialects.envelope import ErrorEnvelope, backend_error_text
 from rosterd.router.openai_errors import upstream_errors, upstream_status_error
 from rosterd.router.upstream import UpstreamResponse
@@ -79,9 +85,10 @@ async def forward_translated(
     post: PostUpstream,
     send: Send,
     envelope: ErrorEnvelope,
-) -> None:
+) -> bytes:
     """Send ``chat_request`` (already translated and rewritten to the served model) to the
-    backend's chat completions and answer ``send`` in the dialect.
+    backend's chat completions and answer ``send`` in the dialect; returns the chat
+    answer's last bytes, where its usage is (empty for a refusal, which generated nothing).
 
     Raises :class:`RouterError` (502 ``backend_error``) while nothing was sent yet; once a
     stream started, a failure ends it with ``envelope``'s error event.
@@ -100,7 +107,7 @@ async def forward_translated(
                 raw = await upstream.read()
             body = envelope.status_body(upstream.status, backend_error_text(raw))
             await _send_json(send, upstream.status, body)
-            return
+            return b""
         content_type = upstream.content_type or ""
         if not content_type.startswith("text/event-stream"):
             with upstream_errors(role):
@@ -112,8 +119,10 @@ async def forward_translated(
                     "backend_error", f"backend of role {role!r} answered chat with no JSON"
                 ) from None
             await _send_json(send, 200, _encode(translation.answer(chat)))
-            return
-        await _relay_stream(translation.stream(), upstream, role=role, send=send, envelope=envelope)
+            return raw[-ANSWER_TAIL_BYTES:]
+        return await _relay_stream(
+            translation.stream(), upstream, role=role, send=send, envelope=envelope
+        )
     finally:
         upstream.close()
 
@@ -125,17 +134,20 @@ async def _relay_stream(
     role: str,
     send: Send,
     envelope: ErrorEnvelope,
-) -> None:
+) -> bytes:
+    """Relay the chat stream as the dialect's events; returns the chat stream's last bytes
+    (as far as it came)."""
     headers = [
         (b"content-type", b"text/event-stream"),
         (b"cache-control", b"no-cache"),
         (b"x-accel-buffering", b"no"),
     ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    pending = b""
+    pending = tail = b""
     try:
         with upstream_errors(role, mid_stream=True):
             async for chunk in upstream.chunks():
+                tail = (tail + chunk)[-ANSWER_TAIL_BYTES:]
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 out: list[bytes] = []
@@ -147,7 +159,7 @@ async def _relay_stream(
                     if data == b"[DONE]":
                         body = b"".join(out + events.finish())
                         await send({"type": "http.response.body", "body": body, "more_body": False})
-                        return
+                        return tail
                     with contextlib.suppress(ValueError):
                         parsed = json.loads(data)
                         if isinstance(parsed, dict):
@@ -158,10 +170,11 @@ async def _relay_stream(
     except RouterError as err:
         with contextlib.suppress(Exception):
             await send(envelope.sse_event(err))
-        return
+        return tail
     cut = RouterError(
         "backend_error",
         f"the stream from role {role!r} ended before it finished: "
         "its backend stopped (evicted after the drain time, or it exited)",
     )
     await send(envelope.sse_event(cut))
+    return tail

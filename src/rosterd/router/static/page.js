@@ -133,6 +133,7 @@ async function connect() {
   }
   setConn("live", "live");
   loadHistory(); // the charts' past; the stream's `sample` events add to it
+  startUsage(); // usage.js: the usage table, for a key that may read it
   try {
     await readEventBlocks(response, dispatch);
   } catch (_) { /* cut: reconnect below */ }
@@ -404,7 +405,10 @@ function updateRow(row, role, info) {
   // The KV cache kept across swaps and the last restore's result (rosterd.router.restore_check).
   const kv = row.querySelector(".kv");
   kv.textContent = info.kv_summary || "—";
-  kv.title = (info.kv && (info.kv.last_restore_check_detail || info.kv.last_restore_detail)) || "";
+  kv.title =
+    (info.kv &&
+      (info.kv.not_kept || info.kv.last_restore_check_detail || info.kv.last_restore_detail)) ||
+    "";
   kv.dataset.kind = info.kv && info.kv.last_restore_check === "not reused" ? "error" : "";
   const note = roleNote(role, info);
   const cell = row.querySelector(".note");
