@@ -64,6 +64,7 @@ from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, en
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.key_turns import Turns
+from rosterd.router.load_progress import LoadProgress, continue_stream, wants_progress
 from rosterd.router.model_echo import ModelEcho
 from rosterd.router.openai_errors import (
     revoked_error,
@@ -177,7 +178,10 @@ class Proxy:
                     )
                     await answer.send(self.envelope.sse_event(err))
         except RouterError as err:
-            await self.envelope.response(err)(scope, receive, answer.send)
+            if answer.sse_open:  # the head went with load progress: the error ends the stream
+                await answer.send(self.envelope.sse_event(err))
+            else:
+                await self.envelope.response(err)(scope, receive, answer.send)
         except Exception as exc:
             log.exception("unhandled error on %s", self.path)
             if answer.status:
@@ -254,12 +258,13 @@ class Proxy:
         prefix = prefix_key(payload) if len(scheduler.nodes_of(role)) > 1 else None
         asked_at = time.time()
         with scheduler_errors():
-            lease = await self.ctx.turns.acquire(  # a batch key's after interactive work
-                role,
-                self.ctx.turns.class_of(scheduler.node_of(role).specs[role].latency_class),
-                lambda: scheduler.acquire(role, prefix=prefix),
-                scheduler.release,
-            )
+            async with self._load_progress(role, payload, answer):  # bytes while it loads
+                lease = await self.ctx.turns.acquire(  # a batch key's after interactive work
+                    role,
+                    self.ctx.turns.class_of(scheduler.node_of(role).specs[role].latency_class),
+                    lambda: scheduler.acquire(role, prefix=prefix),
+                    scheduler.release,
+                )
         self.ctx.history.request_granted(role, lease.waited_s)
         answer.waited_s = lease.waited_s
         self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
@@ -292,6 +297,20 @@ class Proxy:
                 lease = await scheduler.acquire(
                     role, newer_than=lease.generation, on_node=lease.node
                 )
+
+    def _load_progress(
+        self, role: str, payload: dict[str, Any], answer: ClientAnswer
+    ) -> contextlib.AbstractAsyncContextManager[object]:
+        """The load progress of a streamed request (:mod:`~rosterd.router.load_progress`);
+        nothing for other requests, or on another dialect's routes (Ollama's give a
+        ``label``, and their NDJSON has no line a client would skip)."""
+        mode = self.ctx.config.load_progress_of(role)
+        if self.label != PROXIED_PATHS.get(self.path) or not wants_progress(
+            self.path, payload, mode
+        ):
+            return contextlib.nullcontext()
+        model = str(payload.get("model", role))
+        return LoadProgress(self.ctx.scheduler, role, answer, self.path, mode, model)
 
     def _other_copy_ready(self, role: str, node: str) -> bool:
         """Whether a copy of ``role`` other than ``node``'s is ready now (a failover)."""
@@ -375,6 +394,8 @@ class Proxy:
         that ends without ``data: [DONE]`` ends it with an SSE error event.
         """
         role, route = lease.role, self.ctx.routes[lease.role]
+        if answer.status:  # only load progress is sent before the backend answers
+            send = continue_stream(send, self.envelope)
         send = ModelEcho.wrap(send, self.path, payload, lease.endpoint.served_model)
         if self.dialect is not None and self.dialect not in route.native:
             await self._forward_translated(lease, payload, send, told)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 from rosterd.adapters.base import ProgressProbe, rewrite_model_field
 from rosterd.errors import RouterError
@@ -70,6 +71,17 @@ class RoleRoute:
     progress: ProgressProbe | None = None
 
 
+class LoadProgressMode(Enum):
+    """What a streamed request waiting for a load is sent (:mod:`rosterd.router.load_progress`,
+    ``--load-progress``): ``ping``, SSE comments, or Anthropic's ``ping`` events; ``text``,
+    those and the progress as reasoning text on chat completions; ``off``, nothing until the
+    answer."""
+
+    PING = "ping"
+    TEXT = "text"
+    OFF = "off"
+
+
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     """The router's limits.
@@ -92,6 +104,9 @@ class RouterConfig:
     (:mod:`rosterd.router.progress`; roles whose backend can tell only).
     ``history_interval_s``: seconds between two points of the page's charts
     (:mod:`rosterd.router.history`; 360 points are kept).
+    ``load_progress``: what a streamed request waiting for a load is sent
+    (:mod:`rosterd.router.load_progress`, ``--load-progress``), and ``role_load_progress``
+    the roles that say otherwise (role -> mode).
     """
 
     api_keys: tuple[str, ...] = ()
@@ -105,6 +120,12 @@ class RouterConfig:
     request_read_timeout_s: float = 30.0
     progress_check: ProgressCheck = field(default_factory=ProgressCheck)
     history_interval_s: float = 10.0
+    load_progress: LoadProgressMode = LoadProgressMode.PING
+    role_load_progress: Mapping[str, LoadProgressMode] = field(default_factory=dict)
+
+    def load_progress_of(self, role: str) -> LoadProgressMode:
+        """What a streamed request for ``role`` is sent while it waits for a load."""
+        return self.role_load_progress.get(role, self.load_progress)
 
 
 def shown_name(name: str) -> str:
