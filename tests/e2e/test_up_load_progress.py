@@ -10,6 +10,7 @@ load fails after that time.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -32,9 +33,17 @@ def _start(tmp: Path, *flags: str) -> Up:
         {
             "slow": ["--load-s", str(LOAD_S)],
             "broken": ["--mode", "crash", "--load-s", "1"],
+            "quiet": ["--load-s", "2"],
         },
     )
-    entries = [llama_entry("slow", "slow", 0.1, 18801), llama_entry("broken", "broken", 0.1, 18802)]
+    written = json.loads(fleet.read_text())
+    written["models"]["quiet"]["load_progress"] = "off"  # the role's own word wins
+    fleet.write_text(json.dumps(written))
+    entries = [
+        llama_entry("slow", "slow", 0.1, 18801),
+        llama_entry("broken", "broken", 0.1, 18802),
+        llama_entry("quiet", "quiet", 0.1, 18803),
+    ]
     roster = write_roster(tmp / "roster.yaml", entries)
     argv = [str(roster), "--fleet", str(fleet), "--no-warm-up", "--max-wait", "60", *flags]
     return start_up(argv, tmp, pick_free_port(), env=env)
@@ -155,5 +164,18 @@ def test_with_load_progress_text_the_openai_stream_carries_the_progress_before_t
         assert kinds.index("content") >= 2  # progress lines, the ready line, then the answer
         assert seen[0][1].startswith("loading slow") or seen[0][1].startswith("waiting to load")
         assert any("is ready after" in text for kind, text in seen if kind == "reasoning")
+    finally:
+        up.stop()
+
+
+def test_a_role_whose_fleet_entry_says_off_gets_no_progress_whatever_up_says(
+    tmp_path: Path,
+) -> None:
+    up = _start(tmp_path, "--load-progress", "text")
+    try:
+        body = {"model": "quiet", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        first_byte_s, lines = _stream_lines(up, "/v1/chat/completions", body)
+        assert first_byte_s >= 1.5  # the answer's own first byte, after the 2 s load
+        assert all(line.startswith("data: ") for _, line in lines), lines
     finally:
         up.stop()

@@ -304,7 +304,7 @@ class Proxy:
         """The load progress of a streamed request (:mod:`~rosterd.router.load_progress`);
         nothing for other requests, or on another dialect's routes (Ollama's give a
         ``label``, and their NDJSON has no line a client would skip)."""
-        mode = self.ctx.config.load_progress_of(role)
+        mode = self.ctx.routes[role].load_progress or self.ctx.config.load_progress
         if self.label != PROXIED_PATHS.get(self.path) or not wants_progress(
             self.path, payload, mode
         ):

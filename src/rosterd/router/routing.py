@@ -58,6 +58,8 @@ class RoleRoute:
     so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated;
     ``progress``: how its backend says how far a quiet request has come
     (``Adapter.progress_probe``; ``None``: only the first-byte deadline applies).
+    ``load_progress``: what a streamed request waiting for its load gets, when its fleet
+    ``models:`` entry says (``None``: :attr:`RouterConfig.load_progress`).
     """
 
     role: str
@@ -69,6 +71,7 @@ class RoleRoute:
     flavor_dialects: frozenset[str] = frozenset()
     ollama_api: bool = False
     progress: ProgressProbe | None = None
+    load_progress: LoadProgressMode | None = None
 
 
 class LoadProgressMode(Enum):
@@ -105,8 +108,8 @@ class RouterConfig:
     ``history_interval_s``: seconds between two points of the page's charts
     (:mod:`rosterd.router.history`; 360 points are kept).
     ``load_progress``: what a streamed request waiting for a load is sent
-    (:mod:`rosterd.router.load_progress`, ``--load-progress``), and ``role_load_progress``
-    the roles that say otherwise (role -> mode).
+    (:mod:`rosterd.router.load_progress`, ``--load-progress``), unless its role says
+    otherwise (:attr:`RoleRoute.load_progress`).
     """
 
     api_keys: tuple[str, ...] = ()
@@ -121,11 +124,6 @@ class RouterConfig:
     progress_check: ProgressCheck = field(default_factory=ProgressCheck)
     history_interval_s: float = 10.0
     load_progress: LoadProgressMode = LoadProgressMode.PING
-    role_load_progress: Mapping[str, LoadProgressMode] = field(default_factory=dict)
-
-    def load_progress_of(self, role: str) -> LoadProgressMode:
-        """What a streamed request for ``role`` is sent while it waits for a load."""
-        return self.role_load_progress.get(role, self.load_progress)
 
 
 def shown_name(name: str) -> str:
