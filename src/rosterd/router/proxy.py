@@ -18,9 +18,11 @@ One request, top to bottom, is :class:`Proxy`, each step a method below its call
    through chunk by chunk (``_pass_through``).
 
 What goes to the client is :mod:`~rosterd.router.client_side`'s; the ``X-Rosterd-*``
-headers :mod:`~rosterd.router.wait_report`'s; the first answer after a KV restore is
-judged by :mod:`~rosterd.router.restore_check`. The upstream client is
-:class:`~rosterd.router.upstream.Upstream` (keep-alive HTTP/1.1 on httptools).
+headers :mod:`~rosterd.router.wait_report`'s; what a stream gets while its role loads
+:mod:`~rosterd.router.load_progress`'s (a hook around step 3's lease, and step 5's head);
+the first answer after a KV restore is judged by :mod:`~rosterd.router.restore_check`. The
+upstream client is :class:`~rosterd.router.upstream.Upstream` (keep-alive HTTP/1.1 on
+httptools).
 
 A raw ASGI app rather than a Starlette endpoint, because it watches the client's
 ``http.disconnect`` while it serves: a client that leaves cancels the request at once,
