@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
+import httpx
 from starlette.types import Message
 
+from rosterd.backends.values import Endpoint
 from rosterd.flavors import InferFlavor
 from rosterd.router.dialects.envelope import ANTHROPIC_ENVELOPE, OPENAI_ENVELOPE
 from rosterd.router.load_progress import (
@@ -23,6 +26,7 @@ from rosterd.router.load_progress import (
 from rosterd.router.routing import LoadProgressMode
 from rosterd.scheduler.values import SchedulerEvent
 from rosterd.spec import InferenceSpec, MemorySpec
+from support.router import NoBackends, serve
 
 
 def _event(kind: str, role: str, duration_s: float | None = None) -> SchedulerEvent:
@@ -115,3 +119,38 @@ def test_a_backends_refusal_after_an_early_head_becomes_the_paths_sse_error_even
     [anthropic_event] = _through("/v1/messages", [start, half, rest])
     assert anthropic_event["body"].startswith(b"event: error\ndata: ")
     assert b"invalid_request_error" in anthropic_event["body"]
+
+
+class _SlowStarts(NoBackends):
+    """A start that takes 1.5 s, as a load does (the stand-in needs no process)."""
+
+    async def start(self, role: str) -> Endpoint:
+        await asyncio.sleep(1.5)
+        return await super().start(role)
+
+
+async def test_the_pages_stream_says_each_load_under_way_with_its_seconds_and_expected_total(
+    tmp_path: Path,
+) -> None:
+    async with (
+        serve(tmp_path, backends=_SlowStarts()) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=20) as client,
+        client.stream("GET", "/rosterd/events/stream") as stream,
+    ):
+        lines = stream.aiter_lines()
+        loader = asyncio.create_task(client.post("/rosterd/load/chat"))
+        name = ""
+        seen: list[dict[str, object]] = []
+        async with asyncio.timeout(10):
+            async for line in lines:
+                if line.startswith("event: "):
+                    name = line.removeprefix("event: ")
+                elif line.startswith("data: ") and name == "loads":
+                    seen += json.loads(line.removeprefix("data: "))["loads"]
+                    if any(float(load["elapsed_s"]) >= 0.5 for load in seen):  # type: ignore[arg-type]
+                        break
+        (await loader).raise_for_status()
+        up.streams.close()
+    load = seen[-1]
+    assert (load["role"], load["node"]) == ("chat", "n1")
+    assert load["expected_s"] == 1.0  # never loaded here: 1 MiB of weights, at least 1 s

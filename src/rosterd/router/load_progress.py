@@ -242,6 +242,27 @@ class LoadProgress:
         await self.answer.send({"type": "http.response.body", "body": body, "more_body": True})
 
 
+def loads_now(scheduler: NodeDirectory) -> list[dict[str, object]]:
+    """The loads under way on every node, for the page's progress bars (``event: loads``):
+    ``role``, ``node``, ``elapsed_s`` since its ``loading`` event and ``expected_s``
+    (:func:`expected_load_s`), seconds; oldest load first."""
+    now = time.time()
+    loads: list[tuple[float, dict[str, object]]] = []
+    for name, node in sorted(scheduler.nodes.items()):
+        events = tuple(node.events)
+        specs = node.specs
+        for role in sorted(specs):
+            if node.copy_state(role) is not CopyState.LOADING:
+                continue
+            began = next(
+                (e.at for e in reversed(events) if e.role == role and e.kind == "loading"), now
+            )
+            expected_s = expected_load_s(role, events, specs[role])
+            view = {"role": role, "node": name, "elapsed_s": now - began, "expected_s": expected_s}
+            loads.append((now - began, view))
+    return [view for _elapsed, view in sorted(loads, key=lambda pair: -pair[0])]
+
+
 def continue_stream(send: Send, envelope: ErrorEnvelope) -> Send:
     """``send`` for the answer of a request whose head :class:`LoadProgress` sent: a later
     head is dropped (the client has its 200), and a refusal's (status 400 and up) body

@@ -12,6 +12,9 @@ the stream sends:
 - ``event: scheduler``: one :class:`~rosterd.scheduler.values.SchedulerEvent` as
   ``GET /rosterd/events`` gives it (a load, an eviction with its cause, a crash,
   a restart), the moment the node's loop records it;
+- ``event: loads``: after each snapshot, the loads under way with their seconds elapsed
+  and expected (:func:`~rosterd.router.load_progress.loads_now`), for the roles'
+  progress bars;
 - ``event: history``: at connect, the last :data:`HISTORY_EVENTS` of them;
 - ``event: sample``: each point of the charts' history
   (:meth:`~rosterd.router.history.History.sample`) as it is closed (at connect, the
@@ -50,6 +53,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rosterd.router.history import History
+from rosterd.router.load_progress import loads_now
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.values import SchedulerEvent
@@ -120,6 +124,7 @@ async def event_stream(
         yield f"retry: {RECONNECT_MS}\n\n".encode()
         yield sse("history", _history(scheduler))
         yield sse("snapshot", await status())
+        yield sse("loads", {"loads": loads_now(scheduler)})
         sent_sample = 0
         next_snapshot = time.monotonic() + interval_s
         while not streams.closed:
@@ -143,6 +148,7 @@ async def event_stream(
                         sent_sample = number
                         yield sse("sample", point)
                 yield sse("snapshot", await status())
+                yield sse("loads", {"loads": loads_now(scheduler)})
                 next_snapshot = time.monotonic() + interval_s
     finally:
         for listeners in joined.values():
