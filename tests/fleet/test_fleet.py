@@ -314,6 +314,14 @@ BAD = [
         16,
         ["unknown key 'gpu'", "path, ctx_size, parallel, extra_args"],
     ),
+    (
+        "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64}\n"
+        "models:\n  m: {path: x, load_progress: loud}\n",
+        "models.m.load_progress",
+        4,
+        31,
+        ["expected one of ping, text, off", "'loud'"],
+    ),
     ("nodes:\n  - {name: a\n", None, 3, 1, ["not valid YAML"]),
     (
         "nodes:\n  - {name: !foo a, memory_gb: 8, platform: linux-x86_64}\n",
@@ -476,3 +484,13 @@ def test_a_home_folder_of_no_user_is_a_fleet_error(tmp_path: Path, key: str, ent
         load_fleet(path)
     assert key in str(raised.value)
     assert "'~nosuchuserhere' names no user here" in str(raised.value)
+
+
+def test_a_models_entry_may_say_what_a_stream_waiting_for_its_load_gets(tmp_path: Path) -> None:
+    text = (
+        "nodes:\n  - {name: a, memory_gb: 8, platform: linux-x86_64}\n"
+        "models:\n  m: {path: x, load_progress: text}\n  n: y\n"
+    )
+    fleet = parse_fleet(text, file="fleet.yaml", base_dir=tmp_path)
+    assert fleet.models["m"].load_progress == "text"
+    assert fleet.models["n"].load_progress is None  # up's --load-progress

@@ -5,7 +5,8 @@
 
 Modes:
   ok           /health answers 503 for --load-s seconds, then 200; /v1/models 200;
-               POST /v1/completions answers one token; GET /slots one idle slot.
+               POST /v1/completions answers one token (streamed: in the shape of the path,
+               /v1/completions, /v1/chat/completions or /v1/messages); GET /slots one idle slot.
   crash        writes a fatal error to stderr after --load-s seconds and exits 3.
   ignore-term  like ok, but ignores SIGTERM (only SIGKILL stops it).
   wedged       HTTP answers (/health 200) but a completion never returns: a hung generator
@@ -131,8 +132,18 @@ def main() -> int:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            chunk = {"object": "text_completion", "model": body.get("model")}
+            if self.path == "/v1/messages":
+                self.wfile.write(_messages_stream(body.get("model")))
+                self.close_connection = True
+                return
+            chunk: dict[str, object] = {"object": "text_completion", "model": body.get("model")}
             chunk["choices"] = [{"index": 0, "text": "x", "finish_reason": None}]
+            if self.path == "/v1/chat/completions":
+                chunk["object"] = "chat.completion.chunk"
+                chunk["id"] = "fake"
+                chunk["created"] = 0
+                delta = {"role": "assistant", "content": "x"}
+                chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": None}]
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             self.wfile.flush()
             if wedged:
@@ -149,6 +160,53 @@ def main() -> int:
     print(f"fake backend listening on {args.host}:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()
     return 0
+
+
+def _messages_stream(model: object) -> bytes:
+    """An Anthropic Messages stream of one text token ``x``, as llama-server's
+    ``/v1/messages`` sends it (message_start to message_stop)."""
+    message = {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": 0},
+    }
+    events: list[tuple[str, dict[str, object]]] = [
+        ("message_start", {"type": "message_start", "message": message}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "x"},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 1},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return b"".join(
+        f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events
+    )
 
 
 if __name__ == "__main__":

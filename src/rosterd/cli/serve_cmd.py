@@ -260,6 +260,16 @@ def up_cmd(
             help="Seconds between two points of the page's charts (360 are kept: 1 h at 10 s).",
         ),
     ] = 10.0,
+    load_progress: Annotated[
+        str,
+        typer.Option(
+            "--load-progress",
+            metavar="ping|text|off",
+            help="What a streamed request waiting for its role's load gets at once and every "
+            "3 s: ping (SSE comments; Anthropic's ping events), text (also the progress as "
+            "reasoning text in chat completions, as chat UIs show thinking) or off.",
+        ),
+    ] = "ping",
     watch: Annotated[
         bool,
         typer.Option(
@@ -311,6 +321,14 @@ def up_cmd(
     install_access_log(access_log_format, access_path, sys.stderr)
     if not 1 <= port <= 65535:
         raise OptionError(f"--port {port} is not a usable port (1..65535)")
+    from rosterd.router.routing import LoadProgressMode
+
+    try:
+        progress_mode = LoadProgressMode(load_progress)
+    except ValueError:
+        raise OptionError(
+            f"--load-progress {load_progress!r}: expected ping, text or off"
+        ) from None
     keys = check_api_keys(api_key or [], os.environ)
     if min_residency is not None:
         # The old name said "residency" though it holds only a role with work (issue 22).
@@ -359,6 +377,7 @@ def up_cmd(
         warm_up=warm_up,
         cors_origins=origins,
         history_interval_s=history_interval,
+        load_progress=progress_mode,
         watch=watch,
         ray_address=ray_address_of(ray_address, os.environ),
         ray_join_timeout_s=ray_join_timeout,

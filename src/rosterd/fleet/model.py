@@ -23,6 +23,7 @@ from rosterd.tokens import GB
 #: ``Platform`` is re-exported: a node's platform (defined with the flavors' facts in
 #: ``rosterd.flavors``, which say where each flavor runs).
 __all__ = [
+    "LOAD_PROGRESS_MODES",
     "OFFLOADS",
     "RERANKING_FLAGS",
     "DeviceSpec",
@@ -42,6 +43,10 @@ RERANKING_FLAGS: frozenset[str] = frozenset({"--reranking", "--rerank"})
 #: A ``models:`` entry's ``offload``: ``full`` (every layer on the role's device, or the
 #: role is unplaced) or ``partial`` (the layers that fit, the rest on the CPU).
 OFFLOADS: tuple[str, ...] = ("full", "partial")
+
+#: A ``models:`` entry's ``load_progress``: what a streamed request waiting for the role's
+#: load gets (``rosterd up --load-progress``'s words; the router's ``LoadProgressMode``).
+LOAD_PROGRESS_MODES: tuple[str, ...] = ("ping", "text", "off")
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,8 @@ class ModelSource:
     ``offload``: on a node with devices, ``full`` (default: all layers on one device, or
     the role is unplaced with the reason) or ``partial`` (the layers that fit on the
     device, the rest on the CPU, shown in the plan with the layer count).
+    ``load_progress``: what a streamed request waiting for the role's load gets, one of
+    :data:`LOAD_PROGRESS_MODES` (``None``: ``rosterd up --load-progress``).
     """
 
     path: Path
@@ -128,6 +135,7 @@ class ModelSource:
     cache_ram_mb: int | None = None
     reranking: bool | None = None
     offload: str = "full"
+    load_progress: str | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,9 @@ A fleet file is YAML::
                   offload: full,        # on a node with devices: all layers on one device
                                         # (default) or `partial` (what fits, rest on the CPU)
                   keep_kv: true,        # save/restore the KV cache across swaps (default)
-                  cache_ram_mb: 256}    # the backend's RAM prompt cache, MiB (small default)
+                  cache_ram_mb: 256,    # the backend's RAM prompt cache, MiB (small default)
+                  load_progress: text}  # a stream waiting for its load: ping, text or off
+                                        # (default: up's --load-progress)
       bge-reranker: {path: models/reranker.gguf,
                      reranking: true}   # serves /v1/rerank (default: the GGUF's pooling type)
     model_roots: [models]       # optional: folders searched for weights
@@ -57,6 +59,7 @@ from rosterd.errors import FleetError
 from rosterd.fleet.device_reader import read_devices
 from rosterd.fleet.fields import YamlFields
 from rosterd.fleet.model import (
+    LOAD_PROGRESS_MODES,
     OFFLOADS,
     DeviceSpec,
     Fleet,
@@ -147,6 +150,7 @@ _MODEL_KEYS: Final = (
     "reranking",
     "replicas",
     "offload",
+    "load_progress",
 )
 
 
@@ -381,6 +385,17 @@ class _FleetReader(YamlFields):
                         f"{path}.offload",
                         f"expected one of {', '.join(OFFLOADS)}, found {offload!r}",
                     )
+            load_progress = None
+            if "load_progress" in fields:
+                mode_node = fields["load_progress"][1]
+                load_progress = self.text(mode_node, f"{path}.load_progress", "ping, text or off")
+                if load_progress not in LOAD_PROGRESS_MODES:
+                    raise self.fail(
+                        mode_node,
+                        f"{path}.load_progress",
+                        f"expected one of {', '.join(LOAD_PROGRESS_MODES)}, "
+                        f"found {load_progress!r}",
+                    )
             models[key] = ModelSource(
                 path=source_path,
                 ctx_size=ctx_size,
@@ -392,6 +407,7 @@ class _FleetReader(YamlFields):
                 cache_ram_mb=cache_ram_mb,
                 reranking=reranking,
                 offload=offload,
+                load_progress=load_progress,
             )
         return models
 

@@ -24,11 +24,14 @@ past Starlette's router. Modules:
 - ``client_side``: what is sent to the client, the cut when it leaves or the lease is
   revoked, a body passed through chunk by chunk;
 - ``model_echo``: the answer's ``model`` is the name the client asked for;
+- ``request_counts``: a finished request counted once (metrics, history, usage);
 - ``retries``: every retry of a request in one table, in the order they nest;
 - ``deadlines``: a request's deadlines (first byte, between chunks);
 - ``speeds``: each role's measured prefill and generation speed, for the first-byte
   deadline;
 - ``progress``: a quiet request asks its backend how far it has come;
+- ``load_progress``: what a streamed request hears while its role loads (SSE comments,
+  ``ping`` events, reasoning text) and the page's progress bars;
 - ``wait_report``: the ``X-Rosterd-*`` headers of what a request waited for;
 - ``restore_check``: the first answer after a KV restore, judged;
 - ``upstream``: the client towards backends (pool, timeouts, typed errors);

@@ -18,9 +18,11 @@ One request, top to bottom, is :class:`Proxy`, each step a method below its call
    through chunk by chunk (``_pass_through``).
 
 What goes to the client is :mod:`~rosterd.router.client_side`'s; the ``X-Rosterd-*``
-headers :mod:`~rosterd.router.wait_report`'s; the first answer after a KV restore is
-judged by :mod:`~rosterd.router.restore_check`. The upstream client is
-:class:`~rosterd.router.upstream.Upstream` (keep-alive HTTP/1.1 on httptools).
+headers :mod:`~rosterd.router.wait_report`'s; what a stream gets while its role loads
+:mod:`~rosterd.router.load_progress`'s (a hook around step 3's lease, and step 5's head);
+the first answer after a KV restore is judged by :mod:`~rosterd.router.restore_check`. The
+upstream client is :class:`~rosterd.router.upstream.Upstream` (keep-alive HTTP/1.1 on
+httptools).
 
 A raw ASGI app rather than a Starlette endpoint, because it watches the client's
 ``http.disconnect`` while it serves: a client that leaves cancels the request at once,
@@ -70,6 +72,7 @@ from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, en
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.key_turns import Turns
+from rosterd.router.load_progress import LoadProgress, continue_stream, wants_progress
 from rosterd.router.model_echo import ModelEcho
 from rosterd.router.openai_errors import (
     revoked_error,
@@ -78,6 +81,7 @@ from rosterd.router.openai_errors import (
     upstream_status_error,
 )
 from rosterd.router.progress import Vouch, watched
+from rosterd.router.request_counts import RequestCounts
 from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.retries import RETRIES, backend_unreachable, may_resend
 from rosterd.router.routing import (
@@ -150,10 +154,9 @@ class Proxy:
         self.stream_ends = STREAM_ENDS.get(path, (b"data: [DONE]",))
         # count_tokens answers a prompt's length (input_tokens) but serves nothing: no
         # tokens used.
-        self.answer_says_usage = self.label != "count_tokens"
-        # (role, status) -> its counter and histogram children: labels() takes a lock and
-        # builds its key on every call. Bounded by the roles times the statuses sent.
-        self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self.counted = RequestCounts(
+            ctx.metrics, ctx.history, ctx.usage, self.label, says_usage=self.label != "count_tokens"
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -189,7 +192,10 @@ class Proxy:
                     )
                     await answer.send(self.envelope.sse_event(err))
         except RouterError as err:
-            await self.envelope.response(err)(scope, receive, answer.send)
+            if answer.sse_open:  # the head went with load progress: the error ends the stream
+                await answer.send(self.envelope.sse_event(err))
+            else:
+                await self.envelope.response(err)(scope, receive, answer.send)
         except Exception as exc:
             log.exception("unhandled error on %s", self.path)
             if answer.status:
@@ -197,28 +203,7 @@ class Proxy:
             internal = RouterError("internal_error", f"internal error: {exc}")
             await self.envelope.response(internal)(scope, receive, answer.send)
         finally:
-            counted = self._counted.get((role, answer.status))
-            if counted is None:
-                requests, durations = self.ctx.metrics.requests, self.ctx.metrics.request_duration
-                counted = (
-                    requests.labels(role=role, endpoint=self.label, code=str(answer.status)),
-                    durations.labels(role=role, endpoint=self.label),
-                )
-                self._counted[(role, answer.status)] = counted
-            counted[0].inc()
-            counted[1].observe(time.perf_counter() - started)
-            if role != "-":
-                self.ctx.history.request_done(role, answer.tokens)
-                if self.ctx.usage is not None:  # per key (rosterd.router.usage_hook)
-                    self.ctx.usage.done(
-                        role,
-                        answer.status,
-                        answer.tail if self.answer_says_usage else b"",
-                        head=answer.head,
-                        completion=answer.tokens,
-                        queue_wait_s=answer.waited_s,
-                        duration_s=time.perf_counter() - started,
-                    )
+            self.counted.done(role, answer, time.perf_counter() - started)
 
     async def _serve(
         self, role: str, payload: dict[str, Any], receive: Receive, answer: ClientAnswer
@@ -267,12 +252,13 @@ class Proxy:
         prefix = prefix_key(payload) if len(scheduler.nodes_of(role)) > 1 else None
         asked_at = time.time()
         with scheduler_errors():
-            lease = await self.ctx.turns.acquire(  # a batch key's after interactive work
-                role,
-                self.ctx.turns.class_of(scheduler.node_of(role).specs[role].latency_class),
-                lambda: scheduler.acquire(role, prefix=prefix),
-                scheduler.release,
-            )
+            async with self._load_progress(role, payload, answer):  # bytes while it loads
+                lease = await self.ctx.turns.acquire(  # a batch key's after interactive work
+                    role,
+                    self.ctx.turns.class_of(scheduler.node_of(role).specs[role].latency_class),
+                    lambda: scheduler.acquire(role, prefix=prefix),
+                    scheduler.release,
+                )
         self.ctx.history.request_granted(role, lease.waited_s)
         answer.waited_s = lease.waited_s
         self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
@@ -305,6 +291,20 @@ class Proxy:
                 lease = await scheduler.acquire(
                     role, newer_than=lease.generation, on_node=lease.node
                 )
+
+    def _load_progress(
+        self, role: str, payload: dict[str, Any], answer: ClientAnswer
+    ) -> contextlib.AbstractAsyncContextManager[object]:
+        """The load progress of a streamed request (:mod:`~rosterd.router.load_progress`);
+        nothing for other requests, or on another dialect's routes (Ollama's give a
+        ``label``, and their NDJSON has no line a client would skip)."""
+        mode = self.ctx.routes[role].load_progress or self.ctx.config.load_progress
+        if self.label != PROXIED_PATHS.get(self.path) or not wants_progress(
+            self.path, payload, mode
+        ):
+            return contextlib.nullcontext()
+        model = str(payload.get("model", role))
+        return LoadProgress(self.ctx.scheduler, role, answer, self.path, mode, model)
 
     def _other_copy_ready(self, role: str, node: str) -> bool:
         """Whether a copy of ``role`` other than ``node``'s is ready now (a failover)."""
@@ -407,6 +407,8 @@ class Proxy:
         that ends without ``data: [DONE]`` ends it with an SSE error event.
         """
         role, route = lease.role, self.ctx.routes[lease.role]
+        if answer.status:  # only load progress is sent before the backend answers
+            send = continue_stream(send, self.envelope)
         send = ModelEcho.wrap(send, self.path, payload, lease.endpoint.served_model)
         if self.dialect is not None and self.dialect not in route.native:
             answer.tail = await self._forward_translated(lease, payload, send, told)

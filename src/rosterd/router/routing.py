@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 from rosterd.adapters.base import ProgressProbe, rewrite_model_field
 from rosterd.errors import RouterError
@@ -58,6 +59,8 @@ class RoleRoute:
     so ``/api/chat``, ``/api/generate`` and ``/api/embed`` pass through untranslated;
     ``progress``: how its backend says how far a quiet request has come
     (``Adapter.progress_probe``; ``None``: only the first-byte deadline applies).
+    ``load_progress``: what a streamed request waiting for its load gets, when its fleet
+    ``models:`` entry says (``None``: :attr:`RouterConfig.load_progress`).
     """
 
     role: str
@@ -69,6 +72,18 @@ class RoleRoute:
     flavor_dialects: frozenset[str] = frozenset()
     ollama_api: bool = False
     progress: ProgressProbe | None = None
+    load_progress: LoadProgressMode | None = None
+
+
+class LoadProgressMode(Enum):
+    """What a streamed request waiting for a load is sent (:mod:`rosterd.router.load_progress`,
+    ``--load-progress``): ``ping``, SSE comments, or Anthropic's ``ping`` events; ``text``,
+    those and the progress as reasoning text on chat completions; ``off``, nothing until the
+    answer."""
+
+    PING = "ping"
+    TEXT = "text"
+    OFF = "off"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +110,9 @@ class RouterConfig:
     (:mod:`rosterd.router.progress`; roles whose backend can tell only).
     ``history_interval_s``: seconds between two points of the page's charts
     (:mod:`rosterd.router.history`; 360 points are kept).
+    ``load_progress``: what a streamed request waiting for a load is sent
+    (:mod:`rosterd.router.load_progress`, ``--load-progress``), unless its role says
+    otherwise (:attr:`RoleRoute.load_progress`).
     """
 
     api_keys: tuple[str, ...] = ()
@@ -109,6 +127,7 @@ class RouterConfig:
     progress_check: ProgressCheck = field(default_factory=ProgressCheck)
     first_byte_rule: FirstByteRule = field(default_factory=FirstByteRule)
     history_interval_s: float = 10.0
+    load_progress: LoadProgressMode = LoadProgressMode.PING
 
 
 def shown_name(name: str) -> str:

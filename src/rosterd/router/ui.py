@@ -12,6 +12,9 @@ the stream sends:
 - ``event: scheduler``: one :class:`~rosterd.scheduler.values.SchedulerEvent` as
   ``GET /rosterd/events`` gives it (a load, an eviction with its cause, a crash,
   a restart), the moment the node's loop records it;
+- ``event: loads``: after each snapshot, the loads under way with their seconds elapsed
+  and expected (:func:`~rosterd.router.load_progress.loads_now`), for the roles'
+  progress bars;
 - ``event: history``: at connect, the last :data:`HISTORY_EVENTS` of them;
 - ``event: sample``: each point of the charts' history
   (:meth:`~rosterd.router.history.History.sample`) as it is closed (at connect, the
@@ -53,6 +56,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rosterd.router.history import History
+from rosterd.router.load_progress import loads_now
 from rosterd.router.routing import ModelNames
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler.directory import NodeDirectory
@@ -113,6 +117,14 @@ def _history(scheduler: NodeDirectory, names: ModelNames | None) -> dict[str, ob
     return {"events": shown_events(scheduler.events()[-HISTORY_EVENTS:], names)}
 
 
+def _loads_shown(scheduler: NodeDirectory, names: ModelNames | None) -> list[dict[str, object]]:
+    """The loads under way that the request's key may see (all, without ``names``)."""
+    loads = loads_now(scheduler)
+    if names is None:
+        return loads
+    return [load for load in loads if names.visible(str(load["role"]))]
+
+
 async def event_stream(
     scheduler: NodeDirectory,
     status: Callable[[], Awaitable[Mapping[str, object]]],
@@ -154,6 +166,7 @@ async def event_stream(
         yield f"retry: {RECONNECT_MS}\n\n".encode()
         yield sse("history", _history(scheduler, names))
         yield sse("snapshot", await status())
+        yield sse("loads", {"loads": _loads_shown(scheduler, names)})
         sent_sample = 0
         next_snapshot = time.monotonic() + interval_s
         while not streams.closed:
@@ -176,6 +189,7 @@ async def event_stream(
                         sent_sample = number
                         yield sse("sample", point)
                 yield sse("snapshot", await status())
+                yield sse("loads", {"loads": _loads_shown(scheduler, names)})
                 next_snapshot = time.monotonic() + interval_s
     finally:
         for listeners in joined.values():

@@ -47,6 +47,7 @@ from rosterd.placement import Plan, plan
 from rosterd.ray_cluster import RayCluster
 from rosterd.ray_match import RayNode
 from rosterd.router import RoleRoute, RouteTable
+from rosterd.router.routing import LoadProgressMode
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeConcurrency
@@ -82,6 +83,8 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
         names = [n for n in (s.spec.model, s.name) if n and n != role]
         names += aliases.get(role, [])
         adapter = adapter_for(s.spec.flavor)
+        models = config.fleet.models
+        source = models.get(role) or models.get(s.spec.model or "")  # as resolve_weights
         routes[role] = RoleRoute(
             role=role,
             names=tuple(dict.fromkeys(names)),
@@ -91,6 +94,11 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
             flavor_dialects=adapter.native_dialects,
             ollama_api=adapter.serves_ollama_api,
             progress=adapter.progress_probe,
+            load_progress=(
+                LoadProgressMode(source.load_progress)
+                if source is not None and source.load_progress is not None
+                else None
+            ),
             info={
                 "node": node,
                 "latency_class": s.spec.latency_class.value,

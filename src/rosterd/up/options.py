@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rosterd.router.progress import ProgressCheck
-from rosterd.router.routing import RouterConfig
+from rosterd.router.routing import LoadProgressMode, RouterConfig
 from rosterd.scheduler.values import SchedulerLimits
 from rosterd.up.defaults import DEFAULT_HOST, DEFAULT_PORT
 
@@ -37,6 +37,7 @@ class UpOptions:
     ``kv_disk_bytes``: the disk this machine's kept KV caches may take, and each node
     agent's on its node (``--kv-disk-gb``; the least recently used go first).
     ``history_interval_s``: seconds between two points of the page's charts.
+    ``load_progress``: what a streamed request waiting for a load gets (``--load-progress``).
     ``keys_path``: the keys file (``--keys``; :mod:`rosterd.keys`), read again on a reload.
     """
 
@@ -62,6 +63,7 @@ class UpOptions:
     request_read_timeout_s: float = 30.0
     kv_disk_bytes: int = 10 * 2**30
     history_interval_s: float = 10.0
+    load_progress: LoadProgressMode = LoadProgressMode.PING
     keys_path: Path | None = None
 
     def router_config(self) -> RouterConfig:
@@ -77,4 +79,5 @@ class UpOptions:
             chunk_timeout_s=self.chunk_timeout_s,
             request_read_timeout_s=self.request_read_timeout_s,
             history_interval_s=self.history_interval_s,
+            load_progress=self.load_progress,
         )

@@ -17,6 +17,7 @@ const state = {
   events: [],
   failures: {},     // role -> the last failure seen in the event log
   pending: {},      // role -> "load" | "unload" while its POST runs
+  loads: {},        // role -> its load under way: {elapsed_s, expected_s} (event: loads)
   retryMs: 2000,
   log: null,        // {role, abort}
 };
@@ -186,6 +187,10 @@ function dispatch(block) {
     state.failures = {};
     state.events.forEach(noteFailure);
     renderEvents();
+  } else if (name === "loads") {
+    // The loads under way (rosterd.router.load_progress.loads_now): each role's progress bar.
+    state.loads = Object.fromEntries(payload.loads.map((load) => [load.role, load]));
+    for (const row of document.querySelectorAll("tr[data-role]")) showLoad(row, row.dataset.role);
   } else if (name === "sample") {
     appendSample(payload);
   } else if (name === "scheduler") {
@@ -375,7 +380,8 @@ function roleRow(role) {
   log.addEventListener("click", () => followLog(role));
   return el("tr", { "data-role": role },
     el("td", { class: "name" }, el("span", { text: role })),
-    el("td", {}, el("span", { class: "phase" })),
+    el("td", {}, el("span", { class: "phase" }),
+      el("progress", { class: "load-progress", hidden: "" })),
     el("td", { class: "class" }),
     el("td", { class: "sticky" }),
     el("td", { class: "num running" }),
@@ -388,11 +394,26 @@ function roleRow(role) {
     el("td", { class: "actions" }, load, unload, log));
 }
 
+function showLoad(row, role) {
+  // A loading role's bar: seconds elapsed of the expected total (its last load on the node,
+  // else its weights' size at a disk rate), as the `loads` event says.
+  const bar = row.querySelector(".load-progress");
+  const load = state.loads[role];
+  if (!bar) return;
+  bar.hidden = !load || row.dataset.phase !== "loading";
+  if (bar.hidden) return;
+  const expected = Math.max(load.expected_s, load.elapsed_s, 0.001);
+  bar.max = expected;
+  bar.value = load.elapsed_s;
+  bar.title = `${load.elapsed_s.toFixed(0)} s of ~${load.expected_s.toFixed(0)} s`;
+}
+
 function updateRow(row, role, info) {
   const phase = row.querySelector(".phase");
   phase.textContent = info.phase;
   phase.className = `phase phase-${info.phase}`;
   row.dataset.phase = info.phase;
+  showLoad(row, role);
   row.querySelector(".class").textContent = info.latency_class;
   row.querySelector(".sticky").textContent = info.sticky ? "sticky" : "–";
   row.querySelector(".running").textContent = String(info.running);

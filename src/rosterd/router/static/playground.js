@@ -44,8 +44,11 @@ function bubble(who, text) {
 
 function seconds(ms) { return `${(ms / 1000).toFixed(2)} s`; }
 
-function waitWords(response, role) {
-  // What the router says the request waited for (see rosterd.router.wait_report).
+function waitWords(response, role, readyAfter) {
+  // What the router says the request waited for (see rosterd.router.wait_report). A stream
+  // whose head went while its role loaded (rosterd.router.load_progress) has no wait headers:
+  // its last progress comment said how long it waited.
+  if (readyAfter !== null) return `had to load ${role}: ready after ${readyAfter.toFixed(2)} s`;
   const load = response.headers.get("X-Rosterd-Load-S");
   const evicted = response.headers.get("X-Rosterd-Evicted");
   const wait = Number(response.headers.get("X-Rosterd-Queue-Wait-S") || "0");
@@ -81,6 +84,7 @@ async function playSend(event) {
   let usage = null;
   let timings = null;
   let failure = null;
+  let readyAfter = null;
   let response;
   try {
     response = await fetch("/v1/chat/completions", {
@@ -100,6 +104,13 @@ async function playSend(event) {
     else {
       await readEventBlocks(response, (block) => {
         for (const line of block.split("\n")) {
+          if (line.startsWith(": ")) {
+            // Load progress while the role loads: shown until the first token.
+            const ready = / is ready after ([0-9.]+) s$/.exec(line);
+            if (ready) readyAfter = Number(ready[1]);
+            else if (first === null) stats.textContent = `${line.slice(2)}…`;
+            continue;
+          }
           if (!line.startsWith("data:")) continue;
           const data = line.slice(5).trim();
           if (!data || data === "[DONE]") continue;
@@ -139,6 +150,6 @@ async function playSend(event) {
   stats.textContent = [
     `time to first token ${first === null ? "–" : seconds(first - started)}`,
     `${tokens} tokens in ${seconds(ended - started)}${rate}`,
-    waitWords(response, role),
+    waitWords(response, role, readyAfter),
   ].join(" · ");
 }
