@@ -106,6 +106,7 @@ _PURE_STATE_MACHINE = (
     "rosterd.scheduler.loads",
     "rosterd.scheduler.shutdown",
     "rosterd.scheduler.values",
+    "rosterd.scheduler.views",
     "rosterd.backends.interface",
     "rosterd.backends.values",
     # the fleet machine (DESIGN.md: "a pure function of (fleet state, event)")

@@ -20,6 +20,7 @@ from rosterd.adapters import Adapter, SharedServer, WeightsSource, adapter_for
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.kv_keep import KeptTotals, KvKeeper
 from rosterd.backends.shared import SharedServers
+from rosterd.backends.values import KeptKv
 from rosterd.errors import BackendAlreadySupervisedError, PortInUseError
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import (
@@ -212,7 +213,7 @@ class SupervisorBackends:
         self._sample_peak(role)  # the process and its high-water mark are gone after the stop
         await self.supervisor.stop(role)
 
-    def kept_kv(self, role: str) -> dict[str, object] | None:
+    def kept_kv(self, role: str) -> KeptKv | None:
         """What the machine keeps of ``role``'s KV cache (``KeptKvSource``), with the
         counts and bytes of its saves, restores and refusals in this run; ``None``
         without a keeper or for a role of another node."""
@@ -221,17 +222,17 @@ class SupervisorBackends:
         kept = self.kv.kept(role)
         restore = self.kv.last_restore.get(role)
         totals = self.kv.totals.get(role) or KeptTotals()
-        return {
-            "tokens": kept.tokens,
-            "file_bytes": kept.file_bytes,
-            "last_restore": restore.outcome if restore is not None else None,
-            "last_restore_detail": restore.detail if restore is not None else None,
-            "saves": totals.saves,
-            "restores": totals.restores,
-            "refusals": totals.refusals,
-            "saved_bytes": totals.saved_bytes,
-            "restored_bytes": totals.restored_bytes,
-        }
+        return KeptKv(
+            tokens=kept.tokens,
+            file_bytes=kept.file_bytes,
+            last_restore=restore.outcome if restore is not None else None,
+            last_restore_detail=restore.detail if restore is not None else None,
+            saves=totals.saves,
+            restores=totals.restores,
+            refusals=totals.refusals,
+            saved_bytes=totals.saved_bytes,
+            restored_bytes=totals.restored_bytes,
+        )
 
     async def measured_bytes(self) -> dict[str, int]:
         """Role -> RSS in bytes of its backend's process tree on this machine, measured now

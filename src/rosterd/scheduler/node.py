@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 
 from rosterd.backends.interface import (
     BackendEventSource,
@@ -50,6 +51,7 @@ from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.loop import NodeLoop
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import NodeChange, NodeConcurrency, Phase, SchedulerLimits
+from rosterd.scheduler.views import NodeSnapshot, RoleSnapshot
 from rosterd.spec import InferenceSpec
 
 #: A copy's state by its role's phase (``ready`` is decided with its probe, above).
@@ -350,40 +352,25 @@ class NodeScheduler(NodeLoop):
         if self._shut_down is not None and not self._shut_down.done():
             self._post(Shutdown(self._clock(), at_once=True))
 
-    def snapshot(self) -> dict[str, object]:
-        """The node's state as JSON-ready data (``/status``, ``rosterd ps``).
-
-        ``{"capacity_bytes", "resident_bytes", "resident": [...], "transition",
-        "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
-        "running", "queued", "idle_s", "loaded_for_s", "waiting_reason",
-        "waiting_s", "last_error", "last_error_age_s", "load_backoff_s",
-        "base_url", "pid", "restart_pending", "unavailable_reason"}}, "lost_reason"}``
-        (``running``: requests its backend runs now, their leases granted; ``queued``:
-        requests waiting for a lease; ``restart_pending``: a re-plan changed what it
-        launches and it restarts once
-        idle, or after ``drain_s``; durations in seconds,
-        ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
-        cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
-        re-plan removed the role and it drains before it stops; ``memory``: the
-        role's figures, or ``None``; ``kv``: what is kept of its KV cache across stops
-        (``KeptKvSource.kept_kv``), or ``None``); per node also ``running`` (requests
-        its backends run now) and ``max_concurrency`` (the node-wide limit now, or
-        ``None``).
-        """
+    def snapshot(self) -> NodeSnapshot:
+        """The node's state now, read-only, for display (``/status``, ``rosterd ps``): the
+        machine's view of each role with what the backends keep of its KV cache
+        (``KeptKvSource.kept_kv``, from memory), see :class:`NodeSnapshot`."""
         now = self._clock()
         backends = self._backends
-        roles: dict[str, object] = {}
+        roles: dict[str, RoleSnapshot] = {}
         for role in self._machine.role_ids():
-            view = self._machine.role_view(role, now)
-            view["kv"] = backends.kept_kv(role) if isinstance(backends, KeptKvSource) else None
+            view = self._machine.role_snapshot(role, now)
+            if isinstance(backends, KeptKvSource):
+                view = replace(view, kv=backends.kept_kv(role))
             roles[role] = view
-        return {
-            "capacity_bytes": self._machine.capacity_bytes,
-            "resident_bytes": self._machine.resident_bytes(),
-            "resident": list(self._machine.resident()),
-            "transition": self._machine.transition_under_way,
-            "lost_reason": self._machine.lost_reason,
-            "roles": roles,
-            "running": self._machine.node_running(),
-            "max_concurrency": self._machine.node_limit(),
-        }
+        return NodeSnapshot(
+            capacity_bytes=self._machine.capacity_bytes,
+            resident_bytes=self._machine.resident_bytes(),
+            resident=tuple(self._machine.resident()),
+            transition=self._machine.transition_under_way,
+            lost_reason=self._machine.lost_reason,
+            roles=roles,
+            running=self._machine.node_running(),
+            max_concurrency=self._machine.node_limit(),
+        )
