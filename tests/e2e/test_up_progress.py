@@ -19,16 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from support.backends import pick_free_port
 from support.up import (
     GEMMA,
+    StartUp,
     event_kinds,
     llama_entry,
     post,
     prepare_example_models,
     role_info,
     stand_in,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -39,13 +38,14 @@ pytestmark = pytest.mark.slow
 
 def test_a_wedged_backend_whose_health_says_200_is_found_by_its_slots_and_restarted(
     tmp_path: Path,
+    rosterd_up: StartUp,
 ) -> None:
     marker = tmp_path / "wedged-once"
     fleet, env = stand_in(tmp_path, {"hang": ["--mode", "wedge-once", "--marker", str(marker)]})
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("hang", "hang", 0.1, 18741)])
     # No idle generation probe: the request's progress check alone finds the wedge.
     flags = ["--probe-interval", "0"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port(), env=env)
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags], env=env)
     try:
         wait_resident(up, {"hang"})
         old_pid = role_info(up, "hang")["pid"]
@@ -67,7 +67,7 @@ def test_a_wedged_backend_whose_health_says_200_is_found_by_its_slots_and_restar
 
 
 def test_a_long_prefill_that_progresses_is_not_cut(
-    tmp_path: Path, llama_server_binary: Path
+    tmp_path: Path, rosterd_up: StartUp, llama_server_binary: Path
 ) -> None:
     prepare_example_models()
     roster = write_roster(
@@ -80,7 +80,7 @@ def test_a_long_prefill_that_progresses_is_not_cut(
     # saw no progress would cut it. llama-server moves its counters once per 2,048-token
     # batch, about 10-13 s apart for gemma-3-270m on two cores.
     flags = ["--probe-interval", "0", "--progress-check-after", "1", "--progress-window", "18"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port())
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags])
     try:
         wait_resident(up, {"gemma"})
         prompt = "The quick brown fox jumps over the lazy dog. " * 500  # ~5,000 tokens
