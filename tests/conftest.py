@@ -27,6 +27,9 @@ from rosterd.supervisor import Supervisor
 from support.backends import fake_launch, pick_free_port
 from support.gguf import write_tiny_gguf
 from support.ray_nodes import HAVE_RAY, HEAD_IP, WORKER_IP
+from support.up import rosterd_up
+
+__all__ = ["rosterd_up"]  # the fixture, used by name
 
 # The openai and anthropic SDKs name the platform in every request's headers, and the
 # first ``platform.platform()`` forks ``uname -p``. Forked from this process once many
@@ -133,7 +136,7 @@ def long_reliability(request: pytest.FixtureRequest) -> bool:
 
 
 #: Fixtures that start processes (a backend, a Ray cluster, network namespaces' hosts).
-PROCESS_FIXTURES = frozenset({"supervisor", "llama_server_binary", "cluster", "lab"})
+PROCESS_FIXTURES = frozenset({"supervisor", "llama_server_binary", "cluster", "lab", "rosterd_up"})
 
 #: Folders under tests/ whose every test drives ``rosterd up`` or a load against it.
 PROCESS_FOLDERS = frozenset({"e2e", "reliability"})

@@ -108,6 +108,7 @@ _PURE_STATE_MACHINE = (
     "rosterd.scheduler.kv_saves",
     "rosterd.scheduler.shutdown",
     "rosterd.scheduler.values",
+    "rosterd.scheduler.views",
     "rosterd.backends.interface",
     "rosterd.backends.values",
     # the fleet machine (DESIGN.md: "a pure function of (fleet state, event)")

@@ -20,9 +20,9 @@ from openai import OpenAI
 from support.up import (
     EXAMPLE_LAB,
     MODELS,
+    StartUp,
     llama_entry,
     prepare_example_models,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -36,10 +36,10 @@ MARKERS = ("<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>")
 
 
 def test_example_answers_anthropic_and_responses_clients(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
-    up = start_up([*EXAMPLE_LAB, "--api-key", KEY], tmp_path, free_port)
+    up = rosterd_up([*EXAMPLE_LAB, "--api-key", KEY])
     try:
         wait_resident_keyed(up.url, {"chat-small"})
         assert "has no tokenizer.chat_template" not in up.output()  # the example sets them
@@ -138,14 +138,14 @@ def wait_resident_keyed(url: str, roles: set[str], timeout_s: float = 90.0) -> N
 
 
 def test_up_warns_once_for_a_gguf_without_chat_template(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("plain", "tiny-a", 0.1, 8391)])
     fleet = write_box_fleet(
         tmp_path / "fleet.yaml", {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
     )
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, free_port)
+    up = rosterd_up([str(roster), "--fleet", str(fleet)])
     try:
         wait_resident(up, {"plain"})
         output = up.output()

@@ -18,7 +18,7 @@ import anthropic
 import openai
 import pytest
 
-from support.up import EXAMPLE_LAB, prepare_example_models, start_up, wait_resident
+from support.up import EXAMPLE_LAB, StartUp, prepare_example_models, wait_resident
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +36,10 @@ CODEX_SIZED = LONG_SYSTEM[: len(LONG_SYSTEM) // 4]
 
 
 def test_the_example_takes_tools_and_refuses_an_agents_long_prompt_with_a_400(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
-    up = start_up(EXAMPLE_LAB, tmp_path, free_port)
+    up = rosterd_up(EXAMPLE_LAB)
     try:
         wait_resident(up, {"chat-small"}, timeout_s=120)
         with (

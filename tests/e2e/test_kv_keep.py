@@ -29,11 +29,11 @@ import pytest
 from support.up import (
     GEMMA,
     MODELS,
+    StartUp,
     Up,
     llama_entry,
     prepare_example_models,
     rosterd_argv,
-    start_up,
     write_box_fleet,
     write_roster,
 )
@@ -102,10 +102,10 @@ def swap_away_and_back(up: Up) -> tuple[int, int]:
 
 
 def test_a_swap_keeps_the_conversation(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
-    up = start_up(swap_lab(tmp_path, keep_kv=True), tmp_path, free_port)
+    up = rosterd_up(swap_lab(tmp_path, keep_kv=True))
     try:
         prompt_tokens, prompt_n = swap_away_and_back(up)
         assert prompt_tokens > 1000
@@ -155,10 +155,10 @@ def test_a_swap_keeps_the_conversation(
 
 
 def test_keep_kv_false_prefills_the_whole_prompt_after_a_swap(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
-    up = start_up(swap_lab(tmp_path, keep_kv=False), tmp_path, free_port)
+    up = rosterd_up(swap_lab(tmp_path, keep_kv=False))
     try:
         prompt_tokens, prompt_n = swap_away_and_back(up)
         assert prompt_n >= prompt_tokens - 2, (prompt_n, prompt_tokens)
@@ -169,12 +169,12 @@ def test_keep_kv_false_prefills_the_whole_prompt_after_a_swap(
 
 
 def test_a_kill_during_a_save_leaves_the_older_save_or_none_and_says_which(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     args = swap_lab(tmp_path, keep_kv=True)
     kv = tmp_path / "state" / "kv" / "chat"
-    up = start_up(args, tmp_path, free_port)
+    up = rosterd_up(args)
     try:
         older = long_conversation(600)
         chat(up, "chat", older)
@@ -194,7 +194,7 @@ def test_a_kill_during_a_save_leaves_the_older_save_or_none_and_says_which(
     assert (kv / record["file"]).stat().st_size == record["file_bytes"]
     log = tmp_path / "up.log"
     log.rename(tmp_path / "up-killed.log")
-    up = start_up(args, tmp_path, free_port)
+    up = rosterd_up(args)
     try:
         reply = chat(up, "chat", older)
         said = up.output()
@@ -231,7 +231,7 @@ def _unload_and_kill_during_the_save(up: Up, kv: Path) -> None:
 
 
 def test_twelve_long_conversations_stay_within_the_counted_figure(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     """llama-server's RAM prompt cache is bounded (``--cache-ram``) and counted: its RSS
     stays within 10 % of rosterd's counted figure.
@@ -250,7 +250,7 @@ def test_twelve_long_conversations_stay_within_the_counted_figure(
     )
     gemma = {"path": str(GEMMA), "ctx_size": 1024, "parallel": 1, "cache_ram_mb": 16}
     fleet = write_box_fleet(tmp_path / "fleet.yaml", {"gemma-3-270m": gemma}, flavors=["llamacpp"])
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, free_port)
+    up = rosterd_up([str(roster), "--fleet", str(fleet)])
     figures: list[tuple[int, int]] = []
     try:
         for n in range(12):

@@ -21,9 +21,9 @@ import pytest
 
 from support.up import (
     MODELS,
+    StartUp,
     llama_entry,
     prepare_example_models,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -55,7 +55,7 @@ async def _burst(url: str, rounds: int, per_round: int) -> list[tuple[int, str]]
 
 
 def test_concurrent_bursts_above_the_slots_all_complete(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("chat", "tiny-a", 0.1, 18531)])
@@ -64,7 +64,7 @@ def test_concurrent_bursts_above_the_slots_all_complete(
         {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}},
         flavors=["llamacpp"],
     )
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, free_port)
+    up = rosterd_up([str(roster), "--fleet", str(fleet)])
     try:
         httpx.post(up.url + "/rosterd/load/chat", timeout=60, trust_env=False)
         wait_resident(up, {"chat"})

@@ -25,10 +25,10 @@ from openai import OpenAI
 
 from support.up import (
     GEMMA,
+    StartUp,
     Up,
     llama_entry,
     prepare_example_models,
-    start_up,
     write_box_fleet,
     write_roster,
 )
@@ -64,7 +64,7 @@ def chat_role(up: Up) -> dict[str, object]:
 
 
 def test_disconnect_mid_stream_frees_the_backend_at_once(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster = write_roster(
@@ -72,9 +72,7 @@ def test_disconnect_mid_stream_frees_the_backend_at_once(
     )
     gemma = {"path": str(GEMMA), "ctx_size": 2048, "parallel": 1, "extra_args": ["--metrics"]}
     fleet = write_box_fleet(tmp_path / "fleet.yaml", {"gemma-3-270m": gemma}, flavors=["llamacpp"])
-    up = start_up(
-        [str(roster), "--fleet", str(fleet), "--max-concurrency", "1"], tmp_path, free_port
-    )
+    up = rosterd_up([str(roster), "--fleet", str(fleet), "--max-concurrency", "1"])
     client = OpenAI(base_url=up.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     try:
         stream = client.chat.completions.create(

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from rosterd.cli import _register, app
 from rosterd.up.listen import is_loopback_host
 from support.backends import pick_free_port
-from support.up import EXAMPLE_LAB, start_up
+from support.up import EXAMPLE_LAB, StartUp
 
 _register()
 runner = CliRunner()
@@ -55,8 +55,8 @@ def test_loopback_hosts() -> None:
     assert not is_loopback_host("10.0.0.5")
 
 
-def test_listening_beyond_loopback_without_a_key_warns(tmp_path: Path) -> None:
-    up = start_up([*EXAMPLE, "--host", "0.0.0.0"], tmp_path, pick_free_port())
+def test_listening_beyond_loopback_without_a_key_warns(tmp_path: Path, rosterd_up: StartUp) -> None:
+    up = rosterd_up([*EXAMPLE, "--host", "0.0.0.0"])
     try:
         output = " ".join(up.output().split())
         assert "warning: listening on 0.0.0.0 without an API key" in output
@@ -65,8 +65,8 @@ def test_listening_beyond_loopback_without_a_key_warns(tmp_path: Path) -> None:
         assert up.stop(signal.SIGINT) == 0
 
 
-def test_loopback_without_a_key_does_not_warn(tmp_path: Path) -> None:
-    up = start_up(EXAMPLE, tmp_path, pick_free_port())
+def test_loopback_without_a_key_does_not_warn(tmp_path: Path, rosterd_up: StartUp) -> None:
+    up = rosterd_up(EXAMPLE)
     try:
         assert "without an API key" not in up.output()
     finally:

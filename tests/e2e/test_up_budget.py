@@ -26,11 +26,11 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from support.up import (
     MODELS,
+    StartUp,
     Up,
     all_gone,
     llama_entry,
     prepare_example_models,
-    start_up,
     write_box_fleet,
     write_roster,
 )
@@ -135,7 +135,7 @@ class ProcessWatch:
 
 
 def test_budget_for_one_of_two_roles(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster = write_roster(
@@ -143,10 +143,8 @@ def test_budget_for_one_of_two_roles(
         [llama_entry("x", "tiny-a", 0.1, 18501), llama_entry("y", "tiny-b", 0.1, 18502)],
     )
     fleet = write_fleet(tmp_path / "fleet.yaml", memory_gb=0.65, reserved_gb=0.5)
-    up = start_up(
-        [str(roster), "--fleet", str(fleet), "--min-busy-residency", "0", "--max-concurrency", "2"],
-        tmp_path,
-        free_port,
+    up = rosterd_up(
+        [str(roster), "--fleet", str(fleet), "--min-busy-residency", "0", "--max-concurrency", "2"]
     )
     try:
         with ProcessWatch(up) as watch:
@@ -170,7 +168,7 @@ def test_budget_for_one_of_two_roles(
 
 
 def test_excluded_roles_are_never_resident_together(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster = write_roster(
@@ -180,7 +178,7 @@ def test_excluded_roles_are_never_resident_together(
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text("excludes:\n  a: [b]\nsticky:\n  a: false\n  b: false\n")
     fleet = write_fleet(tmp_path / "fleet.yaml", memory_gb=4, reserved_gb=1)
-    up = start_up(
+    up = rosterd_up(
         [
             str(roster),
             "--overlay",
@@ -189,9 +187,7 @@ def test_excluded_roles_are_never_resident_together(
             str(fleet),
             "--min-busy-residency",
             "0",
-        ],
-        tmp_path,
-        free_port,
+        ]
     )
     try:
         finishes = asyncio.run(hammer(up, ["a", "b"], per_model=4))

@@ -23,10 +23,10 @@ from support.polling import eventually_sync
 from support.up import (
     GEMMA,
     MODELS,
+    StartUp,
     Up,
     llama_entry,
     prepare_example_models,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_busy_role_evicted_after_drain_ends_its_stream_and_stops_promptly(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster = write_roster(
@@ -57,7 +57,7 @@ def test_a_busy_role_evicted_after_drain_ends_its_stream_and_stops_promptly(
         flavors=["llamacpp"],
     )
     args = [str(roster), "--fleet", str(fleet), "--drain", "1", "--grace", "10"]
-    up = start_up([*args, "--min-busy-residency", "0"], tmp_path, free_port)
+    up = rosterd_up([*args, "--min-busy-residency", "0"])
     lines: list[str] = []
     first_chunk = threading.Event()
 
@@ -116,7 +116,7 @@ def test_a_busy_role_evicted_after_drain_ends_its_stream_and_stops_promptly(
 
 
 def test_unload_under_steady_traffic_is_prompt_and_the_traffic_continues(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18543)])
@@ -127,7 +127,7 @@ def test_unload_under_steady_traffic_is_prompt_and_the_traffic_continues(
     )
     drain_s = 60  # seconds; far above what an unload takes when it does not wait for it
     args = [str(roster), "--fleet", str(fleet), "--drain", str(drain_s)]
-    up = start_up(args, tmp_path, free_port)
+    up = rosterd_up(args)
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 128}
     answered = [0] * 12  # answers per worker
     codes: list[int] = []

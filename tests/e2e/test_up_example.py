@@ -19,10 +19,10 @@ from openai import OpenAI
 
 from support.up import (
     EXAMPLE_LAB,
+    StartUp,
     all_gone,
     prepare_example_models,
     rosterd_argv,
-    start_up,
     wait_resident,
 )
 
@@ -41,10 +41,10 @@ def rosterd(*args: str) -> str:
 
 
 def test_up_on_the_example_serves_real_completions_and_stops_clean(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
-    up = start_up(EXAMPLE_ARGS, tmp_path, free_port)
+    up = rosterd_up(EXAMPLE_ARGS)
     client = OpenAI(base_url=up.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     try:
         ids = {m.id for m in client.models.list()}

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from rosterd.cli import _register, app
 from rosterd.keys import ApiKey, Scope, key_digest, render_keys
 from rosterd.up.runtime import UpOptions
-from support.backends import pick_free_port
+from support.backends import pick_free_port, pick_free_ports
 from support.up import (
     MODELS,
     llama_entry,
@@ -38,9 +38,13 @@ def bearer(token: str) -> dict[str, str]:
 
 def options(tmp_path: Path, keys: Path, *, watch: bool = False) -> UpOptions:
     prepare_example_models()
+    tiny_port, other_port = pick_free_ports(2)
     roster = write_roster(
         tmp_path / "roster.yaml",
-        [llama_entry("tiny", "tiny-a", 0.1, 18751), llama_entry("other", "tiny-b", 0.1, 18752)],
+        [
+            llama_entry("tiny", "tiny-a", 0.1, tiny_port),
+            llama_entry("other", "tiny-b", 0.1, other_port),
+        ],
     )
     fleet = write_box_fleet(
         tmp_path / "fleet.yaml",

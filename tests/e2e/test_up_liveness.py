@@ -26,10 +26,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.backends import pick_free_port
 from support.polling import eventually_sync
 from support.up import (
     MODELS,
+    StartUp,
     event_kinds,
     llama_entry,
     post,
@@ -37,7 +37,6 @@ from support.up import (
     role_info,
     rosterd_argv,
     stand_in,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -47,7 +46,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_sigstopped_llama_server_is_found_unhealthy_restarted_and_serves_again(
-    tmp_path: Path, llama_server_binary: Path
+    tmp_path: Path, rosterd_up: StartUp, llama_server_binary: Path
 ) -> None:
     prepare_example_models()
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18731)])
@@ -55,7 +54,7 @@ def test_a_sigstopped_llama_server_is_found_unhealthy_restarted_and_serves_again
         tmp_path / "fleet.yaml", {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256}}
     )
     flags = ["--probe-interval", "1", "--probe-timeout", "1", "--first-byte-timeout", "3"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port())
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags])
     old_pid = None
     try:
         wait_resident(up, {"tiny"})
@@ -91,12 +90,14 @@ def test_a_sigstopped_llama_server_is_found_unhealthy_restarted_and_serves_again
         assert up.stop(signal.SIGINT) == 0
 
 
-def test_a_backend_that_stops_generating_mid_stream_is_restarted(tmp_path: Path) -> None:
+def test_a_backend_that_stops_generating_mid_stream_is_restarted(
+    tmp_path: Path, rosterd_up: StartUp
+) -> None:
     marker = tmp_path / "wedged-once"
     fleet, env = stand_in(tmp_path, {"hang": ["--mode", "wedge-once", "--marker", str(marker)]})
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("hang", "hang", 0.1, 18732)])
     flags = ["--probe-interval", "0", "--probe-timeout", "1", "--chunk-timeout", "1"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port(), env=env)
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags], env=env)
     try:
         wait_resident(up, {"hang"})
         began = time.monotonic()
@@ -124,12 +125,13 @@ def test_a_backend_that_stops_generating_mid_stream_is_restarted(tmp_path: Path)
 
 def test_a_request_in_flight_when_its_backend_is_killed_waits_for_the_restart(
     tmp_path: Path,
+    rosterd_up: StartUp,
 ) -> None:
     marker = tmp_path / "wedged-once"
     fleet, env = stand_in(tmp_path, {"dies": ["--mode", "wedge-once", "--marker", str(marker)]})
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("dies", "dies", 0.1, 18733)])
     flags = ["--probe-interval", "0", "--first-byte-timeout", "60"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port(), env=env)
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags], env=env)
     try:
         wait_resident(up, {"dies"})
         pid = role_info(up, "dies")["pid"]
@@ -155,7 +157,7 @@ def test_a_request_in_flight_when_its_backend_is_killed_waits_for_the_restart(
 
 
 def test_a_corrupt_gguf_backs_off_and_ps_shows_why_and_slow_clients_are_cut(
-    tmp_path: Path, llama_server_binary: Path
+    tmp_path: Path, rosterd_up: StartUp, llama_server_binary: Path
 ) -> None:
     broken = tmp_path / "models" / "broken.gguf"
     broken.parent.mkdir()
@@ -173,7 +175,7 @@ def test_a_corrupt_gguf_backs_off_and_ps_shows_why_and_slow_clients_are_cut(
         )
     )
     flags = ["--warm-up", "--request-read-timeout", "1"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port())
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags])
     try:
         eventually_sync(  # the warm-up's try
             lambda: "load_failed" in event_kinds(up, "bad"),
@@ -222,6 +224,7 @@ def test_a_corrupt_gguf_backs_off_and_ps_shows_why_and_slow_clients_are_cut(
 
 def test_a_load_nobody_waits_for_is_cancelled_for_a_role_that_needs_the_room(
     tmp_path: Path,
+    rosterd_up: StartUp,
 ) -> None:
     fleet, env = stand_in(
         tmp_path, {"slow": ["--load-s", "20"], "quick": []}, memory_gb=1.6
@@ -230,9 +233,7 @@ def test_a_load_nobody_waits_for_is_cancelled_for_a_role_that_needs_the_room(
         tmp_path / "roster.yaml",
         [llama_entry("slow", "slow", 0.5, 18735), llama_entry("quick", "quick", 0.5, 18736)],
     )
-    up = start_up(
-        [str(roster), "--fleet", str(fleet), "--no-warm-up"], tmp_path, pick_free_port(), env=env
-    )
+    up = rosterd_up([str(roster), "--fleet", str(fleet), "--no-warm-up"], env=env)
     try:
         with pytest.raises(httpx.ReadTimeout):
             post(up, {"model": "slow", "prompt": "hi"}, timeout_s=1.0)  # gives up while it loads
@@ -249,6 +250,7 @@ def test_a_load_nobody_waits_for_is_cancelled_for_a_role_that_needs_the_room(
 
 def test_shutdown_aborts_a_load_at_once_and_a_backend_ignoring_sigterm_gets_its_grace(
     tmp_path: Path,
+    rosterd_up: StartUp,
 ) -> None:
     fleet, env = stand_in(
         tmp_path, {"slow": ["--load-s", "60"], "stubborn": ["--mode", "ignore-term"]}
@@ -258,7 +260,7 @@ def test_shutdown_aborts_a_load_at_once_and_a_backend_ignoring_sigterm_gets_its_
         [llama_entry("slow", "slow", 0.1, 18737), llama_entry("stubborn", "stubborn", 0.1, 18738)],
     )
     args = [str(roster), "--fleet", str(fleet), "--no-warm-up"]
-    up = start_up(args, tmp_path, pick_free_port(), env=env)
+    up = rosterd_up(args, env=env)
     answer: dict[str, httpx.Response] = {}
     try:
         assert post(up, {"model": "stubborn", "prompt": "hi"}).status_code == 200
@@ -287,7 +289,7 @@ def test_shutdown_aborts_a_load_at_once_and_a_backend_ignoring_sigterm_gets_its_
 
 
 def test_idle_roles_alternating_never_wait_for_min_residency(
-    tmp_path: Path, llama_server_binary: Path
+    tmp_path: Path, rosterd_up: StartUp, llama_server_binary: Path
 ) -> None:
     prepare_example_models()
     roster = write_roster(
@@ -304,7 +306,7 @@ def test_idle_roles_alternating_never_wait_for_min_residency(
     )
     # A long minimum residency, so that a swap held by it could not pass for a slow load.
     args = [str(roster), "--fleet", str(fleet), "--min-busy-residency", "30"]
-    up = start_up(args, tmp_path, pick_free_port())
+    up = rosterd_up(args)
     try:
         assert post(up, {"model": "x", "prompt": "hi", "max_tokens": 1}).status_code == 200
         # x, y, x, y: each swap back evicts a role that displaced the one asked for, but

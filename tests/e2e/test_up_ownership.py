@@ -8,13 +8,15 @@ import subprocess
 from pathlib import Path
 
 from support.backends import pick_free_port
-from support.up import EXAMPLE_LAB, rosterd_argv, start_up
+from support.up import EXAMPLE_LAB, StartUp, rosterd_argv
 
 EXAMPLE = [*EXAMPLE_LAB, "--no-warm-up"]
 
 
-def test_second_up_on_the_same_state_dir_exits_2_naming_the_first(tmp_path: Path) -> None:
-    first = start_up(EXAMPLE, tmp_path, pick_free_port())
+def test_second_up_on_the_same_state_dir_exits_2_naming_the_first(
+    tmp_path: Path, rosterd_up: StartUp
+) -> None:
+    first = rosterd_up(EXAMPLE)
     try:
         assert (tmp_path / "state" / "rosterd.lock").read_text().strip() == str(first.proc.pid)
         second = subprocess.run(
@@ -42,5 +44,5 @@ def test_second_up_on_the_same_state_dir_exits_2_naming_the_first(tmp_path: Path
     finally:
         assert first.stop(signal.SIGINT) == 0
     # The lock dies with its owner: the folder is usable again.
-    again = start_up(EXAMPLE, tmp_path, pick_free_port())
+    again = rosterd_up(EXAMPLE)
     assert again.stop(signal.SIGINT) == 0

@@ -25,16 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from support.backends import pick_free_port
 from support.up import (
     GEMMA,
+    StartUp,
     event_kinds,
     llama_entry,
     post,
     prepare_example_models,
     role_info,
     stand_in,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -45,13 +44,14 @@ pytestmark = pytest.mark.slow
 
 def test_a_wedged_backend_whose_health_says_200_is_found_by_its_slots_and_restarted(
     tmp_path: Path,
+    rosterd_up: StartUp,
 ) -> None:
     marker = tmp_path / "wedged-once"
     fleet, env = stand_in(tmp_path, {"hang": ["--mode", "wedge-once", "--marker", str(marker)]})
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("hang", "hang", 0.1, 18741)])
     # No idle generation probe: the request's progress check alone finds the wedge.
     flags = ["--probe-interval", "0"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port(), env=env)
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags], env=env)
     try:
         wait_resident(up, {"hang"})
         old_pid = role_info(up, "hang")["pid"]
@@ -74,6 +74,7 @@ def test_a_wedged_backend_whose_health_says_200_is_found_by_its_slots_and_restar
 
 def test_a_wedged_backend_without_a_progress_signal_is_found_within_a_minute_by_default(
     tmp_path: Path,
+    rosterd_up: StartUp,
 ) -> None:
     # The stand-in answers /slots 501, as mlx_lm.server and llama-cpp-python have no such
     # endpoint and llama-server started with --no-slots refuses it: only the first-byte
@@ -81,10 +82,8 @@ def test_a_wedged_backend_without_a_progress_signal_is_found_within_a_minute_by_
     marker = tmp_path / "wedged-once"
     options = ["--mode", "wedge-once", "--marker", str(marker), "--no-slots"]
     fleet, env = stand_in(tmp_path, {"quiet": options})
-    roster = write_roster(
-        tmp_path / "roster.yaml", [llama_entry("quiet", "quiet", 0.1, pick_free_port())]
-    )
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, pick_free_port(), env=env)
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("quiet", "quiet", 0.1, 18743)])
+    up = rosterd_up([str(roster), "--fleet", str(fleet)], env=env)
     try:
         wait_resident(up, {"quiet"})
         old_pid = role_info(up, "quiet")["pid"]
@@ -114,18 +113,17 @@ def test_a_wedged_backend_without_a_progress_signal_is_found_within_a_minute_by_
 
 def test_a_request_that_stalls_alone_is_cut_alone_and_its_role_keeps_serving(
     tmp_path: Path,
+    rosterd_up: StartUp,
 ) -> None:
     # The stand-in (mode stall-alone) hangs the request whose prompt is "stall" while its
     # /slots counters move on every look, as another slot's generation does: a real
     # llama-server cannot be made to stall one slot on demand. Short windows, so that the
     # check has judged the backend before the first-byte cap.
     fleet, env = stand_in(tmp_path, {"busy": ["--mode", "stall-alone"]})
-    roster = write_roster(
-        tmp_path / "roster.yaml", [llama_entry("busy", "busy", 0.1, pick_free_port())]
-    )
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("busy", "busy", 0.1, 18744)])
     flags = ["--probe-interval", "0", "--progress-check-after", "1", "--progress-window", "2"]
     flags += ["--first-byte-timeout", "5"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port(), env=env)
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags], env=env)
     try:
         wait_resident(up, {"busy"})
         old_pid = role_info(up, "busy")["pid"]
@@ -144,7 +142,7 @@ def test_a_request_that_stalls_alone_is_cut_alone_and_its_role_keeps_serving(
 
 
 def test_a_long_prefill_that_progresses_is_not_cut(
-    tmp_path: Path, llama_server_binary: Path
+    tmp_path: Path, rosterd_up: StartUp, llama_server_binary: Path
 ) -> None:
     prepare_example_models()
     roster = write_roster(
@@ -157,7 +155,7 @@ def test_a_long_prefill_that_progresses_is_not_cut(
     # saw no progress would cut it. llama-server moves its counters once per 2,048-token
     # batch, about 10-13 s apart for gemma-3-270m on two cores.
     flags = ["--probe-interval", "0", "--progress-check-after", "1", "--progress-window", "18"]
-    up = start_up([str(roster), "--fleet", str(fleet), *flags], tmp_path, pick_free_port())
+    up = rosterd_up([str(roster), "--fleet", str(fleet), *flags])
     try:
         wait_resident(up, {"gemma"})
         prompt = "The quick brown fox jumps over the lazy dog. " * 500  # ~5,000 tokens

@@ -24,18 +24,18 @@ import httpx
 import pytest
 
 from rosterd.up.runtime import UpOptions
-from support.backends import pick_free_port
+from support.backends import pick_free_port, pick_free_ports
 from support.polling import eventually_sync
 from support.up import (
     GEMMA,
     MODELS,
+    StartUp,
     Up,
     all_gone,
     llama_entry,
     prepare_example_models,
     rosterd_argv,
     serving,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -69,7 +69,7 @@ def n_ctx(base_url: str) -> int:
 
 @pytest.mark.slow
 def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster_path = tmp_path / "roster.yaml"
@@ -88,7 +88,7 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
     write_box_fleet(fleet_path, models, flavors=["llamacpp"])
     # --drain 120: the removed role's stream must be able to finish even on a busy machine.
     args = [str(roster_path), "--fleet", str(fleet_path), "--watch", "--drain", "120"]
-    up = start_up(args, tmp_path, free_port)
+    up = rosterd_up(args)
     lines: list[str] = []
     first_chunk = threading.Event()
 
@@ -214,7 +214,7 @@ def test_reload_adds_removes_restarts_and_refuses_a_broken_file(
 
 @pytest.mark.slow
 def test_a_smaller_fleet_memory_evicts_to_fit(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster_path = write_roster(
@@ -228,7 +228,7 @@ def test_a_smaller_fleet_memory_evicts_to_fit(
     fleet_path = write_box_fleet(
         tmp_path / "fleet.yaml", models, memory_gb=2, reserved_gb=1, flavors=["llamacpp"]
     )
-    up = start_up([str(roster_path), "--fleet", str(fleet_path)], tmp_path, free_port)
+    up = rosterd_up([str(roster_path), "--fleet", str(fleet_path)])
     try:
         wait_resident(up, {"a", "b"})
         assert complete(up, "b").status_code == 200  # b used last: a goes first
@@ -263,7 +263,8 @@ def test_a_smaller_fleet_memory_evicts_to_fit(
 async def test_a_missing_roster_is_refused_and_reported_and_nothing_changes(
     tmp_path: Path,
 ) -> None:
-    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18721)])
+    tiny = llama_entry("tiny", "tiny-a", 0.1, pick_free_port())
+    roster = write_roster(tmp_path / "roster.yaml", [tiny])
     fleet = write_box_fleet(
         tmp_path / "fleet.yaml", {"tiny-a": {"path": str(MODELS / "tiny-a.gguf")}}
     )
@@ -303,7 +304,8 @@ async def test_a_missing_roster_is_refused_and_reported_and_nothing_changes(
 async def test_a_reload_checks_ports_as_the_start_does(tmp_path: Path) -> None:
     """A role added on a port another role holds is unplaced by the reload, with a reason
     naming both, instead of failing at its load (as ``plan`` and ``up`` do at start)."""
-    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, 18731)])
+    port = pick_free_port()
+    roster = write_roster(tmp_path / "roster.yaml", [llama_entry("tiny", "tiny-a", 0.1, port)])
     fleet = write_box_fleet(
         tmp_path / "fleet.yaml",
         {
@@ -321,14 +323,14 @@ async def test_a_reload_checks_ports_as_the_start_does(tmp_path: Path) -> None:
     async with serving(options) as up:
         write_roster(
             roster,
-            [llama_entry("tiny", "tiny-a", 0.1, 18731), llama_entry("other", "tiny-b", 0.1, 18731)],
+            [llama_entry("tiny", "tiny-a", 0.1, port), llama_entry("other", "tiny-b", 0.1, port)],
         )
         async with httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client:
             reloaded = await client.post("/rosterd/reload")
             assert reloaded.status_code == 200, reloaded.text
             unplaced = dict((await client.get("/status")).json()["unplaced"])
             assert "other" in unplaced
-            assert "port 18731" in unplaced["other"]
+            assert f"port {port}" in unplaced["other"]
             assert "tiny" in unplaced["other"]
 
 
@@ -449,7 +451,11 @@ async def test_a_reload_whose_weights_are_missing_is_refused_and_the_backend_kee
 
 
 async def test_a_reload_says_why_it_stopped_serving_a_role(tmp_path: Path) -> None:
-    entries = [llama_entry("kept", "tiny-a", 0.1, 18771), llama_entry("typo", "tiny-b", 0.1, 18772)]
+    kept_port, typo_port = pick_free_ports(2)
+    entries = [
+        llama_entry("kept", "tiny-a", 0.1, kept_port),
+        llama_entry("typo", "tiny-b", 0.1, typo_port),
+    ]
     roster = write_roster(tmp_path / "roster.yaml", entries)
     models: dict[str, dict[str, object]] = {
         name: {"path": str(MODELS / f"{name}.gguf")} for name in ("tiny-a", "tiny-b")

@@ -14,12 +14,11 @@ import psutil
 import pytest
 
 from rosterd.adapters.llamacpp import find_llama_server
-from support.backends import pick_free_port
 from support.up import (
     MODELS,
+    StartUp,
     llama_entry,
     prepare_example_models,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -34,7 +33,9 @@ def _role_info(status: dict[str, object]) -> dict[str, object]:
     return dict(nodes["box"]["roles"]["tiny"])
 
 
-def test_a_request_right_after_kill_9_waits_for_the_restart(tmp_path: Path) -> None:
+def test_a_request_right_after_kill_9_waits_for_the_restart(
+    tmp_path: Path, rosterd_up: StartUp
+) -> None:
     if find_llama_server() is None:
         pytest.skip("llama-server is not built (scripts/build-llama-server)")
     prepare_example_models()
@@ -44,7 +45,7 @@ def test_a_request_right_after_kill_9_waits_for_the_restart(tmp_path: Path) -> N
         {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256}},
         address="127.0.0.1",
     )
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, pick_free_port())
+    up = rosterd_up([str(roster), "--fleet", str(fleet)])
     try:
         wait_resident(up, {"tiny"})
         old_pid = _role_info(up.get("/status"))["pid"]

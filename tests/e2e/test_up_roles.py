@@ -23,6 +23,7 @@ from support.backends import pick_free_port
 from support.up import (
     GEMMA,
     MODELS,
+    StartUp,
     llama_entry,
     prepare_example_models,
     rosterd_argv,
@@ -107,7 +108,7 @@ def test_up_routes_the_first_entry_and_says_why_others_are_not_served(tmp_path: 
 
 
 def test_embeddings_through_the_router_with_extra_args(
-    tmp_path: Path, tiny_gguf: Path, llama_server_binary: Path
+    tmp_path: Path, rosterd_up: StartUp, tiny_gguf: Path, llama_server_binary: Path
 ) -> None:
     """The README's embeddings recipe, on a real llama-server: ``extra_args:
     [--embeddings, --pooling, mean]`` in the fleet's ``models:`` entry."""
@@ -120,7 +121,7 @@ def test_embeddings_through_the_router_with_extra_args(
         f"models:\n  tiny: {{path: {tiny_gguf}, extra_args: [--embeddings, --pooling, mean]}}\n"
         f"model_roots: [{tiny_gguf.parent}]\n"
     )
-    up = start_up([str(roster), "--fleet", str(fleet), "--no-warm-up"], tmp_path, pick_free_port())
+    up = rosterd_up([str(roster), "--fleet", str(fleet), "--no-warm-up"])
     try:
         with openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0) as client:
             reply = client.embeddings.create(model="embedder", input=["hello", "world"])
@@ -161,7 +162,9 @@ def test_roster_import_keeps_the_references_alias(tmp_path: Path) -> None:
     ]
 
 
-def test_an_alias_the_fleet_gives_other_weights_is_served_on_them(tmp_path: Path) -> None:
+def test_an_alias_the_fleet_gives_other_weights_is_served_on_them(
+    tmp_path: Path, rosterd_up: StartUp
+) -> None:
     """Issue: ``chat-big`` was answered by ``chat-small``'s tiny model with a 200."""
     args = _alias_lab(tmp_path)
     plan = subprocess.run(
@@ -179,7 +182,7 @@ def test_an_alias_the_fleet_gives_other_weights_is_served_on_them(tmp_path: Path
     assert f"chat-small: {MODELS / 'tiny-a.gguf'}" in said
     assert "same server, port and weights" not in said
 
-    up = start_up([*args, "--no-warm-up"], tmp_path, pick_free_port())
+    up = rosterd_up([*args, "--no-warm-up"])
     try:
         assert {m["id"] for m in up.get("/v1/models")["data"]} == {"chat-small", "chat-big"}
         with openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0) as client:

@@ -18,9 +18,9 @@ import pytest
 
 from support.up import (
     GEMMA,
+    StartUp,
     llama_entry,
     prepare_example_models,
-    start_up,
     wait_resident,
     write_box_fleet,
     write_roster,
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_one_slot_role_holds_one_request_and_queues_the_rest(
-    tmp_path: Path, llama_server_binary: Path, free_port: int
+    tmp_path: Path, llama_server_binary: Path, rosterd_up: StartUp
 ) -> None:
     prepare_example_models()
     roster = write_roster(
@@ -41,7 +41,7 @@ def test_a_one_slot_role_holds_one_request_and_queues_the_rest(
         {"gemma-3-270m": {"path": str(GEMMA), "ctx_size": 2048, "parallel": 1}},
         flavors=["llamacpp"],
     )
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, free_port)
+    up = rosterd_up([str(roster), "--fleet", str(fleet)])
     first_chunks = [threading.Event() for _ in range(3)]
     stop = threading.Event()
 

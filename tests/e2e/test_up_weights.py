@@ -11,18 +11,19 @@ from pathlib import Path
 
 import httpx
 
-from support.backends import pick_free_port
 from support.up import (
     MODELS,
+    StartUp,
     llama_entry,
     prepare_example_models,
-    start_up,
     write_box_fleet,
     write_roster,
 )
 
 
-def test_missing_weights_are_reported_at_start_and_answered_with_503(tmp_path: Path) -> None:
+def test_missing_weights_are_reported_at_start_and_answered_with_503(
+    tmp_path: Path, rosterd_up: StartUp
+) -> None:
     prepare_example_models()
     roster = write_roster(
         tmp_path / "roster.yaml",
@@ -36,7 +37,7 @@ def test_missing_weights_are_reported_at_start_and_answered_with_503(tmp_path: P
         },
         address="127.0.0.1",
     )
-    up = start_up([str(roster), "--fleet", str(fleet), "--no-warm-up"], tmp_path, pick_free_port())
+    up = rosterd_up([str(roster), "--fleet", str(fleet), "--no-warm-up"])
     try:
         output = " ".join(up.output().split())
         assert "role broken is unavailable (requests get 503)" in output
@@ -65,7 +66,7 @@ def test_missing_weights_are_reported_at_start_and_answered_with_503(tmp_path: P
 
 
 def test_a_corrupt_gguf_is_reported_with_llama_servers_reason(
-    tmp_path: Path, llama_server_binary: Path
+    tmp_path: Path, rosterd_up: StartUp, llama_server_binary: Path
 ) -> None:
     """A file of random bytes named *.gguf: `up` and the 503 say what llama-server said."""
     corrupt = tmp_path / "models" / "model.gguf"
@@ -79,7 +80,7 @@ def test_a_corrupt_gguf_is_reported_with_llama_servers_reason(
     box["model_roots"] = [str(corrupt.parent)]  # the corrupt file is in a root of its own
     fleet.write_text(json.dumps(box))
     env = {"ROSTERD_LLAMA_SERVER": str(llama_server_binary)}
-    up = start_up([str(roster), "--fleet", str(fleet)], tmp_path, pick_free_port(), env=env)
+    up = rosterd_up([str(roster), "--fleet", str(fleet)], env=env)
     try:
         answer = httpx.post(
             up.url + "/v1/chat/completions",

@@ -431,9 +431,8 @@ async def test_roles_on_two_nodes_are_served_by_their_own_agents(
         for name, role in placed.items():  # each stop saved its slot on its own node
             kept = backends[name].kept_kv(role)
             assert kept is not None, name
-            assert isinstance(kept["tokens"], int)
-            assert kept["tokens"] > 0, kept
-            assert kept["saves"] == 1, kept
+            assert kept.tokens > 0, kept
+            assert kept.saves == 1, kept
         # events come from the nodes a moment later than the stops returned
         stopped = set(placed.values())
         await eventually(

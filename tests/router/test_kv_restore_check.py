@@ -24,9 +24,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rosterd.backends.values import Endpoint
+from rosterd.backends.values import Endpoint, KeptKv
 from rosterd.router.restore_check import RestoreChecks, kv_summary, restore_verdict
 from rosterd.scheduler.lease import Lease
+from rosterd.scheduler.views import RoleSnapshot
 from support.backends import NoLiveness, pick_free_port
 from support.router import serve
 
@@ -130,46 +131,66 @@ def test_only_the_first_answer_after_a_restore_is_read_and_one_warning_per_role(
     assert caplog.text.count("did not serve") == 2  # the second one at info level
 
 
+def _shown(kv: KeptKv | None, base_url: str | None, pid: int | None) -> RoleSnapshot:
+    """A role as its node shows it, running the backend at ``base_url`` (``None``:
+    stopped) with ``kv`` kept."""
+    return RoleSnapshot(
+        phase="ready" if base_url is not None else "stopped",
+        latency_class="batch",
+        sticky=True,
+        resident_bytes=0,
+        running=0,
+        queued=0,
+        idle_s=None,
+        loaded_for_s=None,
+        waiting_reason=None,
+        waiting_s=None,
+        last_error=None,
+        last_error_age_s=None,
+        load_backoff_s=None,
+        base_url=base_url,
+        pid=pid,
+        restart_pending=False,
+        unavailable_reason=None,
+        retiring=False,
+        memory=None,
+        kv=kv,
+    )
+
+
 def test_status_shows_the_kept_kv_and_the_last_restore_in_one_cell() -> None:
     checks = RestoreChecks()
     served = lease(3713)
-    kv: dict[str, object] = {
-        "tokens": 3713,
-        "file_bytes": 18 * 2**20 + 12345,
-        "last_restore": "restored",
-        "last_restore_detail": "role chat: KV of slot 0 restored ...",
-    }
-    info: dict[str, object] = {"base_url": served.endpoint.base_url, "pid": 1, "kv": dict(kv)}
-    checks.annotate("box", "chat", info)
-    assert info["kv_summary"] == "3,713 tok · 18 MiB · restored"
+    kv = KeptKv(
+        tokens=3713,
+        file_bytes=18 * 2**20 + 12345,
+        last_restore="restored",
+        last_restore_detail="role chat: KV of slot 0 restored ...",
+    )
+    running = _shown(kv, served.endpoint.base_url, 1)
+    assert checks.judged("box", "chat", running) is None
+    assert kv_summary(kv) == "3,713 tok · 18 MiB · restored"
     checks.check(served, plain_answer(cache_n=2, prompt_n=3716))
-    checks.annotate("box", "chat", info)
-    assert info.get("kv_summary") == "3,713 tok · 18 MiB · restored, not reused"
-    shown = info["kv"]
-    assert isinstance(shown, dict)
+    check = checks.judged("box", "chat", running)
+    assert check is not None
+    assert kv_summary(kv, check) == "3,713 tok · 18 MiB · restored, not reused"
+    shown = check.as_json()
     assert shown["last_restore_check"] == "not reused"
     assert shown["last_restore_prefilled"] == 3716
     assert "did not serve" in str(shown["last_restore_check_detail"])
     # A later backend of the role (another process) is not judged by that answer.
-    later: dict[str, object] = {"base_url": served.endpoint.base_url, "pid": 2, "kv": dict(kv)}
-    checks.annotate("box", "chat", later)
-    assert later["kv_summary"] == "3,713 tok · 18 MiB · restored"
+    assert checks.judged("box", "chat", _shown(kv, served.endpoint.base_url, 2)) is None
     # Stopped (evicted), the role's last restore is still that one.
-    stopped: dict[str, object] = {"base_url": None, "pid": None, "kv": dict(kv)}
-    checks.annotate("box", "chat", stopped)
-    assert stopped["kv_summary"] == "3,713 tok · 18 MiB · restored, not reused"
-    nothing: dict[str, object] = {"kv": None}
-    checks.annotate("box", "voice", nothing)
-    assert nothing["kv_summary"] == "—"
+    assert checks.judged("box", "chat", _shown(kv, None, None)) is check
+    assert checks.judged("box", "voice", _shown(None, None, None)) is None
+    assert kv_summary(None) == "—"
 
 
 def test_the_kv_cell_says_dash_when_nothing_is_kept() -> None:
     assert kv_summary(None) == "—"
-    assert kv_summary({"tokens": 0, "file_bytes": 0, "last_restore": "none"}) == "—"
-    assert kv_summary({"tokens": 0, "file_bytes": 0, "last_restore": "refused"}) == "refused"
-    assert kv_summary({"tokens": 52, "file_bytes": 400_000, "last_restore": None}) == (
-        "52 tok · 0.4 MiB"
-    )
+    assert kv_summary(KeptKv(tokens=0, file_bytes=0, last_restore="none")) == "—"
+    assert kv_summary(KeptKv(tokens=0, file_bytes=0, last_restore="refused")) == "refused"
+    assert kv_summary(KeptKv(tokens=52, file_bytes=400_000)) == "52 tok · 0.4 MiB"
 
 
 async def _chat_twice_then_status(url: str) -> dict[str, Any]:
@@ -196,8 +217,8 @@ class _RestoredBackends(NoLiveness):
     async def stop(self, role: str) -> None:
         return None
 
-    def kept_kv(self, role: str) -> dict[str, object] | None:
-        return {"tokens": 3713, "file_bytes": 18 * 2**20, "last_restore": "restored"}
+    def kept_kv(self, role: str) -> KeptKv | None:
+        return KeptKv(tokens=3713, file_bytes=18 * 2**20, last_restore="restored")
 
 
 async def test_the_router_reads_the_first_answer_after_a_restore_and_status_says_so(

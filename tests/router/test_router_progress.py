@@ -51,7 +51,9 @@ def serve_slots(mode: str) -> Iterator[str]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for serve_forever's next poll: 0.5 s by default, on every test.
+    serving = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    serving.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:

@@ -157,7 +157,7 @@ def test_a_revoked_lease_not_released_delays_the_stop_only_briefly() -> None:
     assert bench.stops() == ["x"]
     bench.settle()
     bench.release(held)  # a release of the stopped generation is ignored
-    assert bench.machine.role_view("x", bench.now)["running"] == 0
+    assert bench.machine.role_snapshot("x", bench.now).running == 0
 
 
 def test_a_busy_role_drains_for_an_older_request_instead_of_starving_it() -> None:
@@ -499,8 +499,8 @@ def test_a_crashed_role_waits_for_its_restart_then_serves_with_the_new_pid() -> 
     bench.send(BackendChanged(bench.now, "a", "restarting", pid=111))
     waiting = bench.acquire("a")
     assert not bench.answered(waiting)  # no 502 at once: it waits as for a load
-    view = bench.machine.role_view("a", bench.now)
-    assert (view["phase"], view["pid"]) == ("restarting", None)
+    view = bench.machine.role_snapshot("a", bench.now)
+    assert (view.phase, view.pid) == ("restarting", None)
     assert bench.machine.resident() == ("a",)  # the restart holds its memory
     bench.send(BackendChanged(bench.now, "a", "restart_failed", detail="not yet"))
     assert not bench.answered(waiting)  # the supervisor tries again
@@ -549,7 +549,7 @@ def test_a_lost_node_marks_its_roles_lost_and_its_waiters_wait_until_their_timeo
     assert not any(isinstance(e, FailWaiter | StartBackend | StopBackend) for e in out)
     assert {bench.phase(r) for r in "abc"} == {Phase.LOST.value}
     assert bench.machine.resident() == ()  # nothing of a lost node holds memory
-    assert bench.machine.role_view("a", bench.now)["running"] == 0
+    assert bench.machine.role_snapshot("a", bench.now).running == 0
 
     # The start that was under way fails with the node: ignored, nothing is asked again.
     bench.load_done("b", error="node n is lost")
@@ -560,8 +560,8 @@ def test_a_lost_node_marks_its_roles_lost_and_its_waiters_wait_until_their_timeo
     assert not bench.answered(later)
     assert bench.starts() == ["a", "b"]
     assert bench.pending == []  # no new work for the node
-    view = bench.machine.role_view("b", bench.now)
-    assert view["waiting_reason"] == f"{reason}; waiting for it to be served elsewhere"
+    view = bench.machine.role_snapshot("b", bench.now)
+    assert view.waiting_reason == f"{reason}; waiting for it to be served elsewhere"
     # Backend events of the lost node (its agent reports them after the loss) change nothing.
     bench.send(BackendChanged(bench.now, "a", "restart_failed", final=True))
     assert not bench.answered(loading)
@@ -586,7 +586,7 @@ def test_a_remote_backend_restarted_gives_no_pid_to_its_endpoint() -> None:
     lease = bench.lease(waiting)
     assert lease is not None
     assert lease.endpoint.pid is None  # 222 is a process of the node's machine, not ours
-    assert bench.machine.role_view("a", bench.now)["pid"] is None
+    assert bench.machine.role_snapshot("a", bench.now).pid is None
 
 
 # --------------------------------------------------------------------------- shutdown

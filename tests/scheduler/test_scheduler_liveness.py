@@ -97,9 +97,9 @@ def test_a_failed_probe_marks_the_role_unhealthy_ends_its_requests_and_restarts_
     assert bench.of(RestartBackend) == [RestartBackend("a")]
     assert bench.records("unhealthy")[0].cause.startswith("its generation probe failed")
     assert bench.machine.resident() == ("a",)  # it keeps its memory through the restart
-    view = bench.machine.role_view("a", 6.0)
-    assert view["last_error"] == "unhealthy: its generation probe failed (no answer within 5 s)"
-    assert "being restarted" in str(view["waiting_reason"])
+    view = bench.machine.role_snapshot("a", 6.0)
+    assert view.last_error == "unhealthy: its generation probe failed (no answer within 5 s)"
+    assert "being restarted" in str(view.waiting_reason)
     # The supervisor kills it and starts it again: waiters get the new process.
     bench.send(BackendChanged(6.1, "a", "exited", pid=10, exit_reason="was killed by signal 9"))
     bench.send(BackendChanged(6.1, "a", "restarting", pid=10))
@@ -112,7 +112,7 @@ def test_a_failed_probe_marks_the_role_unhealthy_ends_its_requests_and_restarts_
     assert bench.lease(held) is not None
     assert granted.generation > lease.generation
     bench.release(first)  # the revoked lease's release is ignored: it was a dead generation
-    assert bench.machine.role_view("a", 6.5)["running"] == 2
+    assert bench.machine.role_snapshot("a", 6.5).running == 2
     assert bench.starts() == ["a"]  # restarted by the supervisor, not loaded again
 
 
@@ -130,7 +130,7 @@ def test_a_request_that_found_its_backend_wedged_makes_it_unhealthy_without_a_pr
     assert revoke.revocation.code == "backend_unhealthy"
     assert why in revoke.revocation.message
     assert bench.of(RestartBackend) == [RestartBackend("a")]
-    assert bench.machine.role_view("a", 20.0)["last_error"] == f"unhealthy: {why}"
+    assert bench.machine.role_snapshot("a", 20.0).last_error == f"unhealthy: {why}"
     # A second request's verdict on the same (now void) generation changes nothing.
     bench.send(Suspect(21.0, "a", lease.generation, why, wedged=True))
     assert bench.of(RestartBackend) == [RestartBackend("a")]
@@ -248,8 +248,8 @@ def test_a_probe_that_never_reached_its_node_restarts_nothing_and_holds_the_requ
     new = bench.acquire("a")
     assert not bench.answered(again)
     assert not bench.answered(new)
-    view = bench.machine.role_view("a", bench.now)
-    assert "its node does not answer" in str(view["waiting_reason"]), view
+    view = bench.machine.role_snapshot("a", bench.now)
+    assert "its node does not answer" in str(view.waiting_reason), view
     assert [r.cause for r in bench.records("node_silent")] == [
         "the agent of node n1 did not answer within 8 s; waiting for the node's verdict"
     ]
@@ -294,14 +294,14 @@ def test_failed_loads_back_off_and_requests_meanwhile_get_the_reason_at_once() -
         message = assert_failed(bench, refused, LoadBackoffError, "bad magic in bad.gguf")
         assert f"failed to load {failures} time(s) in a row" in message
         assert bench.failure(refused).retry_after_s == pytest.approx(delay)  # type: ignore[union-attr]
-        view = bench.machine.role_view("bad", bench.now)
-        assert view["load_backoff_s"] == pytest.approx(delay)
-        assert str(view["last_error"]).startswith("load failed: backend bad exited with code 1")
+        view = bench.machine.role_snapshot("bad", bench.now)
+        assert view.load_backoff_s == pytest.approx(delay)
+        assert str(view.last_error).startswith("load failed: backend bad exited with code 1")
         assert len(bench.starts()) == failures  # no load while it backs off
         bench.at(bench.now + delay)
     bench.acquire("bad")
     bench.load_done("bad")  # fixed: the backoff resets
-    assert bench.machine.role_view("bad", bench.now)["load_backoff_s"] is None
+    assert bench.machine.role_snapshot("bad", bench.now).load_backoff_s is None
 
 
 def test_the_view_says_why_and_how_long_a_queued_request_waits() -> None:
@@ -310,9 +310,9 @@ def test_the_view_says_why_and_how_long_a_queued_request_waits() -> None:
     bench.acquire("a")
     bench.settle()
     bench.acquire("a")
-    view = bench.machine.role_view("a", 2.5)
-    assert view["waiting_reason"] == "all 1 slot(s) are busy, --max-concurrency 1"
-    assert view["waiting_s"] == 2.5
+    view = bench.machine.role_snapshot("a", 2.5)
+    assert view.waiting_reason == "all 1 slot(s) are busy, --max-concurrency 1"
+    assert view.waiting_s == 2.5
 
 
 # --------------------------------------------------------------------------- abandoned loads

@@ -59,7 +59,7 @@ async def test_a_waiter_leaving_mid_load_is_skipped_without_an_internal_error(
     with pytest.raises(asyncio.CancelledError):
         await leaving
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
-    assert node.snapshot()["roles"]["a"]["running"] == 0  # type: ignore[index]
+    assert node.snapshot().roles["a"].running == 0
     await node.shutdown()
 
 
@@ -69,7 +69,7 @@ async def test_shutdown_aborts_a_load_under_way_and_refuses_new_requests() -> No
     await backends.started("big").wait()
     await node.shutdown()  # returns although the start alone would never finish
     assert backends.stops == ["big"]
-    assert node.snapshot()["resident"] == []
+    assert node.snapshot().resident == ()
     with pytest.raises(ShuttingDownError):
         await waiter
     with pytest.raises(ShuttingDownError):
@@ -140,7 +140,7 @@ async def test_backend_events_from_a_node_agent_reach_the_node() -> None:
     done = asyncio.get_running_loop().create_future()
     node.listeners.append(lambda e: done.set_result(e) if e.kind == "restart_failed" else None)
     assert (await done).role == "a"
-    assert node.snapshot()["resident"] == []
+    assert node.snapshot().resident == ()
     await node.shutdown()
 
 
@@ -167,10 +167,10 @@ async def test_an_unavailable_role_fails_at_once_without_a_load() -> None:
         await node.acquire("a", take_slot=False)  # rosterd load, warm-up
     assert await use(node, "b") == "b"
     assert backends.starts == ["b"]  # never tried to load a
-    roles = node.snapshot()["roles"]
-    assert roles["a"]["phase"] == "unavailable"  # type: ignore[index]
-    assert roles["a"]["unavailable_reason"] == why  # type: ignore[index]
-    assert roles["b"]["unavailable_reason"] is None  # type: ignore[index]
+    roles = node.snapshot().roles
+    assert roles["a"].phase == "unavailable"
+    assert roles["a"].unavailable_reason == why
+    assert roles["b"].unavailable_reason is None
     await node.shutdown()
 
 
@@ -286,7 +286,7 @@ async def test_a_node_that_does_not_answer_holds_requests_and_restarts_nothing()
     node.node_lost("node n1 is lost: Ray declared its node dead")
     await asyncio.sleep(0.05)
     assert not waiting.done()  # it waits, within its queue timeout, for the move
-    assert node.snapshot()["roles"]["a"]["phase"] == "lost"  # type: ignore[index]
+    assert node.snapshot().roles["a"].phase == "lost"
     waiting.cancel()
     later.cancel()
     await node.shutdown()
@@ -334,9 +334,9 @@ async def test_an_idle_role_is_saved_and_a_request_during_the_save_waits_for_it(
     for _ in range(10):  # steps of the event loop, no time: the node's loop takes it
         await asyncio.sleep(0)
     assert not waiting.done()
-    role = node.snapshot()["roles"]["a"]  # type: ignore[index]
-    assert role["queued"] == 1
-    assert "being saved" in role["waiting_reason"]
+    role = node.snapshot().roles["a"]
+    assert role.queued == 1
+    assert role.waiting_reason is not None and "being saved" in role.waiting_reason
     backends.save_gate.set()
     assert await waiting == "a"
     assert backends.saves == ["a"]

@@ -180,8 +180,8 @@ def test_a_role_holds_no_more_leases_than_its_backends_slots() -> None:
     tickets = [bench.acquire("a") for _ in range(3)]
     bench.settle()
     assert bench.granted() == tickets[:1]
-    view = bench.machine.role_view("a", bench.now)
-    assert (view["running"], view["queued"]) == (1, 2)
-    assert "the backend's 1 parallel slot(s)" in str(view["waiting_reason"])
+    view = bench.machine.role_snapshot("a", bench.now)
+    assert (view.running, view.queued) == (1, 2)
+    assert "the backend's 1 parallel slot(s)" in str(view.waiting_reason)
     bench.release(tickets[0])
     assert bench.granted() == tickets[:2]

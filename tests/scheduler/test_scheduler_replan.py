@@ -104,7 +104,7 @@ def test_an_added_role_is_served_once_added_and_not_before() -> None:
     assert bench.starts() == []  # stopped until a request wants it
     bench.use("b")
     assert bench.starts() == ["b"]
-    assert bench.machine.role_view("b", bench.now)["resident_bytes"] == 200 * MIB
+    assert bench.machine.role_snapshot("b", bench.now).resident_bytes == 200 * MIB
 
 
 def test_adding_a_retiring_role_takes_it_back_without_a_stop() -> None:
@@ -214,10 +214,10 @@ def test_a_new_spec_without_a_restart_applies_at_once() -> None:
     bench = Bench([spec("a", 100)], 1000)
     bench.use("a")
     respec(bench, "a", 300, restart=False, sticky=False)
-    view = bench.machine.role_view("a", bench.now)
-    assert view["resident_bytes"] == 300 * MIB
-    assert view["sticky"] is False
-    assert view["phase"] == "ready"
+    view = bench.machine.role_snapshot("a", bench.now)
+    assert view.resident_bytes == 300 * MIB
+    assert view.sticky is False
+    assert view.phase == "ready"
     assert bench.stops() == []
 
 
@@ -229,14 +229,14 @@ def test_a_busy_role_with_a_new_launch_restarts_once_idle_and_new_requests_wait(
     newer = bench.acquire("a")
     assert not bench.answered(newer)  # it waits for the restart
     assert bench.stops() == []
-    assert bench.machine.role_view("a", bench.now)["resident_bytes"] == 100 * MIB  # still old
-    assert bench.machine.role_view("a", bench.now)["restart_pending"] is True  # `ps` says so
+    assert bench.machine.role_snapshot("a", bench.now).resident_bytes == 100 * MIB  # still old
+    assert bench.machine.role_snapshot("a", bench.now).restart_pending is True  # `ps` says so
     bench.release(held)
     assert bench.stops() == ["a"]
     bench.stop_done("a")
     assert bench.starts() == ["a", "a"]
-    assert bench.machine.role_view("a", bench.now)["resident_bytes"] == 200 * MIB
-    assert bench.machine.role_view("a", bench.now)["restart_pending"] is False
+    assert bench.machine.role_snapshot("a", bench.now).resident_bytes == 200 * MIB
+    assert bench.machine.role_snapshot("a", bench.now).restart_pending is False
     bench.load_done("a")
     assert bench.lease(newer) is not None
     assert bench.records("stopped")[-1].label == "replan"
@@ -270,7 +270,7 @@ def test_a_stopped_role_takes_a_new_spec_at_once() -> None:
     bench = Bench([spec("a", 100)], 1000)
     respec(bench, "a", 300)
     assert bench.stops() == []
-    assert bench.machine.role_view("a", bench.now)["resident_bytes"] == 300 * MIB
+    assert bench.machine.role_snapshot("a", bench.now).resident_bytes == 300 * MIB
 
 
 def test_a_role_still_busy_after_the_drain_time_is_cut_for_its_restart() -> None:
@@ -371,12 +371,12 @@ async def test_node_apply_swaps_roles_and_backends_in_one_step() -> None:
     )
     with pytest.raises(UnknownRoleError):
         await node.acquire("old")  # at once: no request sees the old set
-    assert node.snapshot()["roles"]["old"]["retiring"] is True  # type: ignore[index]
+    assert node.snapshot().roles["old"].retiring is True
     assert await use(node, "new") == "new"
     assert second.starts == ["new"]  # new starts go to the new backends
     node.release(held)  # the request it had finishes; then it stops
     for _ in range(1000):  # yields to the loop (no time passes) until the stop is done
-        if "old" not in node.snapshot()["roles"]:  # type: ignore[operator]
+        if "old" not in node.snapshot().roles:
             break
         await asyncio.sleep(0)
     assert first.stops == ["old"]  # stopped by the backends that started it
@@ -413,7 +413,7 @@ async def test_apply_plan_adds_and_drains_nodes_and_reports_moves() -> None:
     assert scheduler.roles == ("a",)
     with pytest.raises(UnknownRoleError):
         await scheduler.acquire("b")
-    assert scheduler.snapshot()["nodes"]["n1"]["draining"] is True  # type: ignore[index]
+    assert scheduler.snapshot()["n1"].draining is True
     lease = await scheduler.acquire("a")
     assert lease.node == "n2"
     scheduler.release(lease)
@@ -421,7 +421,7 @@ async def test_apply_plan_adds_and_drains_nodes_and_reports_moves() -> None:
     await scheduler.shutdown()
     assert left_backends.stops == ["a"]
     assert right_backends.stops == ["a"]
-    assert "n1" not in scheduler.snapshot()["nodes"]  # type: ignore[operator]
+    assert "n1" not in scheduler.snapshot()
     assert change.as_json()["moved"] == {"a": ["n1", "n2"]}
 
 
@@ -593,8 +593,8 @@ def test_an_unavailable_role_is_refused_by_the_machine_and_never_loaded() -> Non
     told = assert_failed(bench, refused, RoleUnavailableError, "role 'a' is unavailable: ")
     assert "/srv/models" not in told  # the short reason: no paths
     assert bench.starts() == []
-    view = bench.machine.role_view("a", bench.now)
-    assert (view["phase"], view["unavailable_reason"]) == ("unavailable", why)
+    view = bench.machine.role_snapshot("a", bench.now)
+    assert (view.phase, view.unavailable_reason) == ("unavailable", why)
     assert not bench.machine.serves("a")
     bench.send(Reconfigure(bench.now, bench.machine.placed(), bench.capacity))  # weights back
     bench.use("a")
@@ -608,14 +608,14 @@ def test_a_measured_peak_past_the_count_is_counted_from_then_on_and_evicts_to_fi
     bench.use("a")
     bench.use("b")
     bench.send(MeasuredPeak(bench.now, "a", 430 * MIB, 430 * MIB))  # within 10 %: shown only
-    view = bench.machine.role_view("a", bench.now)
-    assert view["resident_bytes"] == 400 * MIB
-    assert view["memory"] == {**figures["a"], "run_peak_bytes": 430 * MIB}
+    view = bench.machine.role_snapshot("a", bench.now)
+    assert view.resident_bytes == 400 * MIB
+    assert view.memory == {**figures["a"], "run_peak_bytes": 430 * MIB}
     assert bench.stops() == []
     bench.send(MeasuredPeak(bench.now, "a", 600 * MIB, 600 * MIB))  # its prompt cache grew
-    view = bench.machine.role_view("a", bench.now)
-    assert view["resident_bytes"] == 600 * MIB
-    assert view["memory"] == {"counted_bytes": 600 * MIB, "counted_from": "live"} | {
+    view = bench.machine.role_snapshot("a", bench.now)
+    assert view.resident_bytes == 600 * MIB
+    assert view.memory == {"counted_bytes": 600 * MIB, "counted_from": "live"} | {
         "run_peak_bytes": 600 * MIB
     }
     assert bench.stops() == ["b"]  # 1100 MiB no longer fit: evicted as for a re-plan

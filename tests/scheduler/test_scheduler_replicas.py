@@ -41,8 +41,7 @@ async def test_a_load_makes_every_copy_resident_and_each_copy_is_its_own_unit() 
     lease = await sched.acquire("chat", prefix=b"any")
     assert lease.node == "n2"
     sched.release(lease)
-    snap = sched.snapshot()["nodes"]
-    assert snap["n2"]["roles"]["chat"]["copies"] == ["n1", "n2"]  # type: ignore[index]
+    assert sched.snapshot()["n2"].copies["chat"].nodes == ("n1", "n2")
     await sched.shutdown()
 
 
@@ -60,7 +59,7 @@ async def test_requests_in_flight_spread_over_the_copies_and_a_prefix_sticks() -
     assert min(counts.values()) >= 3  # bounded load: the hot prefix spills over
     for lease in held:
         sched.release(lease)
-    assert sched.snapshot()["nodes"]["n1"]["roles"]["chat"]["copy_requests"] == 0  # type: ignore[index]
+    assert sched.snapshot()["n1"].copies["chat"].requests == 0
     await sched.shutdown()
 
 

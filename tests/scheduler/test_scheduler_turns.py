@@ -159,13 +159,13 @@ def test_a_request_waiting_for_a_turn_is_told_whose_and_until_when() -> None:
     bench.acquire("x")  # x has work queued: it keeps its turn
     bench.now = 10.0
     y = bench.acquire("y")
-    reason = str(bench.machine.role_view("y", bench.now)["waiting_reason"])
+    reason = str(bench.machine.role_snapshot("y", bench.now).waiting_reason)
     assert "x serves its turn 30 s more at most (--max-wait)" in reason, reason
     bench.at(25.0)
-    reason = str(bench.machine.role_view("y", bench.now)["waiting_reason"])
+    reason = str(bench.machine.role_snapshot("y", bench.now).waiting_reason)
     assert "x serves its turn 15 s more at most (--max-wait)" in reason, reason
     bench.at(40.0)  # y's turn wait is over: x drains, and says when it is cut
-    reason = str(bench.machine.role_view("y", bench.now)["waiting_reason"])
+    reason = str(bench.machine.role_snapshot("y", bench.now).waiting_reason)
     assert "x drains; its requests are cut in 5 s (--drain)" in reason, reason
     bench.at(45.0)
     bench.release(first)

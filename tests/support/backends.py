@@ -4,6 +4,7 @@ and a separate "rosterd" process that starts one backend (for the kill -9 test).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import sys
@@ -34,6 +35,18 @@ def pick_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def pick_free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that nothing listens on right now (held
+    together while chosen, so no two are the same)."""
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def port_is_free(port: int) -> bool:

@@ -170,7 +170,7 @@ class Bench:
         return [e for e in self.of(RecordEvent) if e.kind == kind]
 
     def phase(self, role: str) -> str:
-        return str(self.machine.role_view(role, self.now)["phase"])
+        return str(self.machine.role_snapshot(role, self.now).phase)
 
     def use(self, role: str) -> int:
         """A request for ``role`` that is served (loading and evicting as needed) and released."""

@@ -1,7 +1,8 @@
 """Helpers for the ``rosterd up`` tests: run it as a user does (a subprocess) or in this
 event loop (:func:`serving`, an :class:`UpRun`), talk to it over real HTTP, stop it and
 check that no backend is left; a fleet whose roles run the stand-in backend as llama-server
-(:func:`stand_in`). No tests here."""
+(:func:`stand_in`); the :func:`rosterd_up` fixture (registered by ``tests/conftest.py``).
+No tests here."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,12 @@ from urllib.parse import urlsplit
 
 import httpx
 import psutil
+import pytest
 from rich.console import Console
 
 from rosterd.cli.up_report import ConsoleReporter
 from rosterd.up.runtime import UpOptions, UpRun
-from support.backends import FAKE_BACKEND, gone
+from support.backends import FAKE_BACKEND, gone, pick_free_port
 from support.polling import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,6 +148,30 @@ def start_up(
         time.sleep(0.1)
     proc.kill()
     raise AssertionError(f"rosterd up did not answer /health:\n{up.output()}")
+
+
+#: ``rosterd_up(args, **start_up_keywords)``: see :func:`rosterd_up`.
+StartUp = Callable[..., Up]
+
+
+@pytest.fixture
+def rosterd_up(tmp_path: Path) -> Iterator[StartUp]:
+    """Start ``rosterd up ARGS`` as a user does (:func:`start_up`: a free router port,
+    ``--auto-backend-ports``, its state under the test's ``tmp_path``; keywords go to
+    :func:`start_up`) and get its :class:`Up` once it answers ``/health``. Every one
+    started and still running at the end is stopped by its handle (SIGINT, as Ctrl-C)
+    and must exit 0; a test that checks its exit or its last words stops it itself."""
+    started: list[Up] = []
+
+    def start(args: list[str], **keywords: Any) -> Up:
+        up = start_up(args, tmp_path, pick_free_port(), **keywords)
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        if up.proc.poll() is None:
+            assert up.stop(signal.SIGINT) == 0, up.output()
 
 
 def wait_resident(up: Up, roles: set[str], timeout_s: float = 60.0) -> None:

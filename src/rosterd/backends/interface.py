@@ -18,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from rosterd.backends.values import BackendEvent, Endpoint, ProbeResult
+from rosterd.backends.values import BackendEvent, Endpoint, KeptKv, ProbeResult
 
 __all__ = [
     "BackendEvent",
     "BackendEventSource",
     "Endpoint",
     "IdleKvSaver",
+    "KeptKv",
     "KeptKvSource",
     "MeasuredBackends",
     "PeakSource",
@@ -133,10 +134,9 @@ class PeakSource(Protocol):
 class KeptKvSource(Protocol):
     """Backends that keep their roles' KV caches across stops (on this machine's disk)."""
 
-    def kept_kv(self, role: str) -> dict[str, object] | None:
-        """What is kept of ``role``'s KV cache now, for ``/status``: ``{"tokens",
-        "file_bytes", "last_restore", "last_restore_detail"}``; ``None`` when these
-        backends keep nothing for it."""
+    def kept_kv(self, role: str) -> KeptKv | None:
+        """What is kept of ``role``'s KV cache now, for ``/status``, from memory (no disk
+        I/O); ``None`` when these backends keep nothing for it."""
         ...
 
 

@@ -52,12 +52,12 @@ from rosterd.adapters import Launch, SlotKeeping
 from rosterd.backends.kv_record import (
     RECORD_VERSION,
     KvRecord,
-    RestoreOutcome,
     read_records,
     record_path,
     remove,
     write_record,
 )
+from rosterd.backends.values import RestoreOutcome
 from rosterd.errors import AdapterError
 from rosterd.supervisor.backend_http import backend_client
 from rosterd.tokens import GB

@@ -18,16 +18,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 log = logging.getLogger("rosterd.kv")
 
 #: The format of the records this rosterd writes; another is refused at a restore.
 RECORD_VERSION: Final[int] = 1
-
-#: How a role's last restore went: some slots came back, nothing was kept, a record did
-#: not match (removed), or the server refused the file.
-RestoreOutcome = Literal["restored", "none", "refused", "failed"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from rosterd.adapters import Adapter, Launch, SharedServer, WeightsSource, adapt
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.kv_keep import KeptTotals, KvKeeper
 from rosterd.backends.shared import SharedServers
+from rosterd.backends.values import KeptKv
 from rosterd.errors import BackendAlreadySupervisedError, PortInUseError
 from rosterd.model_facts.slot_reuse import slot_reuse_of
 from rosterd.spec import InferenceSpec, InferFlavor
@@ -251,28 +252,28 @@ class SupervisorBackends:
         if self.kv is not None:
             self.kv.changing(role)
 
-    def kept_kv(self, role: str) -> dict[str, object] | None:
+    def kept_kv(self, role: str) -> KeptKv | None:
         """What the machine keeps of ``role``'s KV cache (``KeptKvSource``), with the
         counts and bytes of its saves, restores and refusals in this run; ``None``
         without a keeper or for a role of another node."""
         if self.kv is None or role not in self.specs:
             return None
         if role in self.kv_not_kept:
-            return {"not_kept": self.kv_not_kept[role]}
+            return KeptKv(tokens=0, file_bytes=0, not_kept=self.kv_not_kept[role])
         kept = self.kv.kept(role)
         restore = self.kv.last_restore.get(role)
         totals = self.kv.totals.get(role) or KeptTotals()
-        return {
-            "tokens": kept.tokens,
-            "file_bytes": kept.file_bytes,
-            "last_restore": restore.outcome if restore is not None else None,
-            "last_restore_detail": restore.detail if restore is not None else None,
-            "saves": totals.saves,
-            "restores": totals.restores,
-            "refusals": totals.refusals,
-            "saved_bytes": totals.saved_bytes,
-            "restored_bytes": totals.restored_bytes,
-        }
+        return KeptKv(
+            tokens=kept.tokens,
+            file_bytes=kept.file_bytes,
+            last_restore=restore.outcome if restore is not None else None,
+            last_restore_detail=restore.detail if restore is not None else None,
+            saves=totals.saves,
+            restores=totals.restores,
+            refusals=totals.refusals,
+            saved_bytes=totals.saved_bytes,
+            restored_bytes=totals.restored_bytes,
+        )
 
     async def measured_bytes(self) -> dict[str, int]:
         """Role -> RSS in bytes of its backend's process tree on this machine, measured now

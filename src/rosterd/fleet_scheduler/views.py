@@ -4,9 +4,14 @@ pure): read from the fleet machine's state for display only, never to decide.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
 from rosterd.fleet.model import Node
 from rosterd.fleet_scheduler.machine import FleetMachine
 from rosterd.fleet_scheduler.values import NodeRun
+from rosterd.scheduler.views import LATENCY_CLASS_NAME, LatencyClassName
 
 
 def fleet_status(machine: FleetMachine) -> dict[str, object]:
@@ -37,61 +42,77 @@ def fleet_status(machine: FleetMachine) -> dict[str, object]:
     return extra
 
 
-def node_views(machine: FleetMachine) -> dict[str, dict[str, object]]:
-    """Per fleet node (fleet order), for a run on Ray: ``address``, ``connected``,
-    ``connection`` (how it is run, or why not); a node that does not run also gets
-    ``capacity_bytes``, ``resident_bytes`` (0), ``resident``, ``transition``,
-    ``lost_reason`` and ``roles`` (the whole fleet's plan's roles for it: ``moved``
-    with ``moved_to``, or ``not_connected``)."""
+@dataclass(frozen=True, slots=True)
+class PlannedRole:
+    """A role the whole fleet's plan put on a node that does not run: ``moved`` to
+    ``moved_to`` (``reason``: why) or ``not_connected`` (it fits nowhere else), with the
+    spec's figures it was planned with."""
+
+    phase: Literal["moved", "not_connected"]
+    moved_to: str | None
+    reason: str | None
+    latency_class: LatencyClassName
+    sticky: bool
+    resident_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FleetNodeView:
+    """A fleet node as a run on Ray sees it: its ``address``, whether it is ``connected``
+    and how it is run (``connection``: on Ray, this machine, or why not); for a node that
+    does not run, its budget (``capacity_bytes``) and the roles the whole fleet's plan put
+    there (``planned``; ``None`` for a node that runs, whose scheduler shows its own)."""
+
+    address: str
+    connected: bool
+    connection: str
+    capacity_bytes: int | None = None
+    planned: Mapping[str, PlannedRole] | None = None
+
+
+def node_views(machine: FleetMachine) -> dict[str, FleetNodeView]:
+    """Per fleet node (fleet order), for a run on Ray: see :class:`FleetNodeView`."""
     config = machine.config
     if config is None:
         return {}
-    views: dict[str, dict[str, object]] = {}
+    views: dict[str, FleetNodeView] = {}
     for node in config.fleet.nodes:
         status = machine.nodes.get(node.name)
-        view: dict[str, object] = {"address": node.address}
         if status is None or status.run is NodeRun.ABSENT:
             reason = status.reason if status is not None else "not matched"
-            view |= {"connected": False, "connection": f"not connected: {reason}"}
-            view |= _absent_node(machine, node)
+            view = FleetNodeView(
+                node.address,
+                connected=False,
+                connection=f"not connected: {reason}",
+                capacity_bytes=node.capacity_bytes,
+                planned=_planned_roles(machine, node),
+            )
         elif status.run is NodeRun.LOST:
-            view |= {"connected": False, "connection": status.reason}
+            view = FleetNodeView(node.address, connected=False, connection=status.reason)
         elif status.run is NodeRun.AGENT:
-            view |= {"connected": True, "connection": f"on Ray: {status.reason}"}
+            view = FleetNodeView(node.address, True, f"on Ray: {status.reason}")
         else:
-            view |= {"connected": True, "connection": "this machine, no Ray node"}
+            view = FleetNodeView(node.address, True, "this machine, no Ray node")
         views[node.name] = view
     return views
 
 
-def _absent_node(machine: FleetMachine, node: Node) -> dict[str, object]:
+def _planned_roles(machine: FleetMachine, node: Node) -> dict[str, PlannedRole]:
     config, full, served = machine.config, machine.full, machine.plan
     assert config is not None
     by_role = config.first_by_role()
-    roles: dict[str, object] = {}
+    roles: dict[str, PlannedRole] = {}
     for role, was in full.placements.items() if full is not None else ():
         if was != node.name or role not in by_role:
             continue
         moved_to = served.placements.get(role) if served is not None else None
         [spec] = config.memory.planning_specs([by_role[role].spec])
-        roles[role] = {
-            "phase": "moved" if moved_to is not None else "not_connected",
-            "moved_to": moved_to,
-            "reason": machine.moved.get(role),
-            "latency_class": spec.latency_class.value,
-            "sticky": spec.sticky,
-            "resident_bytes": spec.memory.resident_bytes,
-            "running": 0,
-            "queued": 0,
-            "idle_s": None,
-            "measured_rss_bytes": None,
-            "pid": None,
-        }
-    return {
-        "capacity_bytes": node.capacity_bytes,
-        "resident_bytes": 0,
-        "resident": [],
-        "transition": False,
-        "lost_reason": None,
-        "roles": roles,
-    }
+        roles[role] = PlannedRole(
+            phase="moved" if moved_to is not None else "not_connected",
+            moved_to=moved_to,
+            reason=machine.moved.get(role),
+            latency_class=LATENCY_CLASS_NAME[spec.latency_class],
+            sticky=spec.sticky,
+            resident_bytes=spec.memory.resident_bytes,
+        )
+    return roles

@@ -107,6 +107,21 @@ def load_keys(path: Path) -> tuple[ApiKey, ...]:
     return parse_keys(data, file=file)
 
 
+def _without_keys(problem: str) -> str:
+    """PyYAML's ``problem`` with every word that could be a key (see :func:`shown`) given
+    by its length only: it quotes what it stumbled on (``found undefined alias 'rk-...'``
+    for a key pasted after a ``*``)."""
+    return re.sub(
+        r"\S+",
+        lambda word: (
+            f"<text of {len(word.group())} characters>"
+            if len(word.group()) > SHOWN_MAX_CHARS or TOKEN_PREFIX in word.group()
+            else word.group()
+        ),
+        problem,
+    )
+
+
 def parse_keys(text: str | bytes, *, file: str | None = None) -> tuple[ApiKey, ...]:
     """Validate keys YAML given as text (see :func:`load_keys`); an empty document or
     ``keys: []`` is no key.
@@ -124,7 +139,7 @@ def parse_keys(text: str | bytes, *, file: str | None = None) -> tuple[ApiKey, .
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         raise InputError(
-            f"not valid YAML: {err.problem or err.context}",
+            f"not valid YAML: {_without_keys(err.problem or err.context or '')}",
             file=file,
             line=mark.line + 1 if mark else None,
             column=mark.column + 1 if mark else None,

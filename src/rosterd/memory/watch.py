@@ -217,14 +217,9 @@ def nvml_device_bytes(
 
     def held() -> dict[str, dict[str, int]]:
         view = node.snapshot()
-        pools, roles = view.get("pools"), view.get("roles")
-        if not isinstance(pools, dict) or len(pools) <= 1 or not isinstance(roles, dict):
+        if len(view.pools) <= 1:
             return {}
-        pids = {
-            role: info["pid"]
-            for role, info in roles.items()
-            if isinstance(info, dict) and isinstance(info.get("pid"), int)
-        }
+        pids = {role: info.pid for role, info in view.roles.items() if info.pid is not None}
         return held_by_roles(read(), pids)
 
     return held

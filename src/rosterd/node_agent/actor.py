@@ -213,7 +213,7 @@ class NodeAgent:
         if backends is None:
             return {}
         kept = {role: backends.kept_kv(role) for role in backends.specs}
-        return {role: view for role, view in kept.items() if view is not None}
+        return {role: view.as_json() for role, view in kept.items() if view is not None}
 
     async def backend_pids(self) -> dict[str, int]:
         """Backend name -> its current process id on this node."""

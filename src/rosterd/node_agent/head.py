@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.node_host import ServingFacts
+from rosterd.backends.values import KeptKv
 from rosterd.errors import (
     CarriedError,
     NodeAgentError,
@@ -249,13 +250,13 @@ class AgentBackends:
         peaks: dict[str, int] = await self.call(self._actor.peak_rss_bytes.remote())
         return peaks
 
-    def kept_kv(self, role: str) -> dict[str, object] | None:
+    def kept_kv(self, role: str) -> KeptKv | None:
         """What the node keeps of ``role``'s KV cache (``KeptKvSource``), as the agent said
         after the last start or stop (``None``: nothing known, or the node is lost)."""
         if self._lost_reason is not None:
             return None
         kept = self._kept.get(role)
-        return dict(kept) if kept is not None else None
+        return KeptKv.from_json(kept) if kept is not None else None
 
     async def refresh_kept(self) -> None:
         """Ask the agent what its node keeps of each role's KV cache now (a failed call

@@ -32,6 +32,8 @@ past Starlette's router. Modules:
 - ``progress``: a quiet request asks its backend how far it has come;
 - ``load_progress``: what a streamed request hears while its role loads (SSE comments,
   ``ping`` events, reasoning text) and the page's progress bars;
+- ``status_view``: the nodes of ``/status`` and ``/rosterd/ps`` as JSON, built in one
+  place from the layers' read-only snapshots;
 - ``wait_report``: the ``X-Rosterd-*`` headers of what a request waited for;
 - ``restore_check``: the first answer after a KV restore, judged;
 - ``upstream``: the client towards backends (pool, timeouts, typed errors);

@@ -19,6 +19,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from rosterd.fleet_scheduler.views import FleetNodeView
 from rosterd.keys import KeyRing
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.access_log import AccessLog
@@ -53,7 +54,7 @@ def create_app(
     log_path: LogPath | None = None,
     streams: LiveStreams | None = None,
     reload: Callable[[bool], Awaitable[Mapping[str, object]]] | None = None,
-    node_views: Callable[[], Mapping[str, Mapping[str, object]]] | None = None,
+    node_views: Callable[[], Mapping[str, FleetNodeView]] | None = None,
     history: History | None = None,
     keys: Keys | None = None,
     usage: UsageStore | None = None,
@@ -76,9 +77,10 @@ def create_app(
     configuration that serves no role too): it returns what changed, or raises a
     ``RosterdError`` (answered 422 ``invalid_config``) when the new configuration is
     refused and the running one stays.
-    ``node_views()``: per fleet node (in fleet order), keys added to its entry of
-    ``/status`` and ``/rosterd/ps`` (``connected``, ``address``, ...; a node the
-    scheduler does not run gets an entry of these keys alone). Measured RSS comes
+    ``node_views()``: per fleet node (in fleet order), what the fleet knows of it, shown
+    in its entry of ``/status`` and ``/rosterd/ps`` (``connected``, ``address``, ...; a
+    node the scheduler does not run gets an entry of these alone; see
+    ``rosterd.router.status_view``). Measured RSS comes
     through the backends boundary (``NodeDirectory.measured_bytes``); each role's ``kv`` gets
     what the first answer after its last restore showed, and each role a one-line
     ``kv_summary`` (``rosterd.router.restore_check``).

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rosterd.errors import RosterdError, RouterError
+from rosterd.fleet_scheduler.views import FleetNodeView
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.history import History, sample_forever
@@ -29,6 +30,7 @@ from rosterd.router.logs import LogPath, log_response
 from rosterd.router.openai_errors import error_response, scheduler_errors
 from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.routing import RoleRoute, RouteTable, shown_name
+from rosterd.router.status_view import StatusInputs, nodes_json
 from rosterd.router.streams import LiveStreams
 from rosterd.router.ui import shown_events
 from rosterd.router.upstream import Upstream
@@ -61,7 +63,7 @@ class Endpoints:
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = ()
     log_path: LogPath | None = None
     reload: Callable[[bool], Awaitable[Mapping[str, object]]] | None = None
-    node_views: Callable[[], Mapping[str, Mapping[str, object]]] | None = None
+    node_views: Callable[[], Mapping[str, FleetNodeView]] | None = None
 
     # ---- the app's lifespan ---------------------------------------------------------
 
@@ -116,25 +118,14 @@ class Endpoints:
         return JSONResponse(self.model_entry(role))
 
     async def ps_data(self) -> dict[str, object]:
-        """What ``/rosterd/ps`` shows: the scheduler's snapshot, each role's measured RSS
-        and KV cell, and ``node_views()`` merged into the nodes (in fleet order)."""
+        """What ``/rosterd/ps`` shows: ``{"nodes": ...}`` (``rosterd.router.status_view``)
+        from the scheduler's snapshot, each role's measured RSS, the restore checks, the
+        roles the caller's key may see and ``node_views()`` (in fleet order)."""
         snap = self.scheduler.snapshot()
-        nodes = snap["nodes"]
-        assert isinstance(nodes, dict)
         measured = await self.scheduler.measured_bytes()
-        names = self.routes.names
-        for name, node in nodes.items():
-            for role, info in node["roles"].items():
-                info["measured_rss_bytes"] = measured.get(name, {}).get(role)
-                self.restores.annotate(name, role, info)
-            # A key's model list holds here too: its page lists the roles it may use.
-            node["roles"] = {r: i for r, i in node["roles"].items() if names.visible(r)}
-            node["resident"] = [r for r in node["resident"] if names.visible(r)]
-        if self.node_views is not None:
-            views = self.node_views()
-            ordered = {name: {**nodes.get(name, {}), **view} for name, view in views.items()}
-            snap["nodes"] = ordered | {n: v for n, v in nodes.items() if n not in ordered}
-        return snap
+        fleet = self.node_views() if self.node_views is not None else None
+        inputs = StatusInputs(measured, self.restores, self.routes.names.visible, fleet)
+        return {"nodes": nodes_json(snap, inputs)}
 
     async def status_data(self) -> dict[str, object]:
         """What ``/status`` shows: :meth:`ps_data`, ``uptime_s`` and ``status_extra()``."""

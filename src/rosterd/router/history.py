@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
+from rosterd.router.status_view import StatusInputs, nodes_json
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.values import SchedulerEvent
 
@@ -327,7 +328,8 @@ async def sample_forever(
             # A fixed cadence; after a stall (a suspended laptop) start again from now.
             next_at = max(next_at + history.interval_s, loop.time())
             join_nodes()
-            point = history.sample(clock(), _mapping(scheduler.snapshot()["nodes"]))
+            nodes = nodes_json(scheduler.snapshot(), StatusInputs(measured={}))
+            point = history.sample(clock(), nodes)
             if on_sample is not None:
                 on_sample(point)
     finally:

@@ -14,7 +14,7 @@ is read once for those figures; every other answer costs one attribute check.
 
 The verdict (:func:`restore_verdict`) is a pure function; :class:`RestoreChecks` holds
 what was found per copy of a role, logs an ineffective restore once per role, and adds
-it to the role's ``kv`` in ``/status`` (:meth:`RestoreChecks.annotate`).
+the check to show beside the role's ``kv`` in ``/status`` (:meth:`RestoreChecks.judged`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from rosterd.backends.values import Endpoint
+from rosterd.backends.values import Endpoint, KeptKv
 from rosterd.scheduler.lease import Lease
+from rosterd.scheduler.views import RoleSnapshot
 
 log = logging.getLogger("rosterd.kv")
 
@@ -121,7 +122,7 @@ class RestoreChecks:
     judged and what it found; which roles were warned about.
 
     Use: :meth:`answered` for every answer (cheap: it reads the tail only when
-    :meth:`wants` says so, then :meth:`check`); :meth:`annotate` the ``/status`` roles."""
+    :meth:`wants` says so, then :meth:`check`); :meth:`judged` for the ``/status`` roles."""
 
     def __init__(self) -> None:
         # (node, role) -> the backend start judged last (endpoint, generation) and its check
@@ -160,42 +161,38 @@ class RestoreChecks:
             log.info("%s", verdict.detail)
         return verdict
 
-    def annotate(self, node: str, role: str, info: dict[str, object]) -> None:
-        """Add the last check of the role to its ``kv`` (``info["kv"]``, left as is when it
-        is not a dict, or its last start restored nothing), while the role runs the backend
-        it judged (same ``base_url`` and ``pid``) or none (stopped); and the KV summary
-        (:func:`kv_summary`) as ``kv_summary``."""
-        kv = info.get("kv")
-        done = self._checks.get((node, role))
-        restored = isinstance(kv, dict) and kv.get("last_restore") == "restored"
-        if isinstance(kv, dict) and restored and done is not None and done[2] is not None:
-            running = info.get("base_url")
-            judged = (done[0].base_url, done[0].pid)
-            if running is None or (running, info.get("pid")) == judged:
-                kv.update(done[2].as_json())
-        info["kv_summary"] = kv_summary(kv if isinstance(kv, dict) else None)
+    def judged(self, node: str, role: str, shown: RoleSnapshot) -> RestoreCheck | None:
+        """The last check of ``role``'s restore on ``node``, to show beside its ``kv``:
+        ``None`` when its last start restored nothing, or nothing was judged, or the role
+        runs another backend than the one judged (another ``base_url`` or ``pid``); a
+        stopped role keeps its last check."""
+        kv, done = shown.kv, self._checks.get((node, role))
+        if kv is None or kv.last_restore != "restored" or done is None or done[2] is None:
+            return None
+        judged = (done[0].base_url, done[0].pid)
+        if shown.base_url is not None and (shown.base_url, shown.pid) != judged:
+            return None
+        return done[2]
 
 
-def kv_summary(kv: dict[str, object] | None) -> str:
+def kv_summary(kv: KeptKv | None, check: RestoreCheck | None = None) -> str:
     """One cell for a role's kept KV cache (``rosterd ps``, the live page): the tokens and
     bytes kept and the last restore's result, such as ``3,713 tok · 18 MiB · restored``
-    (``restored, not reused`` when the first request after it prefilled the prompt whole);
-    ``not kept`` for a role whose architecture cannot reuse a restored slot (its ``kv``'s
-    ``not_kept`` says why, ``rosterd.model_facts.slot_reuse``); ``—`` when nothing is kept
-    and nothing was restored."""
-    if not kv:
+    (``restored, not reused`` when ``check`` found that the first request after it
+    prefilled the prompt whole); ``not kept`` for a role whose architecture cannot reuse a
+    restored slot (its ``kv``'s ``not_kept`` says why, ``rosterd.model_facts.slot_reuse``);
+    ``—`` when nothing is kept and nothing was restored."""
+    if kv is None:
         return "—"
-    if kv.get("not_kept"):
+    if kv.not_kept:
         return "not kept"
     parts: list[str] = []
-    tokens, size = kv.get("tokens"), kv.get("file_bytes")
-    if isinstance(tokens, int) and isinstance(size, int) and (tokens or size):
-        parts += [f"{tokens:,} tok", _mib(size)]
-    outcome = kv.get("last_restore")
-    if isinstance(outcome, str) and outcome != "none":
-        if outcome == "restored" and kv.get("last_restore_check") == "not reused":
-            outcome = "restored, not reused"
-        parts.append(outcome)
+    if kv.tokens or kv.file_bytes:
+        parts += [f"{kv.tokens:,} tok", _mib(kv.file_bytes)]
+    outcome = kv.last_restore
+    if outcome is not None and outcome != "none":
+        not_reused = outcome == "restored" and check is not None and not check.effective
+        parts.append("restored, not reused" if not_reused else outcome)
     return " · ".join(parts) or "—"
 
 

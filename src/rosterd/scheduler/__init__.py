@@ -22,6 +22,8 @@
   applies the machine's effects.
 - :mod:`~rosterd.scheduler.node`: ``NodeScheduler``, the node's public API over its loop.
 - :mod:`~rosterd.scheduler.lease`: ``Lease``, a granted lease, with its revocation future.
+- :mod:`~rosterd.scheduler.views`: what a node shows (``RoleSnapshot``, ``NodeSnapshot``,
+  ``DirectoryNode``), read-only values.
 - :mod:`~rosterd.scheduler.directory`: ``NodeDirectory``, the nodes of one process by role.
 
 Effects reach backends through :mod:`rosterd.backends.interface` (``RoleBackends``).

@@ -31,6 +31,7 @@ from rosterd.replica_choice import Copy, choose_copy, copy_to_wait_on
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeChange, SchedulerEvent
+from rosterd.scheduler.views import DirectoryNode, RoleCopies
 from rosterd.supervisor import BackendEvent
 
 #: How many times one request follows its role to a new node before it gets the error.
@@ -425,24 +426,22 @@ class NodeDirectory:
         for node in (*self.nodes.values(), *self._draining.values()):
             node.stop_now()
 
-    def snapshot(self) -> dict[str, object]:
-        """``{"nodes": {name: NodeScheduler.snapshot() + {"draining"}}}``; ``draining``:
-        a re-plan left the node out and it is stopping. A role with replicas has, on each
-        node holding a copy, ``copies``: every node holding one (by name) and
-        ``copy_requests``: the requests this process sent to this copy and that are not
-        done, queued there or running (the ``running`` beside it counts the second only)."""
-        nodes: dict[str, object] = {}
+    def snapshot(self) -> dict[str, DirectoryNode]:
+        """Every node by name, read-only, for display: those serving, then those a re-plan
+        left out that are stopping (``draining``), each with the copies of its roles that
+        have more than one (see :class:`~rosterd.scheduler.views.DirectoryNode`)."""
+        nodes: dict[str, DirectoryNode] = {}
         for draining, group in ((False, self.nodes), (True, self._draining)):
             for name, node in group.items():
-                view = {**node.snapshot(), "draining": draining}
-                roles = view.get("roles")
-                for role, info in roles.items() if isinstance(roles, dict) else ():
+                snap = node.snapshot()
+                copies: dict[str, RoleCopies] = {}
+                for role in snap.roles:
                     held = self._nodes_of.get(role, ())
-                    if len(held) > 1 and isinstance(info, dict):
-                        info["copies"] = [n.name for n in held]
-                        info["copy_requests"] = self._copy_requests.get((role, name), 0)
-                nodes.setdefault(name, view)
-        return {"nodes": nodes}
+                    if len(held) > 1:
+                        requests = self._copy_requests.get((role, name), 0)
+                        copies[role] = RoleCopies(tuple(n.name for n in held), requests)
+                nodes.setdefault(name, DirectoryNode(snap, draining, copies))
+        return nodes
 
     async def measured_bytes(self) -> dict[str, dict[str, int]]:
         """Node -> role -> measured RSS in bytes (``NodeScheduler.measured_bytes``, every

@@ -1,7 +1,7 @@
 """The node loop (DESIGN.md layer 6): the one place a node's machine's effects are applied.
 
 :class:`NodeLoop` is the asyncio half of :class:`~rosterd.scheduler.node.NodeScheduler`,
-which extends it with the public API. One task per node (``_run``) takes one
+which holds one and puts the public API over it. One task per node (``_run``) takes one
 event at a time from the node's inbox, hands it to the pure
 :class:`~rosterd.scheduler.machine.NodeMachine` and applies the effects that
 come back, in order: it resolves the callers' futures (``GrantLease``,
@@ -73,7 +73,8 @@ class NodeLoop:
     ``limits``: the knobs (``tick_s``); ``metrics``, ``clock`` (monotonic
     seconds), ``wall_clock`` (seconds since the epoch, for the event log),
     ``event_log_size``, ``backend_events`` and ``pids_are_local`` as
-    :class:`~rosterd.scheduler.node.NodeScheduler` takes them.
+    :class:`~rosterd.scheduler.node.NodeScheduler` takes them. ``backends`` may be
+    replaced (a re-plan): every start from then on goes to the new one.
     """
 
     def __init__(
@@ -92,7 +93,7 @@ class NodeLoop:
     ) -> None:
         self.name = name
         self.limits = limits
-        self._backends = backends
+        self.backends = backends
         self._started_by: dict[str, RoleBackends] = {}  # a role's stop goes where its start went
         self._backend_events = backend_events
         self.pids_are_local = pids_are_local
@@ -106,6 +107,7 @@ class NodeLoop:
         self._unloading: dict[int, asyncio.Future[None]] = {}
         self._revocations: dict[str, tuple[int, asyncio.Future[Revocation]]] = {}
         self._shut_down: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
         self.events: deque[SchedulerEvent] = deque(maxlen=event_log_size)
         self.listeners: list[Callable[[SchedulerEvent], None]] = []
         if metrics is not None:
@@ -143,7 +145,7 @@ class NodeLoop:
         if event.name not in self._machine.role_ids():
             return  # another node's role, or a shared server (the machine ignores it too)
         code = event.exit_code
-        self._post(
+        self.post(
             BackendChanged(
                 self._clock(),
                 event.name,
@@ -156,7 +158,57 @@ class NodeLoop:
             )
         )
 
-    def _post(self, event: Event) -> None:
+    def start(self) -> None:
+        """Start the node's task on the running loop (idempotent)."""
+        if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name=f"rosterd-node-{self.name}")
+            if self._backend_events is not None:
+                self._spawn(self._pump_backend_events())
+
+    @property
+    def shutting_down(self) -> bool:
+        """Whether :meth:`shutdown` was called: the loop ends with it."""
+        return self._shut_down is not None
+
+    @property
+    def shut_down(self) -> bool:
+        """Whether the shutdown finished: every backend this node started has exited."""
+        return self._shut_down is not None and self._shut_down.done()
+
+    def expect_lease(self, ticket: int) -> asyncio.Future[Lease]:
+        """The future the ``GrantLease`` or ``FailWaiter`` of ``ticket`` resolves."""
+        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+        self._waiting[ticket] = future
+        return future
+
+    def expect_unload(self, ticket: int) -> asyncio.Future[None]:
+        """The future the ``FinishUnload`` of ``ticket`` resolves (or the shutdown)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._unloading[ticket] = future
+        return future
+
+    async def shutdown(self, shutdown: Event) -> None:
+        """Post ``shutdown`` (the machine's ``Shutdown``) once, starting the loop if it
+        never was, and return when the machine says it finished; then end the loop's task
+        and work and resolve the unloads still waiting."""
+        if self._shut_down is None:
+            self._shut_down = asyncio.get_running_loop().create_future()
+            self.start()  # a node never started still answers its shutdown
+            self.post(shutdown)
+        await asyncio.shield(self._shut_down)
+        for task in [self._task, *self._work]:
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for future in self._unloading.values():
+            if not future.done():
+                future.set_result(None)
+        self._unloading.clear()
+
+    def post(self, event: Event) -> None:
+        """Put ``event`` in the node's inbox (any task); the loop takes it in order."""
         self._inbox.put_nowait(event)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -178,7 +230,7 @@ class NodeLoop:
             while not self._inbox.empty():
                 self._handle(self._inbox.get_nowait())
 
-    def _take_now(self, event: Event) -> list[Effect]:
+    def take_now(self, event: Event) -> list[Effect]:
         """Hand ``event`` to the machine now, after every event the inbox holds (in order,
         so nothing overtakes what was posted before it), and apply the effects; they are
         returned too. Synchronous, on the loop's thread: ``_run`` finds those events gone,
@@ -208,17 +260,17 @@ class NodeLoop:
             if future is not None and not future.done():
                 future.set_exception(effect.error(effect.message, effect.retry_after_s))
         elif isinstance(effect, RecordEvent):
-            self._record(effect)
+            self.record(effect)
         elif isinstance(effect, UpdateGauges):
             if self._metrics is not None:
                 labels = {"node": self.name, "role": effect.role}
                 self._metrics.in_flight.labels(**labels).set(effect.running)
                 self._metrics.queued.labels(**labels).set(effect.queued)
         elif isinstance(effect, StartBackend):
-            self._started_by[effect.role] = self._backends
-            self._spawn(self._start_backend(effect.role, self._backends))
+            self._started_by[effect.role] = self.backends
+            self._spawn(self._start_backend(effect.role, self.backends))
         elif isinstance(effect, StopBackend):
-            backends = self._started_by.get(effect.role, self._backends)
+            backends = self._started_by.get(effect.role, self.backends)
             self._spawn(self._stop_backend(effect.role, backends))
         elif isinstance(effect, ProbeBackend):
             self._spawn(self._probe_backend(effect))
@@ -254,7 +306,7 @@ class NodeLoop:
         if future is None or future.done():
             # The waiter left in the same instant: the slot the machine counted goes back.
             if effect.take_slot:
-                self._post(Release(self._clock(), effect.role, effect.generation))
+                self.post(Release(self._clock(), effect.role, effect.generation))
             return
         held = self._revocations.get(effect.role)
         if held is None or held[0] != effect.generation or held[1].done():
@@ -264,7 +316,7 @@ class NodeLoop:
             effect.role, self.name, effect.endpoint, effect.generation, effect.waited_s, held[1]
         )
         future.set_result(lease)
-        backends = self._started_by.get(effect.role, self._backends)
+        backends = self._started_by.get(effect.role, self.backends)
         if effect.take_slot and isinstance(backends, IdleKvSaver):
             backends.kv_changing(effect.role)
         if self._metrics is not None and effect.take_slot:
@@ -275,7 +327,7 @@ class NodeLoop:
             endpoint = await backends.start(role)
         except Exception as exc:
             short = getattr(exc, "client_message", None)
-            self._post(
+            self.post(
                 LoadDone(
                     self._clock(),
                     role,
@@ -284,7 +336,7 @@ class NodeLoop:
                 )
             )
             return
-        self._post(LoadDone(self._clock(), role, endpoint=endpoint))
+        self.post(LoadDone(self._clock(), role, endpoint=endpoint))
 
     async def _stop_backend(self, role: str, backends: RoleBackends) -> None:
         error: str | None = None
@@ -292,17 +344,17 @@ class NodeLoop:
             await backends.stop(role)
         except Exception as exc:
             error = str(exc) or type(exc).__name__
-        self._post(StopDone(self._clock(), role, error))
+        self.post(StopDone(self._clock(), role, error))
 
     async def _save_kv(self, effect: SaveKv) -> None:
-        backends = self._started_by.get(effect.role, self._backends)
+        backends = self._started_by.get(effect.role, self.backends)
         try:
             if isinstance(backends, IdleKvSaver):
                 await backends.save_kv(effect.role)
         except Exception:  # the contract says never; the role must not wait forever
             log.exception("node %s: the idle KV save of %s failed", self.name, effect.role)
         finally:
-            self._post(KvSaveDone(self._clock(), effect.role, effect.generation))
+            self.post(KvSaveDone(self._clock(), effect.role, effect.generation))
 
     async def _probe_backend(self, effect: ProbeBackend) -> None:
         role, timeout = effect.role, effect.timeout_s
@@ -310,7 +362,7 @@ class NodeLoop:
         try:
             # The probe bounds itself; this bounds a backends boundary that does not.
             async with asyncio.timeout(timeout + 5.0):
-                result = await self._backends.probe(role, timeout_s=timeout)
+                result = await self.backends.probe(role, timeout_s=timeout)
             ok, detail = result.ok, result.detail
         except TimeoutError:
             ok, detail = False, f"no answer within {timeout:g} s"
@@ -326,11 +378,11 @@ class NodeLoop:
             )
         elif not ok:
             log.warning("node %s: generation probe of %s failed: %s", self.name, role, detail)
-        self._post(ProbeDone(self._clock(), role, effect.generation, ok, detail, unreachable))
+        self.post(ProbeDone(self._clock(), role, effect.generation, ok, detail, unreachable))
 
     async def _restart_backend(self, role: str) -> None:
         try:
-            await self._backends.restart(role)
+            await self.backends.restart(role)
         except NodeLostError:
             # The node is gone with the backend: the fleet's NodeLost marks the role lost
             # and its requests follow it to another node; no "could not be restarted".
@@ -338,7 +390,7 @@ class NodeLoop:
         except Exception as exc:
             log.exception("node %s: restarting %s failed", self.name, role)
             with contextlib.suppress(Exception):
-                await self._backends.stop(role)  # no wedged process may keep its memory
+                await self.backends.stop(role)  # no wedged process may keep its memory
             self.backend_event(
                 BackendEvent(role, "restart_failed", detail=f"restart failed: {exc}", final=True)
             )
@@ -349,7 +401,8 @@ class NodeLoop:
             for event in await self._backend_events.changes():
                 self.backend_event(event)
 
-    def _record(self, effect: RecordEvent) -> None:
+    def record(self, effect: RecordEvent) -> None:
+        """Keep ``effect`` in the event log, log it, count it, and tell the listeners."""
         duration = effect.duration_s
         event = SchedulerEvent(
             at=self._wall_clock(),

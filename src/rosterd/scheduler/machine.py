@@ -81,6 +81,7 @@ from rosterd.scheduler.values import (
     SchedulerLimits,
     client_reason,
 )
+from rosterd.scheduler.views import RoleSnapshot
 from rosterd.spec import InferenceSpec
 
 _SHUTTING_DOWN = "rosterd is shutting down"
@@ -186,9 +187,9 @@ class NodeMachine:
         """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""
         return self.state.waiting_reason(role)
 
-    def role_view(self, role: str, now: float) -> dict[str, object]:
-        """``role``'s state as JSON-ready data (see ``NodeScheduler.snapshot``)."""
-        return self.state.role_view(role, now)
+    def role_snapshot(self, role: str, now: float) -> RoleSnapshot:
+        """``role``'s state at ``now``, read-only (``MachineState.role_snapshot``)."""
+        return self.state.role_snapshot(role, now)
 
     # ---- the one entry point ----------------------------------------------------
 

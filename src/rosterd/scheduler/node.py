@@ -8,8 +8,9 @@ and put in the node's inbox, and where it waits, it waits on a future the loop
 resolves. The loop, which hands events to the pure
 :class:`~rosterd.scheduler.machine.NodeMachine` and is the only place its effects are
 applied, is :class:`~rosterd.scheduler.loop.NodeLoop`, which ``NodeScheduler``
-extends. The machine alone holds the node's state: what is placed here, what cannot
-be served, the budget, the limits, the memory figures. ``NodeScheduler`` keeps no
+holds (composed, not inherited: the loop's futures and tasks are its own). The machine
+alone holds the node's state: what is placed here, what cannot be served, the budget,
+the limits, the memory figures. ``NodeScheduler`` keeps no
 copy; what it shows (:attr:`NodeScheduler.specs`, :meth:`NodeScheduler.snapshot`)
 it reads from the machine, for display and routing only.
 
@@ -19,12 +20,13 @@ Plain asyncio: scheduling is rosterd's own job.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 
 from rosterd.backends.interface import (
+    BackendEvent,
     BackendEventSource,
     KeptKvSource,
     MeasuredBackends,
@@ -56,6 +58,7 @@ from rosterd.scheduler.values import (
     Phase,
     SchedulerLimits,
 )
+from rosterd.scheduler.views import NodeSnapshot, RoleSnapshot
 from rosterd.spec import InferenceSpec
 
 #: A copy's state by its role's phase (``ready`` is decided with its probe, above).
@@ -70,7 +73,7 @@ _COPY_STATES: dict[Phase, CopyState] = {
 }
 
 
-class NodeScheduler(NodeLoop):
+class NodeScheduler:
     """The owner of one node's resident set (one asyncio task, started by :meth:`start`).
 
     ``specs``: the roles placed on the node (role -> spec); ``capacity_bytes``:
@@ -123,7 +126,12 @@ class NodeScheduler(NodeLoop):
             memory=memory,
             devices=devices,
         )
-        super().__init__(
+        self.name = name
+        self.limits = limits
+        self.pids_are_local = pids_are_local
+        self._clock = clock
+        self._machine = machine
+        self._loop = NodeLoop(
             name,
             machine,
             backends,
@@ -135,18 +143,26 @@ class NodeScheduler(NodeLoop):
             backend_events=backend_events,
             pids_are_local=pids_are_local,
         )
-        self._task: asyncio.Task[None] | None = None
         self._tickets = itertools.count(1)
+        #: The node's event log, oldest first, and who hears each event (the loop's own).
+        self.events = self._loop.events
+        self.listeners = self._loop.listeners
 
     # ---- public API (any task) ------------------------------------------------
 
     def start(self) -> None:
         """Start the node's task on the running loop (idempotent)."""
-        if self._task is None:
-            loop = asyncio.get_running_loop()
-            self._task = loop.create_task(self._run(), name=f"rosterd-node-{self.name}")
-            if self._backend_events is not None:
-                self._spawn(self._pump_backend_events())
+        self._loop.start()
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The node's budget in force, as its machine holds it."""
+        return self._machine.capacity_bytes
+
+    def backend_event(self, event: BackendEvent) -> None:
+        """Tell the node what the supervisor saw happen to a role's backend (any task);
+        see :meth:`NodeLoop.backend_event`."""
+        self._loop.backend_event(event)
 
     async def acquire(
         self,
@@ -172,13 +188,14 @@ class NodeScheduler(NodeLoop):
             UnknownRoleError, RoleMovedError, RoleUnavailableError, QueueFullError,
             QueueTimeoutError, RoleRefusedError, LoadFailedError, ShuttingDownError.
         """
-        if self._shut_down is not None:  # the loop ends with the shutdown: it would not answer
+        if self._loop.shutting_down:  # the loop ends with the shutdown: it would not answer
             raise ShuttingDownError("rosterd is shutting down")
-        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         ticket = next(self._tickets)
-        self._waiting[ticket] = future
+        future = self._loop.expect_lease(ticket)
         timeout = self.limits.queue_timeout_s if timeout_s is None else timeout_s
-        self._post(Acquire(self._clock(), ticket, role, take_slot, no_evict, timeout, newer_than))
+        self._loop.post(
+            Acquire(self._clock(), ticket, role, take_slot, no_evict, timeout, newer_than)
+        )
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -187,18 +204,18 @@ class NodeScheduler(NodeLoop):
                     self.release(future.result())
             else:
                 future.cancel()  # a grant still on its way is handed back (see _grant)
-                self._post(Cancel(self._clock(), ticket, role))
+                self._loop.post(Cancel(self._clock(), ticket, role))
             raise
 
     def release(self, lease: Lease) -> None:
         """Give back a lease taken with ``take_slot`` (safe to call from any task, once)."""
-        self._post(Release(self._clock(), lease.role, lease.generation))
+        self._loop.post(Release(self._clock(), lease.role, lease.generation))
 
     def suspect(self, lease: Lease, reason: str, *, wedged: bool = False) -> None:
         """A request on ``lease`` got no byte within its deadline (``reason``, in words): run
         the role's generation probe unless one runs; a failed probe makes it ``unhealthy``.
         ``wedged``: the request's progress check saw the backend stuck: ``unhealthy`` now."""
-        self._post(Suspect(self._clock(), lease.role, lease.generation, reason, wedged))
+        self._loop.post(Suspect(self._clock(), lease.role, lease.generation, reason, wedged))
 
     @property
     def specs(self) -> dict[str, InferenceSpec]:
@@ -209,13 +226,13 @@ class NodeScheduler(NodeLoop):
     @property
     def backends(self) -> RoleBackends:
         """The backends boundary that starts this node's roles from now on."""
-        return self._backends
+        return self._loop.backends
 
     def record(self, kind: str, role: str, cause: str) -> None:
         """Log a change to ``role`` decided above this node (a fleet re-plan: ``moved``,
         ``unplaced``) with its ``cause``, as the machine's own events are (the event log,
         ``/rosterd/events``, and a log line); the metrics count only the machine's."""
-        self._record(
+        self._loop.record(
             RecordEvent(kind, role, cause, self._machine.resident(), self._machine.resident_bytes())
         )
 
@@ -226,7 +243,7 @@ class NodeScheduler(NodeLoop):
         new ones) keep waiting up to their queue timeout, for the run-time re-plan
         to serve them elsewhere; no start or stop is asked of the node again.
         """
-        self._post(NodeLost(self._clock(), reason))
+        self._loop.post(NodeLost(self._clock(), reason))
 
     def copy_state(self, role: str) -> CopyState | None:
         """What this node's copy of ``role`` can do now, for the choice among a role's
@@ -251,7 +268,7 @@ class NodeScheduler(NodeLoop):
         """Role -> measured RSS in bytes of its backend, from the backends boundary
         (``MeasuredBackends``); ``{}`` when the boundary cannot measure, fails, or does
         not answer within ``MEASURE_TIMEOUT_S``. For display only."""
-        backends = self._backends
+        backends = self._loop.backends
         if not isinstance(backends, MeasuredBackends):
             return {}
         try:
@@ -277,7 +294,7 @@ class NodeScheduler(NodeLoop):
         measured = MeasuredPeak(
             self._clock(), role, peak_bytes, run_peak_bytes, dict(device_bytes or {})
         )
-        self._post(measured)
+        self._loop.post(measured)
 
     async def unload(self, role: str) -> None:
         """Stop ``role``'s backend once its in-flight requests finished (or ``drain_s`` passed).
@@ -289,12 +306,11 @@ class NodeScheduler(NodeLoop):
         """
         if role not in self.specs:  # read from the machine: an unload asks nothing of it
             raise UnknownRoleError(f"role {role!r} is not placed on node {self.name!r}")
-        if self._shut_down is not None and self._shut_down.done():
+        if self._loop.shut_down:
             return  # nothing is resident any more
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ticket = next(self._tickets)
-        self._unloading[ticket] = future
-        self._post(Unload(self._clock(), ticket, role))
+        future = self._loop.expect_unload(ticket)
+        self._loop.post(Unload(self._clock(), ticket, role))
         await asyncio.shield(future)
 
     def apply(
@@ -328,14 +344,14 @@ class NodeScheduler(NodeLoop):
         pool, whole (none: host RAM is the only pool).
 
         Synchronous, and the loop takes the event at once, after what its inbox holds
-        (``NodeLoop._take_now``): every request after this call, and every read of
+        (``NodeLoop.take_now``): every request after this call, and every read of
         :attr:`specs`, sees the new set in the machine itself, so nothing outside it
         keeps a copy to stay in step with. The ``NodeChange`` returned is the machine's
         own answer (its ``Reconfigured`` effect), the difference between its state and
         the desired one: it stays right when two re-plans come one after the other, as
         a diff against anything kept here would not. Needs a running event loop.
         """
-        self._backends = backends
+        self._loop.backends = backends
         event = Reconfigure(
             self._clock(),
             dict(specs),
@@ -347,7 +363,7 @@ class NodeScheduler(NodeLoop):
             dict(moved or {}),
             dict(devices or {}),
         )
-        answers = [e.change for e in self._take_now(event) if isinstance(e, Reconfigured)]
+        answers = [e.change for e in self._loop.take_now(event) if isinstance(e, Reconfigured)]
         return answers[0] if answers else NodeChange()  # none: the step failed, and said so
 
     async def shutdown(self) -> None:
@@ -356,63 +372,34 @@ class NodeScheduler(NodeLoop):
         Waiting requests fail with ``ShuttingDownError``; a load under way is
         aborted at once. Returns after every backend this node started has exited.
         """
-        if self._shut_down is None:
-            self._shut_down = asyncio.get_running_loop().create_future()
-            self.start()  # a node never started still answers its shutdown
-            self._post(Shutdown(self._clock()))
-        await asyncio.shield(self._shut_down)
-        for task in [self._task, *self._work]:
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        for future in self._unloading.values():
-            if not future.done():
-                future.set_result(None)
-        self._unloading.clear()
+        await self._loop.shutdown(Shutdown(self._clock()))
 
     def stop_now(self) -> None:
         """Cut the drain of a :meth:`shutdown` under way (a second Ctrl-C): requests in
         flight end now and every backend stops (SIGTERM, its grace, then SIGKILL)."""
-        if self._shut_down is not None and not self._shut_down.done():
-            self._post(Shutdown(self._clock(), at_once=True))
+        if self._loop.shutting_down and not self._loop.shut_down:
+            self._loop.post(Shutdown(self._clock(), at_once=True))
 
-    def snapshot(self) -> dict[str, object]:
-        """The node's state as JSON-ready data (``/status``, ``rosterd ps``).
-
-        ``{"capacity_bytes", "resident_bytes", "resident": [...], "transition",
-        "roles": {role: {"phase", "latency_class", "sticky", "resident_bytes",
-        "running", "queued", "idle_s", "loaded_for_s", "waiting_reason",
-        "waiting_s", "last_error", "last_error_age_s", "load_backoff_s",
-        "base_url", "pid", "restart_pending", "unavailable_reason"}}, "lost_reason"}``
-        (``running``: requests its backend runs now, their leases granted; ``queued``:
-        requests waiting for a lease; ``restart_pending``: a re-plan changed what it
-        launches and it restarts once
-        idle, or after ``drain_s``; durations in seconds,
-        ``None`` when not resident; ``phase`` is ``unavailable`` for a role that
-        cannot be served, ``unavailable_reason`` then says why; ``retiring``: a
-        re-plan removed the role and it drains before it stops; ``memory``: the
-        role's figures, or ``None``; ``kv``: what is kept of its KV cache across stops
-        (``KeptKvSource.kept_kv``), or ``None``); per node also ``running`` (requests
-        its backends run now), ``max_concurrency`` (the node-wide limit now, or
-        ``None``) and ``pools`` (``MachineState.pools_view``: host RAM and each device,
-        declared, probed and counted).
-        """
+    def snapshot(self) -> NodeSnapshot:
+        """The node's state now, read-only, for display (``/status``, ``rosterd ps``): the
+        machine's view of each role with what the backends keep of its KV cache
+        (``KeptKvSource.kept_kv``, from memory), see :class:`NodeSnapshot`."""
         now = self._clock()
-        backends = self._backends
-        roles: dict[str, object] = {}
+        backends = self._loop.backends
+        roles: dict[str, RoleSnapshot] = {}
         for role in self._machine.role_ids():
-            view = self._machine.role_view(role, now)
-            view["kv"] = backends.kept_kv(role) if isinstance(backends, KeptKvSource) else None
+            view = self._machine.role_snapshot(role, now)
+            if isinstance(backends, KeptKvSource):
+                view = replace(view, kv=backends.kept_kv(role))
             roles[role] = view
-        return {
-            "capacity_bytes": self._machine.capacity_bytes,
-            "resident_bytes": self._machine.resident_bytes(),
-            "resident": list(self._machine.resident()),
-            "transition": self._machine.transition_under_way,
-            "lost_reason": self._machine.lost_reason,
-            "roles": roles,
-            "running": self._machine.node_running(),
-            "max_concurrency": self._machine.node_limit(),
-            "pools": self._machine.state.pools_view(),
-        }
+        return NodeSnapshot(
+            capacity_bytes=self._machine.capacity_bytes,
+            resident_bytes=self._machine.resident_bytes(),
+            resident=tuple(self._machine.resident()),
+            transition=self._machine.transition_under_way,
+            lost_reason=self._machine.lost_reason,
+            roles=roles,
+            running=self._machine.node_running(),
+            max_concurrency=self._machine.node_limit(),
+            pools=self._machine.state.pools_view(),
+        )

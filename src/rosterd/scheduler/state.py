@@ -30,6 +30,7 @@ from rosterd.scheduler.values import (
     SchedulerLimits,
     client_reason,
 )
+from rosterd.scheduler.views import LATENCY_CLASS_NAME, SHOWN_PHASE, RoleSnapshot
 from rosterd.spec import InferenceSpec, MemorySpec
 
 
@@ -180,38 +181,39 @@ class MachineState:
         """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""
         return self.roles[role].waiting_reason
 
-    def role_view(self, role: str, now: float) -> dict[str, object]:
-        """``role``'s state as JSON-ready data (see ``NodeScheduler.snapshot``)."""
+    def role_snapshot(self, role: str, now: float) -> RoleSnapshot:
+        """``role``'s state at ``now`` (seconds), read-only, for display (``kv`` left
+        ``None``: the machine does not know what its backends keep)."""
         st = self.roles[role]
         resident = st.phase in HOLDS_MEMORY
         idle = st.phase is Phase.READY and st.running == 0
         backoff = st.backoff_until - now if st.backoff_until is not None else 0.0
-        return {
-            "phase": "unavailable" if st.unavailable is not None else st.phase.value,
-            "latency_class": st.spec.latency_class.value,
-            "sticky": st.spec.sticky,
-            "resident_bytes": st.spec.memory.resident_bytes,
-            "running": st.running,
-            "queued": len(st.waiters),
-            "idle_s": round(now - st.last_used, 3) if idle else None,
-            "loaded_for_s": round(now - st.loaded_at, 3)
+        return RoleSnapshot(
+            phase="unavailable" if st.unavailable is not None else SHOWN_PHASE[st.phase],
+            latency_class=LATENCY_CLASS_NAME[st.spec.latency_class],
+            sticky=st.spec.sticky,
+            resident_bytes=st.spec.memory.resident_bytes,
+            running=st.running,
+            queued=len(st.waiters),
+            idle_s=round(now - st.last_used, 3) if idle else None,
+            loaded_for_s=round(now - st.loaded_at, 3)
             if resident and st.loaded_at is not None
             else None,
-            "waiting_reason": st.waiting_reason if st.waiters else None,
-            "waiting_s": round(now - st.waiters[0].since, 3) if st.waiters else None,
-            "last_error": st.last_error,
-            "last_error_age_s": round(now - st.last_error_at, 3)
+            waiting_reason=st.waiting_reason if st.waiters else None,
+            waiting_s=round(now - st.waiters[0].since, 3) if st.waiters else None,
+            last_error=st.last_error,
+            last_error_age_s=round(now - st.last_error_at, 3)
             if st.last_error_at is not None
             else None,
-            "load_backoff_s": round(backoff, 3) if backoff > 0 else None,
-            "base_url": st.endpoint.base_url if st.endpoint else None,
-            "pid": st.endpoint.pid if st.endpoint else None,
+            load_backoff_s=round(backoff, 3) if backoff > 0 else None,
+            base_url=st.endpoint.base_url if st.endpoint else None,
+            pid=st.endpoint.pid if st.endpoint else None,
             # a re-plan changed what it launches: it restarts once idle (cut after drain_s)
-            "restart_pending": st.next_spec is not None,
-            "unavailable_reason": st.unavailable,
-            "retiring": st.retiring_since is not None,
-            "memory": dict(st.memory) if st.memory is not None else None,
-        }
+            restart_pending=st.next_spec is not None,
+            unavailable_reason=st.unavailable,
+            retiring=st.retiring_since is not None,
+            memory=dict(st.memory) if st.memory is not None else None,
+        )
 
     def typical_load_s(self) -> float:
         """Seconds a load takes here (the slowest of the last 20, rounded up; 5 if none)."""

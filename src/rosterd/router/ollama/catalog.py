@@ -125,9 +125,8 @@ def catalog_routes(
         return JSONResponse({"models": listed})
 
     async def ps(_: Request) -> Response:
-        nodes = scheduler.snapshot()["nodes"]
-        assert isinstance(nodes, dict)
-        resident = sorted({role for node in nodes.values() for role in node["resident"]})
+        nodes = scheduler.snapshot().values()
+        resident = sorted({role for entry in nodes for role in entry.node.resident})
         models = [
             # expires_at null: rosterd unloads by its residency policy, not by a timer.
             model_entry(role) | {"expires_at": None, "size_vram": 0}
