@@ -60,7 +60,7 @@ from rosterd.router.client_side import (
     wait_disconnect,
 )
 from rosterd.router.deadlines import Deadlines, forward_within_deadlines, stalled_error
-from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
+from rosterd.router.dialects.envelope import STREAM_ENDS, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.key_turns import Turns
@@ -76,13 +76,16 @@ from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.retries import RETRIES, backend_unreachable, may_resend
 from rosterd.router.routing import (
     DIALECT_PATHS,
+    NODE_SCOPE,
     PROXIED_PATHS,
+    ROLE_SCOPE,
     ModelNames,
     RoleRoute,
     RouterConfig,
 )
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.router.usage_hook import KeyUsage
+from rosterd.router.validation import check_request, refusal_text
 from rosterd.router.wait_report import wait_headers
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.lease import Lease
@@ -154,9 +157,15 @@ class Proxy:
             )
             payload = parse_json_object(body)
             role = self.ctx.names.resolve(requested_model(payload))
+            route = self.ctx.routes[role]
+            # The access log's role and node for an answer refused before a lease (its
+            # copies' nodes: which one would have served it is not chosen yet).
+            scope[ROLE_SCOPE], scope[NODE_SCOPE] = role, self.ctx.scheduler.node_names(role)
             if self.dialect is not None:
                 # Before any load: a request the role's backend cannot take fails at once.
-                check_dialect(self.path, self.ctx.routes[role], payload)
+                check_dialect(self.path, route, payload)
+            # What the dialect's own API refuses never reaches the backend (validation).
+            check_request(self.path, payload, ctx_size=route.ctx_size)
             await self._serve(role, payload, receive, answer)
         except ClientGoneError:
             answer.status = CLIENT_CLOSED_STATUS
@@ -439,7 +448,9 @@ class Proxy:
         integer code and no param), in the shape the path's clients read, its status kept."""
         with upstream_errors(role):
             raw = await upstream.read()
-        whole = self.envelope.status_body(upstream.status, backend_error_text(raw))
+        # A prompt longer than the context also says which setting to raise.
+        text = refusal_text(role, self.ctx.routes[role].ctx_size, raw)
+        whole = self.envelope.status_body(upstream.status, text)
         await send_whole(send, upstream.status, "application/json", whole, told)
 
     async def _send_whole_answer(

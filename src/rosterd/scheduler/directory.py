@@ -137,6 +137,11 @@ class NodeDirectory:
         """Every node scheduler holding a copy of ``role``, by node name (empty: none)."""
         return self._nodes_of.get(role, ())
 
+    def node_names(self, role: str) -> str:
+        """The names of the nodes holding a copy of ``role``, comma-separated ("" for none):
+        what the access log says of a request refused before a node was chosen."""
+        return ",".join(node.name for node in self.nodes_of(role))
+
     def choose_node(
         self, role: str, prefix: bytes | None = None, avoid: Collection[str] = ()
     ) -> NodeScheduler:
