@@ -145,15 +145,15 @@ def test_malformed_requests_are_400s_and_leave_a_stream_and_its_backend_alone(
         assert _restarts(up) == []
         # The access log: each refusal with its role, node and reason; the stream with the
         # tokens llama-server reported in its last chunk.
-        lines = (tmp_path / "state" / "logs" / "access.log").read_text().splitlines()
-        refused = [line for line in lines if " status=400 " in line]
+        logged = (tmp_path / "state" / "logs" / "access.log").read_text().splitlines()
+        refused = [line for line in logged if " status=400 " in line]
         assert len(refused) == 3 + sent["bodies"]
         assert all("role=chat-small node=local" in line for line in refused), refused[:3]
         chat = [line for line in refused if "path=/v1/chat/completions" in line]
         assert len(chat) == 1 + sent["bodies"]
         assert all("code=bad_request" in line for line in chat), chat[:3]
         assert all('reason="messages' in line for line in refused if "/v1/chat" not in line)
-        [served] = [line for line in lines if " status=200 " in line and "/v1/chat" in line]
+        [served] = [line for line in logged if " status=200 " in line and "/v1/chat" in line]
         assert "tokens_out=160" in served, served
         assert "tokens_in=-" not in served, served
     finally:
