@@ -88,6 +88,10 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         # Its node was lost while the answer streamed (unstarted ones are sent again).
         "node_lost": ErrorKind(503, SERVER, retry_after_s=1.0),
         "role_refused": ErrorKind(503, SERVER),
+        # A role the plan could not place (or placed on a node this process does not run):
+        # the plan's reason; no Retry-After, since only a change of the files or the
+        # fleet (a reload, a node back) serves it.
+        "model_unplaced": ErrorKind(503, SERVER),
         "model_unavailable": ErrorKind(503, SERVER),
         "unavailable": ErrorKind(503, SERVER),
     }

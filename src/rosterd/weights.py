@@ -336,3 +336,23 @@ def separate_aliases(roster: ImportedRoster, fleet: Fleet) -> ImportedRoster:
             {a: s for a, s in roster.alias_specs.items() if a not in split}
         ),
     )
+
+
+def import_summary(imported: ImportedRoster, served: ImportedRoster) -> str:
+    """What ``plan`` says of the roster: ``imported`` as the import made it (``rosterd
+    roster import``'s counts) and ``served`` as :func:`separate_aliases` made it for the
+    fleet, so both commands count the same entries, and an alias served as a role of its
+    own is named as such (the import calls it an alias; ``plan`` and ``up`` serve it)."""
+    apart = sorted(set(imported.aliases) - set(served.aliases))
+    entries = "entry" if len(imported.skipped) == 1 else "entries"
+    said = (
+        f"{len(imported.specs)} roles imported, {len(imported.skipped)} roster {entries} "
+        "skipped (see `rosterd roster import`)"
+    )
+    if apart:
+        names = ", ".join(apart)
+        said += (
+            f"; of those skipped as aliases, {len(apart)} ({names}) planned as roles of their "
+            "own: the fleet's models: gives them other weights than the role they alias"
+        )
+    return said

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import httpx
 import pytest
@@ -22,6 +23,9 @@ from rosterd.backends.local import SupervisorBackends
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.supervisor import Supervisor
 from rosterd.weights import ResolvedWeights
+
+if TYPE_CHECKING:
+    from rosterd.adapters.base import Launch, SlotKeeping
 
 
 async def generate(
@@ -148,3 +152,50 @@ async def test_a_refused_or_unanswered_slot_call_is_a_slot_file_error() -> None:
         with pytest.raises(SlotFileError, match="did not answer") as raised:
             await slots.save(client, 0, "slot0.bin", timeout_s=5.0)
     assert isinstance(raised.value, AdapterError)
+
+
+class _NoProps:
+    """A slot keeper whose server has no ``/props`` (a stand-in, an older build): its
+    version cannot be read, as llama-server's keeper says of a 404."""
+
+    def identity(self, launch: object) -> dict[str, str]:
+        return {"slots": "1"}
+
+    async def version(self, client: httpx.AsyncClient, *, timeout_s: float) -> str:
+        from rosterd.errors import SlotFileError
+
+        raise SlotFileError("llama-server refused to report its version (GET /props: HTTP 404)")
+
+
+async def test_a_backend_without_props_is_not_a_warning_on_every_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each load of a backend without ``/props`` once logged a warning; now its restore is
+    skipped without a word but one debug line per role, and the reason is a sentence."""
+    from rosterd.adapters.llamacpp_slots import LlamaServerSlots
+    from rosterd.errors import SlotFileError
+
+    def not_found(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, text="Not Found")
+
+    async with httpx.AsyncClient(
+        base_url="http://127.0.0.1:1", transport=httpx.MockTransport(not_found)
+    ) as client:
+        with pytest.raises(
+            SlotFileError, match=r"refused to report its version \(GET /props: HTTP 404"
+        ):
+            await LlamaServerSlots().version(client, timeout_s=5.0)
+
+    keeper = KvKeeper(tmp_path / "kv")
+    caplog.set_level(logging.DEBUG, logger="rosterd")
+    for _ in range(3):
+        result = await keeper.started(
+            "tiny",
+            cast("SlotKeeping", _NoProps()),
+            cast("Launch", object()),
+            "http://127.0.0.1:1",
+            tmp_path / "w.gguf",
+        )
+        assert result.outcome == "failed"
+    said = [r for r in caplog.records if "no restore" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.DEBUG]

@@ -85,20 +85,25 @@ def test_up_routes_the_first_entry_and_says_why_others_are_not_served(tmp_path: 
         assert up.get("/v1/models/tiny-a")["id"] == "scratch-a"
         r = httpx.get(f"{up.url}/v1/models/tiny-b", trust_env=False, timeout=10)
         assert r.status_code == 404
-        for model, why in (
-            ("planner", "planned on node studio, which this process does not run"),
-            ("Qwen3-30B-A3B", "planned on node studio"),
-            ("ollama-x", "unplaced: "),
-            ("vision", 'skipped in the roster: backend "mlx-vlm" has no inference adapter'),
+        # A role of the plan not served here is 503 model_unplaced with the plan's reason
+        # and no Retry-After; an entry the import skipped is no role: 404.
+        for model, why, status in (
+            ("planner", "planned on node studio, which this process does not run", 503),
+            ("Qwen3-30B-A3B", "planned on node studio", 503),
+            ("ollama-x", "unplaced: ", 503),
+            ("vision", 'skipped in the roster: backend "mlx-vlm" has no inference adapter', 404),
         ):
             r = httpx.post(
                 f"{up.url}/v1/chat/completions",
-                json={"model": model, "messages": []},
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
                 trust_env=False,
                 timeout=10,
             )
-            assert r.status_code == 404, r.text
-            assert why in r.json()["error"]["message"]
+            assert r.status_code == status, r.text
+            error = r.json()["error"]
+            assert error["code"] == ("model_unplaced" if status == 503 else "model_not_found")
+            assert why in error["message"]
+            assert "retry-after" not in r.headers
     finally:
         assert up.stop(signal.SIGINT) == 0
     said = " ".join(up.output().split())

@@ -303,3 +303,33 @@ def test_readme_roster_and_overlay_examples_import_as_documented(tmp_path: Path)
     assert specs["voice-lite"]["sticky"] is False
     assert doc["skipped"] == [["vision", 'backend "mlx-vlm" has no inference adapter']]
     assert doc["warnings"] == []
+
+
+def test_import_and_plan_count_an_alias_the_fleet_serves_apart_alike(tmp_path: Path) -> None:
+    """The import calls ``b`` an alias of ``a`` (same backend, port and repo) and counts it
+    skipped; the fleet gives ``b`` other weights, so ``plan`` plans it as a role of its own.
+    Both now count the same skipped entry, and each says what the other does with it."""
+    entry = "role: chat, ram_gb: 0.1, backend: llama.cpp, status: live"
+    roster = tmp_path / "roster.yaml"
+    roster.write_text(f"roster:\n  - {{id: a, {entry}}}\n  - {{id: b, {entry}}}\n")
+    for name in ("one.gguf", "two.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "nodes:\n  - {name: box, memory_gb: 8, reserved_gb: 1, platform: linux-x86_64, "
+        "address: 127.0.0.1}\n"
+        f"models:\n  a: {{path: {tmp_path / 'one.gguf'}}}\n  b: {{path: {tmp_path / 'two.gguf'}}}\n"
+    )
+    code, out, _ = run(str(roster))
+    assert code == 0
+    assert "Skipped entries (1)" in out
+    assert "alias of a (same server, port and weights)" in out
+    assert "serve it as a role of its own when the fleet file's models: gives it" in " ".join(
+        out.split()
+    )
+    _register()
+    planned = CliRunner().invoke(app, ["plan", str(roster), "--fleet", str(fleet)])
+    assert planned.exit_code == 0, planned.output
+    said = " ".join(planned.stdout.split())
+    assert "1 roles imported, 1 roster entry skipped (see `rosterd roster import`)" in said
+    assert "1 (b) planned as roles of their own" in said

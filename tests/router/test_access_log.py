@@ -10,6 +10,7 @@ line by line; the plain form quotes values with spaces.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -107,10 +108,38 @@ async def test_every_request_leaves_one_line_with_its_reason(
     # The key's name, never the key: an --api-key key is named so; a wrong key has none.
     assert [x["key"] for x in lines] == [MASTER_NAME] * 5 + [""]
     assert "lab-key" not in access_text.getvalue()
-    # A backend failure's reason names its role (the role and node fields come from the
-    # X-Rosterd-* headers, which an error answer does not carry yet).
+    # A backend failure's reason names its role; every line of a request whose model
+    # resolved carries its role and node, refusals too (no X-Rosterd-* headers on those).
     assert "backend of role 'chat' failed" in lines[0]["reason"]
     assert "backend of role 'quiet' failed" in lines[2]["reason"]
+    assert [(x["role"], x["node"]) for x in lines] == [
+        ("chat", "n1"),
+        ("chat", "n1"),
+        ("quiet", "n1"),
+        ("", ""),
+        ("", ""),
+        ("", ""),
+    ]
+
+
+async def test_a_refusal_before_the_backend_names_role_and_node(
+    tmp_path: Path, access_text: io.StringIO
+) -> None:
+    async with (
+        serve(tmp_path) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=30) as client,
+    ):
+        empty = await client.post("/v1/chat/completions", json={"model": "chat-m", "messages": []})
+    assert empty.status_code == 400
+    [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
+    assert (line["model"], line["role"], line["node"], line["status"]) == (
+        "chat-m",
+        "chat",
+        "n1",
+        400,
+    )
+    assert line["code"] == "bad_request"
+    assert line["reason"].startswith("messages: the list is empty")
 
 
 def test_plain_form_quotes_what_has_spaces_and_dialects_are_named() -> None:
@@ -179,3 +208,64 @@ async def test_a_served_answer_logs_role_node_waits_and_tokens(access_text: io.S
     assert (line["tokens_in"], line["tokens_out"]) == (12, 3)
     assert (line["code"], line["reason"]) == ("", "")
     assert line["first_byte_s"] is not None
+
+
+async def test_a_client_that_leaves_a_stream_is_logged_as_leaving(
+    access_text: io.StringIO,
+) -> None:
+    """A stream whose client disconnects before its end is status 499 (nginx's "client
+    closed request") with the reason, not the 200 its headers said."""
+    left = asyncio.Event()
+
+    async def streaming(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        told = [(b"x-rosterd-role", b"chat"), (b"x-rosterd-node", b"n1")]
+        await send({"type": "http.response.start", "status": 200, "headers": told})
+        await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        assert (await receive())["type"] == "http.disconnect"
+        left.set()
+
+    messages: list[Message] = [
+        {"type": "http.request", "body": b'{"model":"chat"}', "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    async def send(message: Message) -> None:
+        return None
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": None}
+    await AccessLog(streaming)(scope, receive, send)
+    assert left.is_set()
+    [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
+    assert (line["role"], line["status"], line["code"]) == ("chat", 499, "client_closed")
+    assert "client closed the connection" in line["reason"]
+
+
+async def test_a_stream_without_usage_logs_llama_servers_own_counts(
+    access_text: io.StringIO,
+) -> None:
+    """llama-server sends ``usage`` in a stream only when asked; its last chunk's
+    ``timings`` always count the tokens (prompt evaluated plus reused, and predicted)."""
+    last = (
+        b'data: {"choices":[{"finish_reason":"length","delta":{}}],'
+        b'"timings":{"cache_n":4,"prompt_n":9,"predicted_n":160}}\n\ndata: [DONE]\n\n'
+    )
+
+    async def streaming(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b'{"model":"chat"}', "more_body": False}
+
+    async def send(message: Message) -> None:
+        return None
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": None}
+    await AccessLog(streaming)(scope, receive, send)
+    [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
+    assert (line["tokens_in"], line["tokens_out"], line["status"]) == (13, 160, 200)

@@ -162,7 +162,7 @@ async def test_non_strict_json_is_400_before_any_load() -> None:
 
 
 async def _stream(client: httpx.AsyncClient, url: str, model: str) -> list[str]:
-    body = {"model": model, "messages": [], "stream": True}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         return [line async for line in r.aiter_lines() if line]
@@ -186,7 +186,7 @@ async def test_a_stream_the_backend_stops_ends_with_an_error_event() -> None:
 
 async def test_a_stream_cut_by_the_drain_time_at_shutdown_ends_with_an_error_event() -> None:
     async with serve() as up, httpx.AsyncClient(timeout=10) as client:
-        body = {"model": "hangs", "messages": [], "stream": True}
+        body = {"model": "hangs", "messages": [{"role": "user", "content": "hi"}], "stream": True}
         lines: list[str] = []
         async with client.stream("POST", f"{up.url}/v1/chat/completions", json=body) as r:
             async for line in r.aiter_lines():
@@ -200,18 +200,29 @@ async def test_a_stream_cut_by_the_drain_time_at_shutdown_ends_with_an_error_eve
         assert "drain time" in error["message"]
 
 
-async def test_an_unserved_role_404_says_why() -> None:
+async def test_an_unserved_role_says_why() -> None:
+    """A role the plan left unplaced, or put on a node this process does not run, is 503
+    ``model_unplaced`` with the plan's reason and no Retry-After (nothing changes until the
+    operator does); a roster entry the import skipped is no role at all: 404."""
     unserved = {
         "planner": "unplaced: no node runs mlx_lm",
         "writer": "planned on node studio, which this process does not run",
     }
-    async with serve(unserved) as up, httpx.AsyncClient(timeout=10) as client:
+    skipped = {"old": "skipped in the roster: status is retired"}
+    async with serve({**unserved, **skipped}) as up, httpx.AsyncClient(timeout=10) as client:
         for model, why in unserved.items():
-            body = {"model": model, "messages": []}
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
             r = await client.post(f"{up.url}/v1/chat/completions", json=body)
-            message = _error(r, 404, "model_not_found")
+            message = _error(r, 503, "model_unplaced")
+            assert "retry-after" not in r.headers
             assert why in message
             assert "done, hangs, stops" in message
+            r = await client.post(f"{up.url}/v1/messages", json={**body, "max_tokens": 8})
+            assert r.status_code == 503
+            assert r.json()["error"]["type"] == "overloaded_error"  # Anthropic's envelope
+            assert why in r.json()["error"]["message"]
+        r = await client.post(f"{up.url}/v1/chat/completions", json={"model": "old"})
+        assert skipped["old"] in _error(r, 404, "model_not_found")
         r = await client.post(f"{up.url}/v1/chat/completions", json={"model": "nope"})
         assert "not served here; known models" in _error(r, 404, "model_not_found")
         r = await client.post(f"{up.url}/v1/chat/completions", json={"model": "x" * 100_000})

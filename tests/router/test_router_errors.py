@@ -76,6 +76,7 @@ TABLE: dict[str, tuple[int, str, str | None]] = {
     "evicted": (503, "server_error", "1"),
     "node_lost": (503, "server_error", "1"),
     "role_refused": (503, "server_error", None),
+    "model_unplaced": (503, "server_error", None),
     "model_unavailable": (503, "server_error", None),
     "unavailable": (503, "server_error", None),
 }

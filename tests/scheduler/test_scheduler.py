@@ -619,6 +619,30 @@ def test_shutdown_fails_waiters_drains_leases_then_stops_every_backend() -> None
     assert bench.alive == set()
 
 
+def test_a_second_signal_cuts_the_drain_and_says_when_it_really_was_cut() -> None:
+    """A second Ctrl-C at 2 s of a 30 s drain cuts the request then, and its client is told
+    so (it was told "after --drain 30 s" of a stream cut at 2 s)."""
+    limits = dataclasses.replace(LIMITS, max_concurrency=1, drain_s=30.0)
+    bench = Bench([spec("a", 100)], 1000, limits)
+    held = bench.acquire("a")
+    bench.settle()
+    started = bench.now
+    bench.send(Shutdown(bench.now))
+    bench.at(started + 2.0)
+    assert bench.stops() == []
+    bench.send(Shutdown(bench.now, at_once=True))
+    [revoke] = bench.of(RevokeLeases)
+    assert revoke.revocation == Revocation(
+        "shutting_down",
+        "rosterd is shutting down; role a was stopped after 2.0 s of the drain: a second "
+        "signal stopped it at once",
+    )
+    assert "--drain" not in revoke.revocation.message
+    bench.release(held)
+    bench.settle()
+    assert bench.stops() == ["a"]
+
+
 def test_shutdown_after_the_requests_finished_stops_at_once() -> None:
     bench = Bench([spec("a", 100)], 1000)
     held = bench.acquire("a")

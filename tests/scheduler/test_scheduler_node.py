@@ -336,7 +336,8 @@ async def test_an_idle_role_is_saved_and_a_request_during_the_save_waits_for_it(
     assert not waiting.done()
     role = node.snapshot().roles["a"]
     assert role.queued == 1
-    assert role.waiting_reason is not None and "being saved" in role.waiting_reason
+    assert role.waiting_reason is not None
+    assert "being saved" in role.waiting_reason
     backends.save_gate.set()
     assert await waiting == "a"
     assert backends.saves == ["a"]

@@ -57,7 +57,7 @@ class LlamaServerSlots:
         Raises:
             SlotFileError: the server did not answer.
         """
-        body = await _call(client, "GET", "/props", None, timeout_s, "read the version of")
+        body = await _call(client, "GET", "/props", None, timeout_s, "report its version")
         build = body.get("build_info")
         return build if isinstance(build, str) and build else "unknown"
 

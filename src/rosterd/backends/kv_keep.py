@@ -130,6 +130,8 @@ class KvKeeper:
     _saved: set[str] = field(default_factory=set)
     #: Role -> the lock its saves take: an idle save and a stop never write at once.
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    #: Roles whose backend did not report its version (no ``/props``: said once, at debug).
+    _unversioned: set[str] = field(default_factory=set)
 
     def _totals(self, role: str) -> KeptTotals:
         return self.totals.setdefault(role, KeptTotals())
@@ -182,8 +184,13 @@ class KvKeeper:
             try:
                 version = await keeping.version(client, timeout_s=30.0)
             except AdapterError as exc:
+                # A backend without a version (no /props: a stand-in, an older build) has
+                # nothing a restore could be checked against, on every load: no warning,
+                # one debug line per role.
                 result = RestoreResult("failed", detail=f"role {role}: no restore: {exc}")
-                log.warning("%s", result.detail)
+                if role not in self._unversioned:
+                    self._unversioned.add(role)
+                    log.debug("%s", result.detail)
                 self.last_restore[role] = result
                 return result
             identity = {

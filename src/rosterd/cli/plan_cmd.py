@@ -131,6 +131,7 @@ def _render(
     planned: list[InferenceSpec],
     memory: RosterMemory,
     devices: DevicePlan | None = None,
+    summary: str = "",
 ) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -143,10 +144,7 @@ def _render(
         specs.setdefault(s.role, s)
     for imported in roster.specs:
         names.setdefault(imported.spec.role, imported.name)
-    console.print(
-        f"[bold]{len(roster.specs)}[/] roles imported, {len(roster.skipped)} roster entries "
-        "skipped (see `rosterd roster import`)"
-    )
+    console.print(summary, markup=False)
     console.print(f"[bold]{len(fleet.nodes)}[/] node(s); planned by {result.solver}")
     console.print()
     for node in fleet.nodes:
@@ -287,11 +285,12 @@ def plan_cmd(
     from rosterd.placement import plan
     from rosterd.roster.importer import load_roster
     from rosterd.supervisor import default_state_dir
-    from rosterd.weights import separate_aliases
+    from rosterd.weights import import_summary, separate_aliases
 
     out = make_console()  # wide and unwrapped when piped
     nodes = load_fleet(fleet) if fleet is not None else local_fleet()
-    imported = separate_aliases(load_roster(roster, overlay), nodes)
+    as_imported = load_roster(roster, overlay)
+    imported = separate_aliases(as_imported, nodes)
     memory = gather_memory(imported, nodes, state_dir or default_state_dir())
     # Warnings go to stderr in both modes, so `--json` keeps stdout one JSON document.
     for warning in [*imported.warnings, *memory.notes, *memory.warnings()]:
@@ -332,4 +331,5 @@ def plan_cmd(
     if as_json:
         typer.echo(json.dumps(plan_to_json(result, memory, devices), indent=2))
         return
-    _render(out, result, nodes, imported, planned, memory, devices)
+    summary = import_summary(as_imported, imported)
+    _render(out, result, nodes, imported, planned, memory, devices, summary)

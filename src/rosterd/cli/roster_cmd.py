@@ -94,6 +94,16 @@ def render_tables(result: ImportedRoster, console: Console) -> None:
         for role, reason in result.skipped:
             skipped.add_row(_plain(role), _plain(reason))
         console.print(skipped)
+        if result.aliases:
+            # The import cannot see the fleet; `plan` and `up` can, and serve such an alias
+            # on its own when the fleet gives it other weights (rosterd.weights).
+            console.print(
+                Text(
+                    "An alias is served by the server of the role it aliases; `rosterd plan` "
+                    "and `rosterd up` serve it as a role of its own when the fleet file's "
+                    "models: gives it other weights than that role."
+                )
+            )
     for warning in result.warnings:
         console.print(Text(f"warning: {warning}", style="yellow"))
 

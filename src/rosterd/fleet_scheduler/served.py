@@ -75,6 +75,11 @@ def slot_caps(specs: Mapping[str, InferenceSpec], slots: Mapping[str, int]) -> d
     }
 
 
+#: How :func:`unserved_reasons` begins the reason of a roster entry the import skipped (no
+#: role at all, a 404), as against a role the plan left unplaced (a 503).
+SKIPPED_IN_ROSTER = "skipped in the roster: "
+
+
 def unserved_reasons(
     result: Plan, config: ServedConfig, served_nodes: Iterable[str]
 ) -> dict[str, str]:
@@ -100,7 +105,7 @@ def unserved_reasons(
         if role in why:
             out.setdefault(alias, why[role])
     for entry_id, reason in config.roster.skipped:
-        out.setdefault(entry_id, f"skipped in the roster: {reason}")
+        out.setdefault(entry_id, f"{SKIPPED_IN_ROSTER}{reason}")
     return out
 
 

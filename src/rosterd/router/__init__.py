@@ -34,6 +34,8 @@ past Starlette's router. Modules:
   ``ping`` events, reasoning text) and the page's progress bars;
 - ``status_view``: the nodes of ``/status`` and ``/rosterd/ps`` as JSON, built in one
   place from the layers' read-only snapshots;
+- ``validation``: a request checked before it reaches a backend, as each dialect's own
+  API refuses it (400 in the path's envelope);
 - ``wait_report``: the ``X-Rosterd-*`` headers of what a request waited for;
 - ``restore_check``: the first answer after a KV restore, judged;
 - ``upstream``: the client towards backends (pool, timeouts, typed errors);

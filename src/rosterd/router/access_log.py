@@ -30,7 +30,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rosterd.router.auth import KEY_NAME_SCOPE
-from rosterd.router.routing import PROXIED_PATHS
+from rosterd.router.proxy import CLIENT_CLOSED_STATUS
+from rosterd.router.routing import NODE_SCOPE, PROXIED_PATHS, ROLE_SCOPE
 
 log = logging.getLogger("rosterd.access")
 
@@ -44,6 +45,12 @@ OLLAMA_MODEL_PATHS = frozenset({"/api/chat", "/api/generate", "/api/embed", "/ap
 _TOKENS_IN = re.compile(rb'"(?:prompt_tokens|input_tokens|prompt_eval_count)"\s*:\s*(\d+)')
 _TOKENS_OUT = re.compile(rb'"(?:completion_tokens|output_tokens|eval_count)"\s*:\s*(\d+)')
 _SSE_DATA = re.compile(rb"data: (\{.*\})")
+# llama-server's own counts, in the ``timings`` of a stream's last chunk: it sends OpenAI's
+# ``usage`` there only when asked (``stream_options.include_usage``). ``prompt_n`` counts the
+# prompt tokens it evaluated, ``cache_n`` those it reused from its cache.
+_PREDICTED_N = re.compile(rb'"predicted_n"\s*:\s*(\d+)')
+_PROMPT_N = re.compile(rb'"prompt_n"\s*:\s*(\d+)')
+_CACHE_N = re.compile(rb'"cache_n"\s*:\s*(\d+)')
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,8 @@ class AccessLog:
 
         async def receive_seen() -> Message:
             message = await receive()
+            if message["type"] == "http.disconnect" and not seen.finished:
+                seen.client_left = True
             if message["type"] == "http.request" and len(seen.body) < BODY_KEPT_BYTES:
                 seen.body += message.get("body", b"")[: BODY_KEPT_BYTES - len(seen.body)]
             return message
@@ -149,6 +158,7 @@ class AccessLog:
                 if chunk and seen.first_byte_s is None:
                     seen.first_byte_s = time.perf_counter() - seen.started
                 seen.tail = (seen.tail + chunk)[-TAIL_KEPT_BYTES:]
+                seen.finished = seen.finished or not message.get("more_body", False)
             await send(message)
 
         arrived = datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -171,11 +181,21 @@ class _Seen:
         self.headers: dict[str, str] = {}
         self.first_byte_s: float | None = None
         self.tail = b""
+        self.finished = False  # the answer's last body message was sent
+        self.client_left = False  # the client disconnected before that
 
     def line(self, scope: Scope, arrived: str, duration_s: float) -> AccessLine:
         client = scope.get("client")
         cut = b'data: {"error"' in self.tail  # a stream that ended with an error event
         code, reason = _error_of(self.tail) if self.status >= 400 or cut else ("", "")
+        status = self.status or 500
+        if self.client_left:
+            # It left before the answer's end: logged as nginx does, not as the 200 it began.
+            status, code = CLIENT_CLOSED_STATUS, "client_closed"
+            reason = (
+                f"the client closed the connection after {duration_s:.1f} s, "
+                "before the answer ended"
+            )
         path = str(scope.get("path", ""))
         return AccessLine(
             time=arrived,
@@ -185,17 +205,17 @@ class _Seen:
             method=str(scope.get("method", "")),
             path=path,
             model=_model_of(self.body),
-            role=self.headers.get("x-rosterd-role", ""),
-            node=self.headers.get("x-rosterd-node", ""),
-            status=self.status or 500,
+            role=self.headers.get("x-rosterd-role") or str(scope.get(ROLE_SCOPE, "")),
+            node=self.headers.get("x-rosterd-node") or str(scope.get(NODE_SCOPE, "")),
+            status=status,
             code=code,
             reason=reason,
             queue_wait_s=_seconds(self.headers.get("x-rosterd-queue-wait-s")),
             load_s=_seconds(self.headers.get("x-rosterd-load-s")),
             first_byte_s=self.first_byte_s,
             duration_s=duration_s,
-            tokens_in=_last_int(_TOKENS_IN, self.tail),
-            tokens_out=_last_int(_TOKENS_OUT, self.tail),
+            tokens_in=_tokens_in(self.tail),
+            tokens_out=_first_of(_last_int(_TOKENS_OUT, self.tail), _PREDICTED_N, self.tail),
         )
 
 
@@ -242,3 +262,19 @@ def _seconds(value: str | None) -> float | None:
 def _last_int(pattern: re.Pattern[bytes], data: bytes) -> int | None:
     found = pattern.findall(data)
     return int(found[-1]) if found else None
+
+
+def _first_of(found: int | None, pattern: re.Pattern[bytes], data: bytes) -> int | None:
+    return found if found is not None else _last_int(pattern, data)
+
+
+def _tokens_in(tail: bytes) -> int | None:
+    """The prompt's tokens: the answer's usage, else llama-server's timings (evaluated plus
+    reused from its cache)."""
+    usage = _last_int(_TOKENS_IN, tail)
+    if usage is not None:
+        return usage
+    evaluated = _last_int(_PROMPT_N, tail)
+    if evaluated is None:
+        return None
+    return evaluated + (_last_int(_CACHE_N, tail) or 0)

@@ -113,6 +113,7 @@ _STATIC_PARAM: dict[str, Any] = {
 _ADMIN_CODES = (
     "invalid_role",
     "model_not_found",
+    "model_unplaced",
     "backend_load_failed",
     "queue_full",
     "queue_timeout",
@@ -194,6 +195,7 @@ def _ollama_paths() -> dict[str, Any]:
                         "invalid_json",
                         "model_missing",
                         "model_not_found",
+                        "model_unplaced",
                         "body_too_large",
                     ),
                 },
@@ -264,6 +266,7 @@ def openapi_document() -> dict[str, Any]:
             "one role by id, model name or alias",
             _OBJECT,
             "model_not_found",
+            "model_unplaced",
             parameters=[{**_ROLE_PARAM, "name": "model", "description": "role, name or alias"}],
         ),
         "/rosterd/ps": _get("what is resident, per node", _OBJECT),

@@ -50,7 +50,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
 from rosterd.metrics import RosterdMetrics
-from rosterd.replica_choice import CopyState, prefix_key
+from rosterd.replica_choice import prefix_key
 from rosterd.router.body import parse_json_object, read_body, requested_model
 from rosterd.router.client_side import (
     ANSWER_TAIL_BYTES,
@@ -68,7 +68,7 @@ from rosterd.router.deadlines import (
     forward_within_deadlines,
     stalled_error,
 )
-from rosterd.router.dialects.envelope import STREAM_ENDS, backend_error_text, envelope_for
+from rosterd.router.dialects.envelope import STREAM_ENDS, envelope_for
 from rosterd.router.dialects.paths import check_dialect, forward_in_dialect
 from rosterd.router.history import History, generated_tokens
 from rosterd.router.key_turns import Turns
@@ -86,7 +86,9 @@ from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.retries import RETRIES, backend_unreachable, may_resend
 from rosterd.router.routing import (
     DIALECT_PATHS,
+    NODE_SCOPE,
     PROXIED_PATHS,
+    ROLE_SCOPE,
     ModelNames,
     RoleRoute,
     RouterConfig,
@@ -94,6 +96,7 @@ from rosterd.router.routing import (
 from rosterd.router.speeds import RoleSpeeds
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.router.usage_hook import KeyUsage
+from rosterd.router.validation import check_request, refusal_text
 from rosterd.router.wait_report import wait_headers
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.lease import Lease
@@ -169,9 +172,15 @@ class Proxy:
             )
             payload = parse_json_object(body)
             role = self.ctx.names.resolve(requested_model(payload))
+            route = self.ctx.routes[role]
+            # The access log's role and node for an answer refused before a lease (its
+            # copies' nodes: which one would have served it is not chosen yet).
+            scope[ROLE_SCOPE], scope[NODE_SCOPE] = role, self.ctx.scheduler.node_names(role)
             if self.dialect is not None:
                 # Before any load: a request the role's backend cannot take fails at once.
-                check_dialect(self.path, self.ctx.routes[role], payload)
+                check_dialect(self.path, route, payload)
+            # What the dialect's own API refuses never reaches the backend (validation).
+            check_request(self.path, payload, ctx_size=route.ctx_size)
             await self._serve(role, payload, receive, answer)
         except ClientGoneError:
             answer.status = CLIENT_CLOSED_STATUS
@@ -274,7 +283,7 @@ class Proxy:
                 # Nothing was sent to the client and the backend never answered: wait for
                 # the supervisor's restart (a newer generation) rather than a dead port.
                 waits += 1
-                failover = other_copies < RETRIES.other_copy and self._other_copy_ready(
+                failover = other_copies < RETRIES.other_copy and scheduler.other_copy_ready(
                     role, lease.node
                 )
                 then = "sent to another copy" if failover else "waiting for its restart"
@@ -305,13 +314,6 @@ class Proxy:
             return contextlib.nullcontext()
         model = str(payload.get("model", role))
         return LoadProgress(self.ctx.scheduler, role, answer, self.path, mode, model)
-
-    def _other_copy_ready(self, role: str, node: str) -> bool:
-        """Whether a copy of ``role`` other than ``node``'s is ready now (a failover)."""
-        return any(
-            other.name != node and other.copy_state(role) is CopyState.READY
-            for other in self.ctx.scheduler.nodes_of(role)
-        )
 
     async def _forward_unless_revoked(
         self,
@@ -477,7 +479,9 @@ class Proxy:
         integer code and no param), in the shape the path's clients read, its status kept."""
         with upstream_errors(role):
             raw = await upstream.read()
-        whole = self.envelope.status_body(upstream.status, backend_error_text(raw))
+        # A prompt longer than the context also says which setting to raise.
+        text = refusal_text(role, self.ctx.routes[role].ctx_size, raw)
+        whole = self.envelope.status_body(upstream.status, text)
         await send_whole(send, upstream.status, "application/json", whole, told)
 
     async def _send_whole_answer(

@@ -12,9 +12,16 @@ from enum import Enum
 
 from rosterd.adapters.base import ProgressProbe, rewrite_model_field
 from rosterd.errors import RouterError
+from rosterd.fleet_scheduler.served import SKIPPED_IN_ROSTER
 from rosterd.router.caller import may_use
 from rosterd.router.deadlines import FirstByteRule
 from rosterd.router.progress import ProgressCheck
+
+#: Where the proxy leaves, in a request's ASGI scope, the role its ``model`` resolved to and
+#: that role's node, as soon as it knows them: the access log's ``role`` and ``node`` for an
+#: answer without ``X-Rosterd-*`` headers (a request refused before it took a lease).
+ROLE_SCOPE = "rosterd.role"
+NODE_SCOPE = "rosterd.node"
 
 #: The endpoints routed by ``model`` (path -> metrics label).
 PROXIED_PATHS = {
@@ -61,6 +68,8 @@ class RoleRoute:
     (``Adapter.progress_probe``; ``None``: only the first-byte deadline applies).
     ``load_progress``: what a streamed request waiting for its load gets, when its fleet
     ``models:`` entry says (``None``: :attr:`RouterConfig.load_progress`).
+    ``ctx_size``: the context its backend is launched with, tokens (``None``: not known),
+    the upper bound of a request's token limits (``rosterd.router.validation``).
     """
 
     role: str
@@ -73,6 +82,7 @@ class RoleRoute:
     ollama_api: bool = False
     progress: ProgressProbe | None = None
     load_progress: LoadProgressMode | None = None
+    ctx_size: int | None = None
 
 
 class LoadProgressMode(Enum):
@@ -176,9 +186,11 @@ class ModelNames:
         return role is not None and self.visible(role)
 
     def resolve(self, model: str) -> str:
-        """The role serving ``model``; raises :class:`RouterError` 404 ``model_not_found``
-        naming the known models (and why ``model`` is not served here, when known, else the
-        closest served name, as ``difflib`` finds it: a typo such as ``chat-smal``).
+        """The role serving ``model``; raises :class:`RouterError` 503 ``model_unplaced``
+        with the plan's reason for a role the plan left unplaced or put on a node this
+        process does not run, else 404 ``model_not_found`` naming the known models (and why
+        ``model`` is not served, for a roster entry the import skipped, else the closest
+        served name, as ``difflib`` finds it: a typo such as ``chat-smal``).
 
         Only the roles the request's key may use are known to it: another is refused as
         a name never heard of, with the same message (no reason, no hint beyond its own)."""
@@ -188,6 +200,12 @@ class ModelNames:
         seen = {name: r for name, r in self.by_name.items() if self.visible(r)}
         known = ", ".join(sorted(set(seen.values())))
         why = self.unserved.get(model) if may_use((model,)) else None
+        if why and not why.startswith(SKIPPED_IN_ROSTER):
+            raise RouterError(
+                "model_unplaced",
+                f"model {shown_name(model)} is a role of the roster that is not served now: "
+                f"{why}; known models: {known}",
+            )
         detail = f" ({why})" if why else ""
         close = [] if why else difflib.get_close_matches(model[:200], seen, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -27,7 +27,7 @@ from typing import Final
 from rosterd.backends.interface import RoleBackends
 from rosterd.errors import RoleMovedError, UnknownRoleError
 from rosterd.fleet_scheduler.values import NodeServing
-from rosterd.replica_choice import Copy, choose_copy, copy_to_wait_on
+from rosterd.replica_choice import Copy, CopyState, choose_copy, copy_to_wait_on
 from rosterd.scheduler.lease import Lease
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeChange, SchedulerEvent
@@ -138,6 +138,19 @@ class NodeDirectory:
     def nodes_of(self, role: str) -> tuple[NodeScheduler, ...]:
         """Every node scheduler holding a copy of ``role``, by node name (empty: none)."""
         return self._nodes_of.get(role, ())
+
+    def other_copy_ready(self, role: str, node: str) -> bool:
+        """Whether a copy of ``role`` other than ``node``'s is ready now: where a request
+        whose backend could not be reached may go instead (a failover)."""
+        return any(
+            other.name != node and other.copy_state(role) is CopyState.READY
+            for other in self.nodes_of(role)
+        )
+
+    def node_names(self, role: str) -> str:
+        """The names of the nodes holding a copy of ``role``, comma-separated ("" for none):
+        what the access log says of a request refused before a node was chosen."""
+        return ",".join(node.name for node in self.nodes_of(role))
 
     def choose_node(
         self, role: str, prefix: bytes | None = None, avoid: Collection[str] = ()

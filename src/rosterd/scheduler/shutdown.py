@@ -23,7 +23,9 @@ class ShutdownRules:
     def __init__(self, state: MachineState, transitions: Transitions) -> None:
         self.state = state
         self.transitions = transitions
-        self.since: float | None = None  # when Shutdown came (None: it did not)
+        self.since: float | None = None  # when the drain counts from (None: no Shutdown)
+        self.came: float | None = None  # when Shutdown came
+        self.hurried = False  # a second Shutdown (at_once) ended the drain
         self.done = False  # FinishShutdown was said
 
     @property
@@ -34,8 +36,11 @@ class ShutdownRules:
     def on_shutdown(self, now: float, *, at_once: bool = False) -> None:
         """``Shutdown`` came: the drain starts (``at_once``: it is over now); a load under
         way is aborted at once, and nothing more is stopped or loaded for it."""
+        if self.came is None:
+            self.came = now
         if at_once:  # the drain is over now: in-flight requests are cut at the next step
             self.since = min(self.since or now, now - self.state.limits.drain_s)
+            self.hurried = True
         if self.under_way and not at_once:
             return
         if self.since is None:
@@ -64,6 +69,12 @@ class ShutdownRules:
         live = (Phase.READY, Phase.LOADING, Phase.RESTARTING, Phase.UNHEALTHY)
         resident = [r for r, st in self.state.roles.items() if st.phase in live]
         if resident:
+            if self.state.drain_ended is None:  # what a request cut now is told
+                hurried = busy and self.hurried
+                self.state.drain_ended = (
+                    now - (self.came if self.came is not None else now),
+                    hurried,
+                )
             self.transitions.begin(resident, None, "shutdown", "shutdown", None, now)
             return
         for st in self.state.roles.values():

@@ -129,6 +129,9 @@ class MachineState:
             st.memory = dict(figures) if figures is not None else None
         #: Why the node is lost (``NodeLost``), ``None`` while it is not.
         self.lost_reason: str | None = None
+        # How the shutdown's drain ended, once it did (ShutdownRules): seconds it lasted, and
+        # whether a second signal ended it at once rather than --drain running out.
+        self.drain_ended: tuple[float, bool] | None = None
         self.load_seconds: deque[float] = deque(maxlen=20)
         #: The latest ``now`` handled: an event older than it counts as happening then.
         self.now = -math.inf
@@ -391,9 +394,19 @@ class MachineState:
             }
         return view
 
+    def cut_after(self, label: str) -> str:
+        """When requests in flight are cut by a stop labelled ``label``, in words: after
+        ``--drain``, or, for a shutdown a second signal hurried, after the seconds the
+        drain really lasted (it said "after --drain 30 s" of a stream cut at 2 s)."""
+        if label == "shutdown" and self.drain_ended is not None:
+            drained_s, at_once = self.drain_ended
+            if at_once:
+                return f"after {drained_s:.1f} s of the drain: a second signal stopped it at once"
+        return f"after --drain {self.limits.drain_s:g} s"
+
     def revocation(self, role: str, label: str, for_role: str | None) -> Revocation:
         """What a client whose request to ``role`` is cut by this stop is told."""
-        after = f"after --drain {self.limits.drain_s:g} s"
+        after = self.cut_after(label)
         if label == "shutdown":
             return Revocation(
                 "shutting_down", f"rosterd is shutting down; role {role} was stopped {after}"

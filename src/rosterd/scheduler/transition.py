@@ -106,9 +106,7 @@ class Transitions:
         tr.role = role
         cut = st.running
         if cut:
-            cause += (
-                f"; {cut} request(s) in flight cut after --drain {self.state.limits.drain_s:g} s"
-            )
+            cause += f"; {cut} request(s) in flight cut {self.state.cut_after(label)}"
             revocation = self.state.revocation(role, label, tr.for_role)
             self.state.out.append(RevokeLeases(role, st.generation, revocation))
             if label in ("make_room", "exclusion"):

@@ -23,6 +23,8 @@ from rosterd.backends.interface import NodeBackends, PeakSource, RoleBackends
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost
 from rosterd.errors import RosterdError, SchedulerError
+from rosterd.flavors import WeightsKind
+from rosterd.fleet.model import ModelSource
 from rosterd.fleet_scheduler.effects import (
     ApplyPlan,
     DropAgents,
@@ -39,6 +41,7 @@ from rosterd.fleet_scheduler.effects import (
 )
 from rosterd.fleet_scheduler.events import AgentsStarted, Taught
 from rosterd.fleet_scheduler.values import NodeRun, NodeServing, ServedConfig
+from rosterd.memory.gathering import serving_settings
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.memory.watch import PeakRecorder, follow_peaks
 from rosterd.metrics import RosterdMetrics
@@ -51,6 +54,7 @@ from rosterd.router.routing import LoadProgressMode
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
 from rosterd.scheduler.values import NodeConcurrency
+from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent
 from rosterd.up.config import serving_facts
 from rosterd.up.devices import RunDevices
@@ -99,6 +103,7 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
                 if source is not None and source.load_progress is not None
                 else None
             ),
+            ctx_size=launched_ctx_size(s.spec, config.fleet.entry_of(role, s.spec.model)),
             info={
                 "node": node,
                 "latency_class": s.spec.latency_class.value,
@@ -107,6 +112,17 @@ def role_routes(placements: Mapping[str, str], config: ServedConfig) -> dict[str
             },
         )
     return routes
+
+
+def launched_ctx_size(spec: InferenceSpec, entry: ModelSource | None) -> int | None:
+    """The context ``spec``'s backend is launched with, tokens: its fleet ``models:`` entry's
+    ``ctx_size``, else, for a flavor launched on a GGUF file (llama-server's ``--ctx-size``),
+    the adapter's default; ``None`` where the backend sizes it itself (mlx_lm, ollama)."""
+    if entry is not None and entry.ctx_size is not None:
+        return entry.ctx_size
+    if spec.flavor.facts.weights is WeightsKind.GGUF_FILE:
+        return serving_settings(None)[0]
+    return None
 
 
 class UpFleetEffects:

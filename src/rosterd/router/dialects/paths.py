@@ -93,4 +93,5 @@ async def forward_in_dialect(
         post=post,
         send=send,
         envelope=envelope_for(path),
+        ctx_size=route.ctx_size,
     )

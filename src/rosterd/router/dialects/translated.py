@@ -25,9 +25,10 @@ from starlette.types import Send
 
 from rosterd.errors import RouterError
 from rosterd.router.client_side import ANSWER_TAIL_BYTES
-from rosterd.router.dialects.envelope import ErrorEnvelope, backend_error_text
+from rosterd.router.dialects.envelope import ErrorEnvelope
 from rosterd.router.openai_errors import upstream_errors, upstream_status_error
 from rosterd.router.upstream import UpstreamResponse
+from rosterd.router.validation import refusal_text
 
 #: Where a translated request goes on the backend.
 CHAT_PATH = "/v1/chat/completions"
@@ -85,10 +86,12 @@ async def forward_translated(
     post: PostUpstream,
     send: Send,
     envelope: ErrorEnvelope,
+    ctx_size: int | None = None,
 ) -> bytes:
     """Send ``chat_request`` (already translated and rewritten to the served model) to the
     backend's chat completions and answer ``send`` in the dialect; returns the chat
     answer's last bytes, where its usage is (empty for a refusal, which generated nothing).
+    ``ctx_size``: the role's context, tokens, named in the refusal of a prompt longer than it.
 
     Raises :class:`RouterError` (502 ``backend_error``) while nothing was sent yet; once a
     stream started, a failure ends it with ``envelope``'s error event.
@@ -105,7 +108,7 @@ async def forward_translated(
         if upstream.status >= 400:
             with upstream_errors(role):
                 raw = await upstream.read()
-            body = envelope.status_body(upstream.status, backend_error_text(raw))
+            body = envelope.status_body(upstream.status, refusal_text(role, ctx_size, raw))
             await _send_json(send, upstream.status, body)
             return b""
         content_type = upstream.content_type or ""

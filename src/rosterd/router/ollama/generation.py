@@ -49,6 +49,8 @@ from rosterd.router.ollama.requests import (
 )
 from rosterd.router.openai_errors import scheduler_errors
 from rosterd.router.proxy import Proxy, ProxyContext
+from rosterd.router.routing import NODE_SCOPE, ROLE_SCOPE
+from rosterd.router.validation import check_request
 
 log = logging.getLogger("rosterd.router")
 
@@ -78,6 +80,7 @@ class OllamaGeneration:
 
     def __init__(self, ctx: ProxyContext, path: str) -> None:
         self.ctx = ctx
+        self.path = path
         self.kind = OLLAMA_PATHS[path]
         self.label = metrics_label(self.kind)
         self.native = Proxy(ctx, path, label=self.label)
@@ -94,6 +97,9 @@ class OllamaGeneration:
             payload = parse_json_object(body)
             model = requested_model(payload)
             role = resolve_ollama_name(self.ctx.names, model)
+            # The access log's role and node, for an answer refused before a lease.
+            scope[ROLE_SCOPE], scope[NODE_SCOPE] = role, self.ctx.scheduler.node_names(role)
+            check_request(self.path, payload, ctx_size=self.ctx.routes[role].ctx_size)
             if loads_only(self.kind, payload):
                 await self._load_or_unload(role, model, payload, send)
                 self._count(role, 200, started)
