@@ -53,13 +53,15 @@ class Request:
 @dataclass(frozen=True)
 class Swap:
     """The stop of ``role`` at ``at`` to make room for ``for_role``: ``own_queue``
-    requests of ``role`` were still waiting then; ``other_waited_s`` is how long the
-    oldest waiting request of ``for_role`` had waited."""
+    requests of ``role`` were still waiting then, ``own_older`` of them older than the
+    oldest waiting request of ``for_role``; ``other_waited_s`` is how long that one had
+    waited."""
 
     at: float
     role: str
     own_queue: int
     other_waited_s: float
+    own_older: int = 0
 
 
 @dataclass
@@ -129,7 +131,8 @@ def simulate(
             own = [t for t in waiting if role_of[t] == effect.role]
             theirs = [a for t, a in waiting.items() if role_of[t] == other]
             waited = now - min(theirs) if theirs else 0.0
-            outcome.swaps.append(Swap(now, effect.role, len(own), waited))
+            older = sum(1 for t in own if theirs and waiting[t] < min(theirs))
+            outcome.swaps.append(Swap(now, effect.role, len(own), waited, older))
             later(now + stop_s, "stopped", effect.role)
         elif isinstance(effect, SaveKv):
             later(now, "saved", effect)
