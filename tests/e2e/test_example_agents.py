@@ -85,7 +85,7 @@ def test_the_example_takes_tools_and_refuses_an_agents_long_prompt_with_a_400(
             assert refused.value.status_code == 400
             assert "context" in str(refused.value.message), refused.value.body
             # ... and names the role's ctx_size and where to raise it.
-            assert "ctx_size 8192" in str(refused.value.message), refused.value.body
+            assert "ctx_size 4096" in str(refused.value.message), refused.value.body
             assert "fleet file" in str(refused.value.message), refused.value.body
 
             with pytest.raises(openai.BadRequestError) as too_long:
@@ -99,7 +99,7 @@ def test_the_example_takes_tools_and_refuses_an_agents_long_prompt_with_a_400(
                     max_tokens=48,
                 )
             assert "context" in str(too_long.value.message), too_long.value.body
-            assert "ctx_size 8192" in str(too_long.value.message), too_long.value.body
+            assert "ctx_size 4096" in str(too_long.value.message), too_long.value.body
 
             with pytest.raises(openai.BadRequestError) as codex_sized:
                 chat.responses.create(

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 USER = {"role": "user", "content": "Count from one to a hundred."}
 #: The example's chat-small context (examples/fleet.yaml), tokens.
-CTX_SIZE = 8192
+CTX_SIZE = 4096
 
 _not_a_list = st.one_of(
     st.none(),
