@@ -90,8 +90,9 @@ ERROR_KINDS: Mapping[str, ErrorKind] = MappingProxyType(
         "role_refused": ErrorKind(503, SERVER),
         # A role the plan could not place (or placed on a node this process does not run):
         # the plan's reason; no Retry-After, since only a change of the files or the
-        # fleet (a reload, a node back) serves it.
-        "model_unplaced": ErrorKind(503, SERVER),
+        # fleet (a reload, a node back) serves it, and ``x-should-retry: false``, which the
+        # openai and anthropic SDKs obey instead of retrying a 503 at once.
+        "model_unplaced": ErrorKind(503, SERVER, headers=(("x-should-retry", "false"),)),
         "model_unavailable": ErrorKind(503, SERVER),
         "unavailable": ErrorKind(503, SERVER),
     }

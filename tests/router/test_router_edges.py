@@ -215,6 +215,7 @@ async def test_an_unserved_role_says_why() -> None:
             r = await client.post(f"{up.url}/v1/chat/completions", json=body)
             message = _error(r, 503, "model_unplaced")
             assert "retry-after" not in r.headers
+            assert r.headers["x-should-retry"] == "false"  # the SDKs do not retry it
             assert why in message
             assert "done, hangs, stops" in message
             r = await client.post(f"{up.url}/v1/messages", json={**body, "max_tokens": 8})
