@@ -14,35 +14,18 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
+from support.devices import cuda_stand_in
 from support.up import MODELS, prepare_example_models, rosterd_argv, start_up, write_roster
 
 GIB = 2**30
 
 pytestmark = pytest.mark.slow
-
-
-def cuda_stand_in(tmp: Path, real: Path, argv_log: Path) -> Path:
-    """A ``llama-server`` that logs its argv to ``argv_log`` and runs ``real`` with the
-    pinned device replaced by ``none`` (it stands in for a CUDA build this machine lacks)."""
-    script = tmp / "llama-server"
-    script.write_text(
-        "#!/usr/bin/env bash\n"
-        f"printf '%s\\n' \"$*\" >> '{argv_log}'\n"
-        'args=("$@")\n'
-        'for i in "${!args[@]}"; do\n'
-        '  if [ "${args[$i]}" = "--device" ]; then args[$((i+1))]=none; fi\n'
-        "done\n"
-        f"exec '{real}' \"${{args[@]}}\"\n"
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
 
 
 def entry(role: str, name: str) -> dict[str, object]:

@@ -17,6 +17,7 @@ from rosterd.flavors import InferFlavor
 from rosterd.router.dialects.envelope import ANTHROPIC_ENVELOPE, OPENAI_ENVELOPE
 from rosterd.router.load_progress import (
     ASSUMED_READ_BYTES_PER_S,
+    PAST_LOADS_USED,
     continue_stream,
     expected_load_s,
     progress_messages,
@@ -46,6 +47,21 @@ def test_the_expected_total_is_the_last_load_on_the_node_else_the_weights_at_a_d
         == 12 * 2**30 / ASSUMED_READ_BYTES_PER_S
     )
     assert expected_load_s("big", [], None) == 0.0
+
+
+def test_without_a_load_in_this_run_the_expected_total_is_the_median_of_the_recent_past_ones() -> (
+    None
+):
+    spec = InferenceSpec("big", InferFlavor.LLAMACPP, memory=MemorySpec(weights_bytes=12 * 2**30))
+    # Earlier runs' loads, oldest first: the old slow ones fall out of the last few read.
+    past = [90.0, 80.0, 7.0, 30.0, 8.0, 9.0, 6.0]
+    assert len(past) > PAST_LOADS_USED
+    assert expected_load_s("big", [], spec, past) == 8.0  # median of 7, 30, 8, 9, 6
+    assert expected_load_s("big", [_event("loaded", "other", 3.0)], spec, [4.0, 5.0]) == 4.5
+    # A load in this run is the better guess: the node's disk and page cache as they are now.
+    assert expected_load_s("big", [_event("loaded", "big", 2.5)], spec, past) == 2.5
+    # No past loads (a first run, an older run's folder): the weights at a disk rate.
+    assert expected_load_s("big", [], spec, ()) == 12 * 2**30 / ASSUMED_READ_BYTES_PER_S
 
 
 def test_a_progress_line_names_the_role_the_seconds_the_expected_total_and_what_it_evicted() -> (

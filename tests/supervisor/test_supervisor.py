@@ -82,6 +82,9 @@ async def test_start_waits_for_readiness_then_stop_frees_port(
     assert port_is_free(free_port)
     assert supervisor.backend("chat") is None
     assert not (supervisor.state_dir / "run" / "chat.json").exists()
+    # Its load time outlives the record: the next run's expected total reads it.
+    (load_s,) = supervisor.past_loads_s("chat")
+    assert 0.5 <= load_s < 10
 
 
 async def test_stop_kills_the_whole_process_group(
@@ -109,6 +112,7 @@ async def test_exit_during_load_reports_code_and_stderr_tail(
     assert "exited with code 3" in str(err)
     assert "could not load model" in str(err)
     assert supervisor.backend("broken") is None
+    assert supervisor.past_loads_s("broken") == ()  # a failed load is no load time
 
 
 async def test_not_ready_before_deadline_is_killed(

@@ -27,6 +27,7 @@ __all__ = [
     "IdleKvSaver",
     "KeptKv",
     "KeptKvSource",
+    "LoadHistory",
     "MeasuredBackends",
     "PeakSource",
     "ProbeResult",
@@ -157,6 +158,17 @@ class IdleKvSaver(Protocol):
     def kv_changing(self, role: str) -> None:
         """A lease was granted on ``role``: its KV cache changes, so its next idle save or
         its stop must save it again. Synchronous and cheap: called as the lease is given."""
+        ...
+
+
+@runtime_checkable
+class LoadHistory(Protocol):
+    """Backends that keep their roles' past load times across runs (this machine's
+    supervisor's run records), so that a load's expected total can come from them."""
+
+    def past_loads_s(self, role: str) -> tuple[float, ...]:
+        """``role``'s past loads on this node, seconds from spawn to ready, oldest first;
+        ``()`` when none are kept. Synchronous and cheap: read as a progress line is built."""
         ...
 
 

@@ -252,6 +252,11 @@ class SupervisorBackends:
         if self.kv is not None:
             self.kv.changing(role)
 
+    def past_loads_s(self, role: str) -> tuple[float, ...]:
+        """``role``'s past loads on this machine (``LoadHistory``), seconds, oldest first:
+        the supervisor's run records, kept across runs."""
+        return self.supervisor.past_loads_s(role)
+
     def kept_kv(self, role: str) -> KeptKv | None:
         """What the machine keeps of ``role``'s KV cache (``KeptKvSource``), with the
         counts and bytes of its saves, restores and refusals in this run; ``None``

@@ -22,14 +22,17 @@ own status. Once the head is out, the status is 200 and stays so: whatever fails
 load, the backend's refusal) ends the stream with the path's SSE error event instead
 (:func:`continue_stream`).
 
-The expected total of a load is the role's last load on that node (its ``loaded``
-event's duration), else its weights' size read at :data:`ASSUMED_READ_BYTES_PER_S`.
+The expected total of a load is the role's last load on that node in this run (its
+``loaded`` event's duration), else the median of its last :data:`PAST_LOADS_USED` loads on
+that node in earlier runs (the supervisor's run records), else its weights' size read at
+:data:`ASSUMED_READ_BYTES_PER_S`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -61,6 +64,10 @@ BEAT_INTERVAL_S: Final[float] = 3.0
 #: local NVMe drive gives llama.cpp's mmap'd load of a cold GGUF (1 GiB/s).
 ASSUMED_READ_BYTES_PER_S: Final[float] = float(2**30)
 
+#: How many of a role's past loads (earlier runs) its expected total reads: the median of
+#: the last few, so that one cold-cache or warm-cache load does not sway it.
+PAST_LOADS_USED: Final[int] = 5
+
 #: The paths whose streams get progress (the others do not stream, or are Ollama's).
 PROGRESS_PATHS: Final[frozenset[str]] = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
@@ -73,14 +80,21 @@ _ANTHROPIC_PATH: Final[str] = "/v1/messages"
 
 
 def expected_load_s(
-    role: str, events: Sequence[SchedulerEvent], spec: InferenceSpec | None
+    role: str,
+    events: Sequence[SchedulerEvent],
+    spec: InferenceSpec | None,
+    past_loads_s: Sequence[float] = (),
 ) -> float:
     """How long a load of ``role`` should take, seconds: its last ``loaded`` event's duration
-    in ``events`` (its node's log), else its weights' bytes at
-    :data:`ASSUMED_READ_BYTES_PER_S` (at least 1 s; 0 when nothing is known)."""
+    in ``events`` (its node's log, this run), else the median of the last
+    :data:`PAST_LOADS_USED` of ``past_loads_s`` (its loads on that node in earlier runs,
+    oldest first), else its weights' bytes at :data:`ASSUMED_READ_BYTES_PER_S` (at least
+    1 s; 0 when nothing is known)."""
     for event in reversed(events):
         if event.role == role and event.kind == "loaded" and event.duration_s is not None:
             return event.duration_s
+    if past_loads_s:
+        return float(statistics.median(past_loads_s[-PAST_LOADS_USED:]))
     if spec is None or spec.memory.weights_bytes <= 0:
         return 0.0
     return max(1.0, spec.memory.weights_bytes / ASSUMED_READ_BYTES_PER_S)
@@ -224,7 +238,7 @@ class LoadProgress:
         return progress_text(
             self.role,
             now - (began if began is not None else self._asked_at),
-            expected_load_s(self.role, events, spec),
+            expected_load_s(self.role, events, spec, node.past_loads_s(self.role)),
             began is not None,
             evicted,
         )
@@ -257,7 +271,7 @@ def loads_now(scheduler: NodeDirectory) -> list[dict[str, object]]:
             began = next(
                 (e.at for e in reversed(events) if e.role == role and e.kind == "loading"), now
             )
-            expected_s = expected_load_s(role, events, specs[role])
+            expected_s = expected_load_s(role, events, specs[role], node.past_loads_s(role))
             view = {"role": role, "node": name, "elapsed_s": now - began, "expected_s": expected_s}
             loads.append((now - began, view))
     return [view for _elapsed, view in sorted(loads, key=lambda pair: -pair[0])]

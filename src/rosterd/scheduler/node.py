@@ -29,6 +29,7 @@ from rosterd.backends.interface import (
     BackendEvent,
     BackendEventSource,
     KeptKvSource,
+    LoadHistory,
     MeasuredBackends,
     RoleBackends,
 )
@@ -379,6 +380,12 @@ class NodeScheduler:
         flight end now and every backend stops (SIGTERM, its grace, then SIGKILL)."""
         if self._loop.shutting_down and not self._loop.shut_down:
             self._loop.post(Shutdown(self._clock(), at_once=True))
+
+    def past_loads_s(self, role: str) -> tuple[float, ...]:
+        """``role``'s past loads on this node across runs, seconds, oldest first
+        (``LoadHistory``); ``()`` where its backends keep none (a Ray node's agent)."""
+        backends = self._loop.backends
+        return backends.past_loads_s(role) if isinstance(backends, LoadHistory) else ()
 
     def snapshot(self) -> NodeSnapshot:
         """The node's state now, read-only, for display (``/status``, ``rosterd ps``): the

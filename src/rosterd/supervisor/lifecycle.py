@@ -50,7 +50,14 @@ from rosterd.errors import (
 from rosterd.supervisor.ports import check_port_free
 from rosterd.supervisor.probes import ready_timeout_for, run_probe, wait_ready
 from rosterd.supervisor.process import kill_group, spawn_logged, terminate_group, tree_rss_bytes
-from rosterd.supervisor.run_records import drop_record, reap_leftovers, record_path, write_record
+from rosterd.supervisor.run_records import (
+    drop_record,
+    past_loads_s,
+    reap_leftovers,
+    record_load,
+    record_path,
+    write_record,
+)
 from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.supervisor")
@@ -175,6 +182,11 @@ class Supervisor:
     def names(self) -> tuple[str, ...]:
         """The supervised backends' names, sorted."""
         return tuple(sorted(self._managed))
+
+    def past_loads_s(self, name: str) -> tuple[float, ...]:
+        """Backend ``name``'s past loads on this state folder, seconds from spawn to ready,
+        oldest first, across runs (``run_records.past_loads_s``)."""
+        return past_loads_s(self._run, name)
 
     def log_path(self, name: str) -> Path:
         """Where backend ``name``'s output goes: ``<state_dir>/logs/<name>.log``."""
@@ -321,6 +333,7 @@ class Supervisor:
         """Spawn ``m``'s process and wait for readiness; on failure the process is gone."""
         launch = m.launch
         check_port_free(launch.host, launch.port)
+        spawned_at = time.monotonic()
         proc, offset = await spawn_logged(m.name, launch.argv, launch.env, m.log_path)
         m.proc = proc
         m.ready = False
@@ -348,6 +361,10 @@ class Supervisor:
             raise
         m.ready = True
         m.ready_at = time.monotonic()
+        try:
+            record_load(self._run, m.name, m.ready_at - spawned_at)
+        except OSError as exc:  # a full disk costs the next load's estimate, not this load
+            log.warning("cannot record the load time of %s: %s", m.name, exc)
         self._emit(BackendEvent(m.name, "ready", pid=proc.pid))
 
     async def _watch(self, m: _Managed) -> None:

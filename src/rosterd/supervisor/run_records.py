@@ -11,6 +11,11 @@
 - **leftovers**: ``reap_leftovers`` stops the processes of an earlier run
   whose pid, command line and start time all match a record and whose owner
   is no longer running, and never anyone else's.
+- **load times**: each ready backend's load, seconds from its spawn to its readiness, is
+  kept in ``<state_dir>/run/loads/<name>.json`` (``name``, ``loads_s``: the last
+  :data:`KEPT_LOADS`, oldest first), across runs: a load's expected total comes from them
+  (``rosterd.router.load_progress``). The subfolder keeps them out of the records the
+  reaper reads; a folder without it (an older run's) has no past loads.
 
 Library choices: ``fcntl.flock`` (the lock dies with its process, so a crash
 never leaves the folder locked), psutil (start times and command lines portably).
@@ -33,6 +38,10 @@ from rosterd.supervisor.process import stop_foreign_group
 
 #: Two start times closer than this (seconds) are the same: psutil rounds them.
 _SAME_START_S: Final[float] = 0.05
+
+#: How many past loads a backend's load times keep: enough for a median that one slow
+#: (cold page cache) or fast load does not sway, few enough that an old disk is forgotten.
+KEPT_LOADS: Final[int] = 8
 
 
 def default_state_dir() -> Path:
@@ -119,6 +128,39 @@ def write_record(path: Path, *, name: str, pid: int, argv: Sequence[str]) -> Non
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(path)
+
+
+def load_times_path(run_dir: Path, name: str) -> Path:
+    """Where backend ``name``'s past load times live: ``<run_dir>/loads/<name>.json``."""
+    return run_dir / "loads" / f"{name}.json"
+
+
+def record_load(run_dir: Path, name: str, load_s: float) -> None:
+    """Add a load of backend ``name`` that took ``load_s`` seconds (spawn to ready) to its
+    load times, keeping the last :data:`KEPT_LOADS` (atomically; an unreadable file starts
+    over).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    path = load_times_path(run_dir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    loads = [*past_loads_s(run_dir, name), round(load_s, 3)][-KEPT_LOADS:]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"name": name, "loads_s": loads}))
+    tmp.replace(path)
+
+
+def past_loads_s(run_dir: Path, name: str) -> tuple[float, ...]:
+    """Backend ``name``'s past load times, seconds, oldest first; ``()`` when none were
+    kept (a missing, unreadable or malformed file: an older run's folder has none)."""
+    record = _read_record(load_times_path(run_dir, name))
+    loads = record.get("loads_s") if record is not None else None
+    if not isinstance(loads, list):
+        return ()
+    return tuple(
+        float(s) for s in loads if isinstance(s, int | float) and not isinstance(s, bool) and s >= 0
+    )
 
 
 def drop_record(path: Path) -> None:

@@ -317,6 +317,7 @@ function nodeCard(name) {
       el("span", { class: "node-figures muted" })),
     el("div", { class: "bar", role: "img" }),
     el("div", { class: "bar-legend muted" }),
+    el("div", { class: "pools", hidden: "" }),
     el("table", { class: "roles" }, el("thead", {}, head), el("tbody", {})));
 }
 
@@ -354,6 +355,7 @@ function updateNode(card, name, node) {
     el("span", { class: "key key-loading" }), ` loading ${gib(loading)} GiB`,
     el("span", { class: "key key-free" }), ` free ${gib(free)} GiB`,
     ` · capacity ${gib(capacity)} GiB`);
+  showPools(card.querySelector(".pools"), node.pools || {});
 
   const body = card.querySelector("tbody");
   const seen = new Set();
@@ -369,6 +371,34 @@ function updateNode(card, name, node) {
   for (const row of body.querySelectorAll("tr[data-role]")) {
     if (!seen.has(row.dataset.role)) row.remove();
   }
+}
+
+function showPools(box, pools) {
+  // A node's memory pools (status_view: `host` and each device, bytes): one bar per pool,
+  // resident of capacity, where the node has a device; a node with host RAM alone shows
+  // its one bar above, as before pools were counted.
+  const devices = Object.keys(pools).filter((name) => name !== "host");
+  box.hidden = devices.length === 0;
+  if (box.hidden) { box.replaceChildren(); return; }
+  box.replaceChildren(...["host", ...devices].filter((name) => pools[name]).map((name) => {
+    const pool = pools[name];
+    const capacity = pool.capacity_bytes || 0;
+    const resident = pool.resident_bytes || 0;
+    const width = capacity > 0 ? Math.min(100, (100 * resident) / capacity) : 0;
+    const origin = [];
+    if (typeof pool.declared_bytes === "number") origin.push(`declared ${gib(pool.declared_bytes)} GiB`);
+    if (typeof pool.probed_total_bytes === "number") origin.push(`probed ${gib(pool.probed_total_bytes)} GiB`);
+    else if (name !== "host") origin.push("no probe sees it");
+    const roles = Object.entries(pool.roles || {}).map(([role, bytes]) => `${role} ${gib(bytes)} GiB`);
+    const figures = `${gib(resident)} of ${gib(capacity)} GiB resident`;
+    return el("div", { class: "pool", "data-pool": name },
+      el("span", { class: "pool-name", text: name === "host" ? "host RAM" : name }),
+      el("div", { class: "pool-bar", role: "img", "aria-label": `${name}: ${figures}`,
+        title: roles.length ? `placed here: ${roles.join(", ")}` : "no role placed here" },
+        el("div", { class: "pool-fill", style: { width: `${width}%` } })),
+      el("span", { class: "pool-figures muted",
+        text: origin.length ? `${figures} (${origin.join("; ")})` : figures }));
+  }));
 }
 
 function roleRow(role) {
@@ -396,7 +426,8 @@ function roleRow(role) {
 
 function showLoad(row, role) {
   // A loading role's bar: seconds elapsed of the expected total (its last load on the node,
-  // else its weights' size at a disk rate), as the `loads` event says.
+  // else its recent loads there in earlier runs, else its weights' size at a disk rate), as
+  // the `loads` event says.
   const bar = row.querySelector(".load-progress");
   const load = state.loads[role];
   if (!bar) return;
