@@ -269,3 +269,28 @@ async def test_a_stream_without_usage_logs_llama_servers_own_counts(
     await AccessLog(streaming)(scope, receive, send)
     [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
     assert (line["tokens_in"], line["tokens_out"], line["status"]) == (13, 160, 200)
+
+
+async def test_an_anthropic_answer_logs_the_whole_prompt_with_what_its_cache_held(
+    access_text: io.StringIO,
+) -> None:
+    """Anthropic's ``input_tokens`` leaves out what its cache held: the log counts the whole
+    prompt, as the key's usage does (an OpenAI answer to the same prompt says 16)."""
+    body = b'{"type":"message","usage":{"input_tokens":1,"cache_read_input_tokens":15,'
+    body += b'"output_tokens":4}}'
+
+    async def answering(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b'{"model":"chat"}', "more_body": False}
+
+    async def send(message: Message) -> None:
+        return None
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/messages", "client": None}
+    await AccessLog(answering)(scope, receive, send)
+    [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
+    assert (line["tokens_in"], line["tokens_out"]) == (16, 4)

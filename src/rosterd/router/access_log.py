@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rosterd.router.auth import KEY_NAME_SCOPE
 from rosterd.router.proxy import CLIENT_CLOSED_STATUS
 from rosterd.router.routing import NODE_SCOPE, PROXIED_PATHS, ROLE_SCOPE
+from rosterd.router.usage_hook import said_prompt_tokens
 
 log = logging.getLogger("rosterd.access")
 
@@ -269,11 +270,12 @@ def _first_of(found: int | None, pattern: re.Pattern[bytes], data: bytes) -> int
 
 
 def _tokens_in(tail: bytes) -> int | None:
-    """The prompt's tokens: the answer's usage, else llama-server's timings (evaluated plus
-    reused from its cache)."""
-    usage = _last_int(_TOKENS_IN, tail)
-    if usage is not None:
-        return usage
+    """The prompt's tokens, the whole prompt's as the key's usage counts them
+    (:func:`~rosterd.router.usage_hook.said_prompt_tokens`: Anthropic's ``input_tokens``
+    leaves out what its cache held), else llama-server's timings (evaluated plus reused
+    from its cache)."""
+    if _TOKENS_IN.search(tail):  # the answer's usage, as the key's usage counts it
+        return said_prompt_tokens(tail)
     evaluated = _last_int(_PROMPT_N, tail)
     if evaluated is None:
         return None

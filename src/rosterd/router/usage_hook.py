@@ -54,7 +54,9 @@ def _last(pattern: re.Pattern[bytes], text: bytes) -> int | None:
     return int(found[-1]) if found else None
 
 
-def _said_prompt(text: bytes) -> int | None:
+def said_prompt_tokens(text: bytes) -> int | None:
+    """The whole prompt's tokens as ``text`` (an answer's bytes) says them (see the
+    module; Anthropic's cached tokens added back), or ``None`` where it says none."""
     for pattern in (_PROMPT_TOKENS, _INPUT_TOKENS, _PROMPT_EVAL_COUNT, _PROMPT_N):
         said = _last(pattern, text)
         if said is not None:
@@ -67,9 +69,9 @@ def _said_prompt(text: bytes) -> int | None:
 def prompt_tokens(tail: bytes, head: bytes = b"") -> int:
     """The prompt tokens an answer says it read (see the module): from ``tail``, its last
     bytes, else from ``head``, its first; 0 when neither says."""
-    said = _said_prompt(tail)
+    said = said_prompt_tokens(tail)
     if said is None and head:
-        said = _said_prompt(head)
+        said = said_prompt_tokens(head)
     return said or 0
 
 
