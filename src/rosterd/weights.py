@@ -335,6 +335,7 @@ def separate_aliases(roster: ImportedRoster, fleet: Fleet) -> ImportedRoster:
         alias_specs=MappingProxyType(
             {a: s for a, s in roster.alias_specs.items() if a not in split}
         ),
+        served_apart=(*roster.served_apart, *sorted(split)),
     )
 
 

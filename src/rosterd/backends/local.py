@@ -62,7 +62,9 @@ class SupervisorBackends:
     machine's kept KV caches (``None``: nothing is kept), used for roles whose adapter can
     save its slots and whose fleet entry keeps them (``keep_kv``, the default): a start
     restores them before it returns, a stop saves them before the process is stopped unless
-    they were saved while the role was idle (:meth:`save_kv`) and served nothing since.
+    they were saved while the role was idle (:meth:`save_kv`) and served nothing since;
+    ``progress_window_s``: how long a backend that gave its generation probe no answer is
+    watched for progress before it counts as wedged (``--progress-window``, seconds).
 
     Roles of a flavor with one shared server per node (an adapter whose
     ``shared_server`` is set: ollama) are not processes: they go to
@@ -89,8 +91,10 @@ class SupervisorBackends:
         node: str = "node",
         model_names: Mapping[str, str] | None = None,
         kv: KvKeeper | None = None,
+        progress_window_s: float = 45.0,
     ) -> None:
         self.supervisor = supervisor
+        self.progress_window_s = progress_window_s
         self.kv = kv
         # role -> why its KV cache is not kept (its architecture cannot reuse a restore).
         self.kv_not_kept: dict[str, str] = {}
@@ -287,7 +291,8 @@ class SupervisorBackends:
         return {role: rss for role, rss in measured.items() if rss is not None}
 
     async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
-        """The adapter's generation probe against the role's process. Roles of a shared
+        """The adapter's generation probe against the role's process (one that gives no answer
+        but whose progress probe shows it busy passes: ``Supervisor.probe``). Roles of a shared
         server (ollama) are not probed (their server is one process for many roles, so
         restarting it is not a per-role step): the result is ``ok``."""
         spec = self.specs[role]
@@ -298,7 +303,14 @@ class SupervisorBackends:
         if backend is None:
             return ProbeResult(False, None, "its backend is not running")
         probe = adapter.generation_probe(backend.launch.served_model)
-        return await self.supervisor.probe(role, probe, timeout_s=timeout_s)
+        # A backend busy with a long prefill cannot answer in time: its progress says so.
+        return await self.supervisor.probe(
+            role,
+            probe,
+            timeout_s=timeout_s,
+            progress=adapter.progress_probe,
+            window_s=self.progress_window_s,
+        )
 
     async def restart(self, role: str) -> None:
         """Kill the role's process and let the supervisor start it again (``Supervisor.restart``).

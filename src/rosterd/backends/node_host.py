@@ -64,7 +64,8 @@ class NodeHost:
     the backends' logs and pid records; ``grace_s``: SIGTERM to SIGKILL, seconds;
     ``on_event`` hears every backend event of the supervisor; ``auto_ports`` and
     ``ready_timeout_s`` (seconds) as ``SupervisorBackends``'; ``kv_disk_bytes``: the disk
-    the kept KV caches may take (``--kv-disk-gb``). Call :meth:`open` first."""
+    the kept KV caches may take (``--kv-disk-gb``); ``progress_window_s`` as
+    ``SupervisorBackends``' (``--progress-window``). Call :meth:`open` first."""
 
     def __init__(
         self,
@@ -75,8 +76,10 @@ class NodeHost:
         auto_ports: bool = False,
         ready_timeout_s: float | None = None,
         kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
+        progress_window_s: float = 45.0,
     ) -> None:
         self.state_dir = state_dir
+        self.progress_window_s = progress_window_s
         #: The kept KV caches of this machine's roles (``<state_dir>/kv``).
         self.kv = KvKeeper(state_dir / "kv", disk_budget_bytes=kv_disk_bytes)
         self.auto_ports = auto_ports
@@ -123,6 +126,7 @@ class NodeHost:
             node=node,
             model_names=facts.model_names,
             kv=self.kv,
+            progress_window_s=self.progress_window_s,
         )
 
     async def close(self) -> None:

@@ -222,7 +222,8 @@ def up_cmd(
         float,
         typer.Option(
             min=0.001,
-            help="Seconds of unchanged /slots counters that mean no progress "
+            help="Seconds of unchanged /slots counters that mean no progress, for a quiet "
+            "request and for a generation probe that got no answer "
             "(wider than one batch of prompt processing).",
         ),
     ] = 45.0,
@@ -362,6 +363,7 @@ def up_cmd(
             max_wait_s=max_wait,
             probe_interval_s=probe_interval if probe_interval > 0 else float("inf"),
             probe_timeout_s=probe_timeout,
+            probe_busy_window_s=progress_window,
         ),
         grace_s=grace,
         first_byte_timeout_s=first_byte_timeout,

@@ -70,4 +70,12 @@ class ConsoleReporter:
             for role, reason in table.unplaced:
                 self.out.print(Text(f"  {role}: {reason}"))
         if table.skipped:
-            self.out.print(f"skipped roster entries: {table.skipped} (see `rosterd roster import`)")
+            said = f"skipped roster entries: {table.skipped} (see `rosterd roster import`)"
+            if table.served_apart:
+                apart = table.served_apart
+                said += (
+                    f"; of those skipped as aliases, {len(apart)} ({', '.join(apart)}) served as "
+                    "roles of their own: the fleet's models: gives them other weights than the "
+                    "role they alias"
+                )
+            self.out.print(Text(said))

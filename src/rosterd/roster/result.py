@@ -47,7 +47,10 @@ class ImportedRoster:
     ``aliases`` maps each id skipped as an alias to the role it aliases;
     ``alias_specs`` (rosterd's, not the reference's; never printed by the import) holds
     the spec each alias would have been on its own, for the fleet to serve it separately
-    when it gives the alias other weights (``rosterd.weights.separate_aliases``).
+    when it gives the alias other weights (``rosterd.weights.separate_aliases``);
+    ``served_apart`` (rosterd's, empty from the import) names the aliases
+    ``separate_aliases`` took out of ``skipped`` and ``aliases`` to serve on their own, so
+    that ``up`` counts the skipped entries as the import does.
     """
 
     specs: tuple[ImportedSpec, ...] = ()
@@ -55,6 +58,7 @@ class ImportedRoster:
     warnings: tuple[str, ...] = ()
     aliases: AbcMapping[str, str] = field(default_factory=dict)
     alias_specs: AbcMapping[str, ImportedSpec] = field(default_factory=dict)
+    served_apart: tuple[str, ...] = ()
 
     def get(self, id: str) -> ImportedSpec | None:
         """The imported spec whose role is ``id`` (the first, if several), else ``None``."""

@@ -360,8 +360,9 @@ class NodeLoop:
         role, timeout = effect.role, effect.timeout_s
         unreachable = False
         try:
-            # The probe bounds itself; this bounds a backends boundary that does not.
-            async with asyncio.timeout(timeout + 5.0):
+            # The probe bounds itself (with the look at a busy backend's progress after
+            # it); this bounds a backends boundary that does not.
+            async with asyncio.timeout(timeout + self.limits.probe_busy_window_s + 15.0):
                 result = await self.backends.probe(role, timeout_s=timeout)
             ok, detail = result.ok, result.detail
         except TimeoutError:

@@ -79,7 +79,9 @@ class SchedulerLimits:
     min residency, drain, queue timeouts, probes) are checked.
     ``probe_interval_s``: how long a ready role may stay idle before its
     generation probe runs (``math.inf``: never while idle); ``probe_timeout_s``:
-    how long a probe may take before the backend counts as wedged;
+    how long a probe may take before the backend counts as wedged, unless its
+    progress moves within ``probe_busy_window_s`` after that (``--progress-window``: a
+    backend busy prefilling for a client that left answers no probe in time);
     ``load_backoff_s`` / ``max_load_backoff_s``: after a failed load, requests
     are refused (503, ``Retry-After``) for ``load_backoff_s`` doubling per
     failure in a row, at most ``max_load_backoff_s``. ``kv_idle_save_s``: how long a
@@ -97,6 +99,7 @@ class SchedulerLimits:
     tick_s: float = 0.25
     probe_interval_s: float = 30.0
     probe_timeout_s: float = 20.0
+    probe_busy_window_s: float = 45.0
     load_backoff_s: float = 0.5
     max_load_backoff_s: float = 30.0
     kv_idle_save_s: float = 1.5

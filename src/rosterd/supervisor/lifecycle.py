@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.adapters.base import HttpProbe, Launch, ProgressProbe
 from rosterd.backends.values import BackendEvent, ProbeResult
 from rosterd.errors import (
     BackendAlreadySupervisedError,
@@ -48,7 +48,7 @@ from rosterd.errors import (
     SupervisorError,
 )
 from rosterd.supervisor.ports import check_port_free
-from rosterd.supervisor.probes import ready_timeout_for, run_probe, wait_ready
+from rosterd.supervisor.probes import ready_timeout_for, run_generation_probe, wait_ready
 from rosterd.supervisor.process import kill_group, spawn_logged, terminate_group, tree_rss_bytes
 from rosterd.supervisor.run_records import (
     drop_record,
@@ -192,8 +192,18 @@ class Supervisor:
         """Where backend ``name``'s output goes: ``<state_dir>/logs/<name>.log``."""
         return self._logs / f"{name}.log"
 
-    async def probe(self, name: str, probe: HttpProbe, *, timeout_s: float) -> ProbeResult:
-        """Run ``probe`` (e.g. an adapter's generation probe) against backend ``name``.
+    async def probe(
+        self,
+        name: str,
+        probe: HttpProbe,
+        *,
+        timeout_s: float,
+        progress: ProgressProbe | None = None,
+        window_s: float = 45.0,
+    ) -> ProbeResult:
+        """Run ``probe`` (an adapter's generation probe) against backend ``name`` within
+        ``timeout_s`` seconds; with no answer, a backend whose ``progress`` answer changes
+        within ``window_s`` seconds is busy and passes (``run_generation_probe``).
 
         Raises:
             BackendNotSupervisedError: ``name`` is not supervised.
@@ -201,7 +211,9 @@ class Supervisor:
         m = self._managed.get(name)
         if m is None:
             raise BackendNotSupervisedError(f"no backend named {name} is running")
-        return await run_probe(m.launch.base_url, probe, timeout_s=timeout_s)
+        return await run_generation_probe(
+            m.launch.base_url, probe, timeout_s=timeout_s, progress=progress, window_s=window_s
+        )
 
     # -- lifecycle ---------------------------------------------------------
 

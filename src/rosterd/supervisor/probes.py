@@ -1,7 +1,9 @@
 """Probes (DESIGN.md layer 5): is a backend ready, does it generate, and how long to wait.
 
 An adapter describes a probe (``HttpProbe``: method, path, body, accepted
-statuses); ``run_probe`` sends it and judges the answer. ``wait_ready`` polls
+statuses); ``run_probe`` sends it and judges the answer, and ``run_generation_probe``
+asks a backend that gave a generation probe no answer whether it is busy rather than
+wedged (its progress probe, llama-server's ``/slots``). ``wait_ready`` polls
 a starting backend's readiness probe until it passes, the process exits, a stop
 is asked for, or a deadline that grows with the weights' size
 (``ready_timeout_for``) passes. The poll starts 10 ms apart and backs off to
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,12 +27,14 @@ from typing import Final
 
 import httpx
 
-from rosterd.adapters.base import HttpProbe, Launch
+from rosterd.adapters.base import HttpProbe, Launch, ProgressProbe
 from rosterd.backends.values import ProbeResult
 from rosterd.errors import BackendNotReadyError, BackendStartError, BackendStoppedError
 from rosterd.supervisor.backend_http import backend_client
 from rosterd.supervisor.process import describe_exit, failure_reason, output_tail
 from rosterd.tokens import GB
+
+log = logging.getLogger("rosterd.supervisor")
 
 #: Readiness deadline for a backend whose weights size is unknown (seconds).
 READY_BASE_S: Final[float] = 30.0
@@ -41,6 +46,10 @@ READY_MAX_S: Final[float] = 3600.0
 READY_POLL_S: Final[float] = 0.2
 #: The first pause between readiness polls (seconds); it doubles up to ``READY_POLL_S``.
 READY_FIRST_POLL_S: Final[float] = 0.01
+#: How long one look at a backend's progress may take, seconds (as the request path's check).
+PROGRESS_ANSWER_S: Final[float] = 5.0
+#: The pause between two looks at a backend's progress, seconds.
+PROGRESS_EVERY_S: Final[float] = 2.0
 
 
 def ready_timeout_for(weights_bytes: int) -> float:
@@ -89,6 +98,69 @@ async def run_probe(
                 False, response.status_code, f"answer has no {probe.expect_json_key!r}"
             )
     return ProbeResult(True, response.status_code)
+
+
+async def run_generation_probe(
+    base_url: str,
+    probe: HttpProbe,
+    *,
+    timeout_s: float,
+    progress: ProgressProbe | None,
+    window_s: float,
+) -> ProbeResult:
+    """``run_probe`` for a generation probe, which a busy backend cannot answer in time.
+
+    When ``probe`` gets no answer within ``timeout_s`` seconds and the backend has a
+    ``progress`` probe, the backend is looked at every :data:`PROGRESS_EVERY_S` for up to
+    ``window_s`` seconds (``--progress-window``, wider than one batch of prompt
+    processing): an answer that changes (counters moving, a slot that finished) means
+    busy, and the probe passes with ``detail`` saying so. A look with no answer within
+    :data:`PROGRESS_ANSWER_S`, an answer the probe cannot read, or the same answer for the
+    whole window leave the probe failed (wedged). Why: llama-server prefilling a long
+    prompt for a client that left does not answer a one-token probe for minutes, and was
+    restarted for it (issue 33). Never raises for HTTP trouble.
+    """
+    result = await run_probe(base_url, probe, timeout_s=timeout_s)
+    if result.ok or result.status is not None or progress is None:
+        return result
+    what = progress.path.strip("/")
+    busy, how = await _progress_moves(base_url, progress, window_s)
+    if not busy:
+        return ProbeResult(False, None, f"{result.detail}, and its {what} answer {how}")
+    detail = f"busy: {result.detail}, but its {what} answer {how}"
+    log.info("the generation probe of the backend at %s passes: %s", base_url, detail)
+    return ProbeResult(True, None, detail)
+
+
+async def _progress_moves(
+    base_url: str, progress: ProgressProbe, window_s: float
+) -> tuple[bool, str]:
+    """Whether the backend's progress answer changed within ``window_s`` seconds, and how
+    (or why not), in words."""
+    first: object = None
+    began = time.monotonic()
+    async with backend_client(timeout_s=PROGRESS_ANSWER_S) as client:
+        while True:
+            try:
+                answer = await client.get(base_url + progress.path)
+            except httpx.TimeoutException:
+                return False, f"did not come within {PROGRESS_ANSWER_S:g} s"
+            except httpx.HTTPError as exc:
+                return False, f"did not come ({type(exc).__name__})"
+            try:
+                if answer.status_code != 200:
+                    raise ValueError(f"HTTP {answer.status_code}")
+                body: object = answer.json()
+                progress.counters(body)  # ValueError: not the backend's progress answer
+            except ValueError:
+                return False, f"could not be read (HTTP {answer.status_code})"
+            if first is None:
+                first = body
+            elif body != first:
+                return True, "changed between two looks"
+            if time.monotonic() + PROGRESS_EVERY_S - began > window_s:
+                return False, f"did not change for {time.monotonic() - began:.0f} s"
+            await asyncio.sleep(PROGRESS_EVERY_S)
 
 
 async def wait_ready(

@@ -44,12 +44,15 @@ class NodeTable:
 
 @dataclass(frozen=True, slots=True)
 class PlanTable:
-    """The plan as people read it: a table per node, the unplaced roles with why, and how
-    many roster entries the import skipped."""
+    """The plan as people read it: a table per node, the unplaced roles with why, how many
+    roster entries the import skipped (``rosterd roster import``'s count, as ``plan``'s
+    header) and which of those, aliases the fleet gives other weights, are served as roles
+    of their own (``served_apart``)."""
 
     nodes: tuple[NodeTable, ...]
     unplaced: tuple[tuple[str, str], ...]
     skipped: int
+    served_apart: tuple[str, ...] = ()
 
 
 class Reporter(Protocol):
@@ -116,7 +119,10 @@ def plan_table(shown: ShowPlan) -> PlanTable:
         )
         caption = "~: the roster's guess (unmeasured); GiB: what counts" if guessed else None
         tables.append(NodeTable(title, tuple(rows), caption))
-    return PlanTable(tuple(tables), tuple(result.unplaced), len(config.roster.skipped))
+    roster = config.roster
+    # The import's count: the aliases served apart left ``skipped`` only for plan and up.
+    skipped = len(roster.skipped) + len(roster.served_apart)
+    return PlanTable(tuple(tables), tuple(result.unplaced), skipped, roster.served_apart)
 
 
 def _residency(always: bool, sticky: bool) -> str:

@@ -205,6 +205,7 @@ class UpRun:
             on_event=self._backend_event,
             auto_ports=options.auto_backend_ports,
             kv_disk_bytes=options.kv_disk_bytes,
+            progress_window_s=options.limits.probe_busy_window_s,
         )
         try:
             # Held for the whole run: a second `up` on this folder would otherwise take
