@@ -189,6 +189,10 @@ def test_mlx_lm_launch_is_offline_and_ready_means_generating() -> None:
     assert adapter.rewrite_request({"model": "planner"}, launch.served_model) == {
         "model": "/srv/qwen3"
     }
+    # SIGTERM gives Metal's wired memory back; a SIGKILL may not: a long grace, said why.
+    assert launch.stop_grace_s is not None
+    assert launch.stop_grace_s >= 30
+    assert "reboot" in launch.sigkill_note
 
 
 def test_mlx_lm_refuses_a_single_file() -> None:

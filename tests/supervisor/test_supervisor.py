@@ -5,7 +5,9 @@ The same rules are checked against a real llama-server in test_llamacpp_real.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import os
 import signal
 import socket
@@ -150,6 +152,28 @@ async def test_backend_ignoring_sigterm_is_killed_after_grace(
     assert 0.6 <= took < 5.0
     assert gone(backend.pid)
     assert port_is_free(free_port)
+
+
+async def test_a_backend_that_needs_a_longer_grace_gets_it_and_a_sigkill_says_why(
+    tmp_path: Path,
+    free_port: int,
+    make_fake_launch: FakeLaunch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # As an mlx_lm.server's launch says (Launch.stop_grace_s, sigkill_note): the larger of
+    # --grace and its own least grace applies, and the SIGKILL names what it costs.
+    sup = Supervisor(tmp_path / "state", grace_s=0.2)
+    launch = dataclasses.replace(
+        make_fake_launch(free_port, "ignore-term"),
+        stop_grace_s=1.0,
+        sigkill_note="its wired memory may stay held",
+    )
+    await sup.start("metal", launch)
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="rosterd"):
+        await sup.stop("metal")
+    assert time.monotonic() - began >= 0.9  # its own 1 s, not --grace's 0.2 s
+    assert "SIGKILL (its wired memory may stay held)" in caplog.text
 
 
 async def test_wedged_server_fails_the_generation_probe(

@@ -68,7 +68,10 @@ class Launch:
     ``host``:``port``; ``readiness`` passes once it can serve; ``served_model``
     is the model name the backend answers to (what requests are rewritten to);
     ``weights_bytes`` (bytes on disk, 0 if unknown) lets the supervisor grow the
-    readiness deadline with the weights' size.
+    readiness deadline with the weights' size. ``stop_grace_s``: the least time between
+    SIGTERM and SIGKILL this backend needs to give its memory back (``None``: the
+    supervisor's ``--grace``; the larger of the two applies); ``sigkill_note``: what a
+    SIGKILL costs it, said when one is sent.
     """
 
     argv: tuple[str, ...]
@@ -78,6 +81,8 @@ class Launch:
     served_model: str
     env: Mapping[str, str] = field(default_factory=dict)
     weights_bytes: int = 0
+    stop_grace_s: float | None = None
+    sigkill_note: str = ""
 
     @property
     def base_url(self) -> str:

@@ -22,6 +22,15 @@ from rosterd.model_facts import ModelFacts
 from rosterd.spec import InferenceSpec, InferFlavor
 from rosterd.weights import WeightsSource
 
+#: The least SIGTERM-to-SIGKILL time of an ``mlx_lm.server``, seconds: on SIGTERM it gives
+#: back the GPU memory Metal wired for it within seconds; a SIGKILL can leave that memory
+#: wired until a reboot (omlx#2184), so the grace is long.
+MLX_STOP_GRACE_S = 30.0
+MLX_SIGKILL_NOTE = (
+    "an mlx_lm.server SIGKILLed can leave the GPU memory Metal wired for it held until "
+    "a reboot; raise the role's grace_s in the fleet file if it needs longer to exit"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class MlxLmAdapter(OpenAICompatible):
@@ -106,4 +115,6 @@ class MlxLmAdapter(OpenAICompatible):
             served_model=served,
             env=env,
             weights_bytes=weights_size_hint(spec, source),
+            stop_grace_s=MLX_STOP_GRACE_S,
+            sigkill_note=MLX_SIGKILL_NOTE,
         )

@@ -314,7 +314,9 @@ class Supervisor:
             m.stop_requested.set()
         if m.proc is not None:
             grace = self.grace_s if m.grace_s is None else m.grace_s
-            await terminate_group(m.proc, grace_s=grace, name=name)
+            if m.grace_s is None and m.launch.stop_grace_s is not None:
+                grace = max(grace, m.launch.stop_grace_s)  # the backend's own least grace
+            await terminate_group(m.proc, grace_s=grace, name=name, why=m.launch.sigkill_note)
         drop_record(m.record_path)
         self._managed.pop(name, None)
         self._emit(BackendEvent(name, "stopped", pid=pid))

@@ -154,13 +154,14 @@ async def wait_group_gone(pgid: int, *, timeout_s: float) -> None:
 
 
 async def terminate_group(
-    proc: asyncio.subprocess.Process, *, grace_s: float, name: str | None = None
+    proc: asyncio.subprocess.Process, *, grace_s: float, name: str | None = None, why: str = ""
 ) -> None:
     """SIGTERM ``proc``'s group, wait ``grace_s`` seconds, SIGKILL it; return once it is gone.
 
     ``grace_s`` 0 sends SIGKILL at once. ``proc`` must lead its own group (as
     ``spawn_logged`` starts it); whatever else is left in the group is killed too.
-    With ``name`` (the backend's), each step is logged at INFO, the SIGKILL at WARNING.
+    With ``name`` (the backend's), each step is logged at INFO, the SIGKILL at WARNING,
+    with ``why`` (what a SIGKILL costs this backend, ``Launch.sigkill_note``) when given.
     """
     pgid = proc.pid
     who = f"backend {name} (pid {pgid})"
@@ -180,7 +181,8 @@ async def terminate_group(
                 log.info("%s: exited after %.2f s", who, time.monotonic() - started)
         except TimeoutError:
             if name is not None:
-                log.warning("%s: still running after %g s; SIGKILL", who, grace_s)
+                note = f" ({why})" if why else ""
+                log.warning("%s: still running after %g s; SIGKILL%s", who, grace_s, note)
             kill_group(pgid, signal.SIGKILL)
             await proc.wait()
     kill_group(pgid, signal.SIGKILL)  # anything left in the group
