@@ -199,6 +199,8 @@ class ModelNames:
             return role
         seen = {name: r for name, r in self.by_name.items() if self.visible(r)}
         known = ", ".join(sorted(set(seen.values())))
+        if len(seen) > len(set(seen.values())):  # roster names and aliases answer too
+            known += " (and the other names GET /v1/models lists)"
         why = self.unserved.get(model) if may_use((model,)) else None
         if why and not why.startswith(SKIPPED_IN_ROSTER):
             raise RouterError(
