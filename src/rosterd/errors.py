@@ -445,8 +445,11 @@ class RouterError(RosterdError):
         return self.kind.type
 
     def headers(self) -> dict[str, str]:
-        """The answer's extra headers: the table's, and ``Retry-After`` when there is one."""
+        """The answer's extra headers: the table's, ``Retry-After`` when there is one, and
+        ``X-Rosterd-Error``, rosterd's own code whatever the path's envelope calls it (the
+        access log's ``code``)."""
         headers = dict(self.kind.headers)
+        headers["X-Rosterd-Error"] = self.code
         if self.retry_after_s is not None:
             headers["Retry-After"] = retry_after_header(self.retry_after_s)
         return headers

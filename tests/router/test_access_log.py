@@ -89,10 +89,11 @@ async def test_every_request_leaves_one_line_with_its_reason(
     ]
     # A wrong key is refused before its body is read: no model to log.
     assert [x["model"] for x in lines] == ["chat", "chat-m", "quiet", "", "nope", ""]
+    # rosterd's own code in every dialect (X-Rosterd-Error), not its envelope's word
     assert [x["code"] for x in lines] == [
         "backend_error",
-        "api_error",  # Anthropic's envelope names the type
-        "",  # Ollama's envelope has no code
+        "backend_error",  # Anthropic's envelope says api_error
+        "backend_error",  # Ollama's envelope has no code
         "invalid_json",
         "model_not_found",
         "invalid_api_key",

@@ -183,4 +183,4 @@ def test_a_misspelt_model_gets_the_closest_served_name() -> None:
         names.resolve("whisper")
     assert "did you mean" not in str(far.value)
     # the known models are role ids; the roster's names answer too, and it says where
-    assert "known models: chat-small (and the other names GET /v1/models lists)" in str(far.value)
+    assert "known models: chat-small (other names: GET /v1/models)" in str(far.value)

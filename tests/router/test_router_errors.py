@@ -131,12 +131,16 @@ def test_a_code_missing_from_the_table_is_a_bug_not_an_answer() -> None:
 def test_retry_after_is_whole_seconds_rounded_up_at_least_one(seconds: float, header: str) -> None:
     assert retry_after_header(seconds) == header
     assert RouterError("queue_full", "x", retry_after_s=seconds).headers() == {
-        "Retry-After": header
+        "Retry-After": header,
+        "X-Rosterd-Error": "queue_full",
     }
 
 
 def test_a_given_retry_after_overrides_the_tables() -> None:
-    assert RouterError("shutting_down", "x", retry_after_s=1.0).headers() == {"Retry-After": "1"}
+    assert RouterError("shutting_down", "x", retry_after_s=1.0).headers() == {
+        "Retry-After": "1",
+        "X-Rosterd-Error": "shutting_down",
+    }
 
 
 def test_the_sse_error_event_is_the_same_envelope_as_the_last_event() -> None:
@@ -197,7 +201,7 @@ def test_a_revoked_request_gets_503_with_the_revocations_code(code: str) -> None
         code,
         f"role a {code}",
     )
-    assert err.headers() == {"Retry-After": "1"}
+    assert err.headers() == {"Retry-After": "1", "X-Rosterd-Error": code}
 
 
 @pytest.mark.parametrize(
@@ -216,7 +220,7 @@ def test_upstream_client_errors_map_to_502_backend_error(exc: UpstreamError) -> 
     assert (err.status, err.err_type, err.code) == (502, "upstream_error", "backend_error")
     assert err.message == f"backend of role 'chat' failed: {type(exc).__name__}: {exc}"
     assert err.__cause__ is exc
-    assert err.headers() == {}
+    assert err.headers() == {"X-Rosterd-Error": "backend_error"}
 
 
 def test_an_upstream_failure_mid_stream_says_so() -> None:

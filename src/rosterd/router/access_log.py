@@ -189,6 +189,9 @@ class _Seen:
         client = scope.get("client")
         cut = b'data: {"error"' in self.tail  # a stream that ended with an error event
         code, reason = _error_of(self.tail) if self.status >= 400 or cut else ("", "")
+        # rosterd's own code, the same in every dialect (Anthropic's envelope says
+        # not_found_error where OpenAI's says model_not_found, Ollama's says none)
+        code = self.headers.get("x-rosterd-error") or code
         status = self.status or 500
         if self.client_left:
             # It left before the answer's end: logged as nginx does, not as the 200 it began.

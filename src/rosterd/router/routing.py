@@ -200,7 +200,7 @@ class ModelNames:
         seen = {name: r for name, r in self.by_name.items() if self.visible(r)}
         known = ", ".join(sorted(set(seen.values())))
         if len(seen) > len(set(seen.values())):  # roster names and aliases answer too
-            known += " (and the other names GET /v1/models lists)"
+            known += " (other names: GET /v1/models)"
         why = self.unserved.get(model) if may_use((model,)) else None
         if why and not why.startswith(SKIPPED_IN_ROSTER):
             raise RouterError(
