@@ -144,7 +144,9 @@ async def test_up_serves_the_first_role_and_names_the_conflict(
         refused = await client.post(
             "/v1/completions", json={"model": "chat-b", "prompt": "hi", "max_tokens": 2}
         )
-        assert refused.status_code == 404
+        # a role the plan could not place: 503 model_unplaced with the plan's reason
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "model_unplaced"
         assert "is taken by role chat-a" in refused.json()["error"]["message"]
     stream = out.file
     assert isinstance(stream, io.StringIO)

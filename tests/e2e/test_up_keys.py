@@ -87,14 +87,18 @@ async def test_a_reload_applies_the_keys_file_and_a_broken_one_changes_nothing(
         assert (await client.get("/v1/models", headers=bearer("rk-late"))).status_code == 200
         assert (await client.get("/v1/models", headers=bearer("rk-user"))).status_code == 401
 
-        keys.write_text(render_keys((OPS, LATE)).replace("scopes: [use]", "scopes: [use, sudo]"))
+        broken = render_keys((OPS, LATE)).replace("scopes: [use]", "scopes: [use, sudo]")
+        keys.write_text(broken)
+        # where `sudo` is, counted from the text (the file's header comment may grow)
+        line = next(n for n, text in enumerate(broken.splitlines(), 1) if "sudo" in text)
         refused = await client.post("/rosterd/reload", headers=bearer("rk-ops"))
         assert refused.status_code == 422, refused.text
         message = refused.json()["error"]["message"]
-        assert f"{keys}:9:19: keys[1].scopes[1]: expected one of use, watch, operate" in message
+        where = f"{keys}:{line}:19: keys[1].scopes[1]: expected one of use, watch, operate"
+        assert where in message
         error = (await client.get("/status", headers=bearer("rk-ops"))).json()["config"]
         assert error["files"]["keys"] == str(keys)
-        assert (error["last_error"]["file"], error["last_error"]["line"]) == (str(keys), 9)
+        assert (error["last_error"]["file"], error["last_error"]["line"]) == (str(keys), line)
         assert error["last_error"]["column"] == 19
         # The keys in force stay.
         assert (await client.get("/v1/models", headers=bearer("rk-late"))).status_code == 200
