@@ -155,7 +155,11 @@ def test_a_power_cut_on_the_second_host_loses_no_request(
         assert near[role]["phase"] == "ready", status
         assert near[role]["base_url"].startswith(f"http://{FIRST_IP}:"), status
         kinds = {e["kind"] for e in events if e["role"] == role}
-        assert not kinds & {"restart_failed", "unhealthy", "crashed"}, events
+        # The sweep kills in no order: the agent may see its llama-server die and report
+        # it (`crashed` on far) in the instant before its own SIGKILL lands. What must not
+        # happen is a restart through the gone agent, a probe's verdict, or a crash on near.
+        assert not kinds & {"restart_failed", "unhealthy"}, events
+        assert not [e for e in events if e["kind"] == "crashed" and e["node"] != "far"], events
         assert {"lost", "moved"} <= kinds, events
         said = " ".join(fleet.said().split())
         assert "could not be restarted" not in said, said
