@@ -12,47 +12,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
+from support.browser import CHROMIUM_FLAGS, wait_for
 from support.devices import cuda_stand_in
 from support.up import MODELS, prepare_example_models, start_up, write_roster
 
 pytestmark = pytest.mark.slow
 
 GIB = 2**30
-
-#: Chromium's flags for a test (as test_page.py's): headless, no sandbox, no network.
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--window-size=1440,1000",
-    "--lang=en-GB",
-]
-
-
-def _wait(what: str, check: Callable[[], object], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except Exception as err:  # the page may be between two renders
-            last = err
-        if last and not isinstance(last, Exception):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def _pools_on_page(url: str, profile: Path) -> dict[str, list[tuple[str, str, str]]]:
@@ -71,14 +42,14 @@ def _pools_on_page(url: str, profile: Path) -> dict[str, list[tuple[str, str, st
     try:
         driver.get(url + "/")
         box_pool = 'section.node[data-node="box"] .pool[data-pool="CUDA0"] .pool-figures'
-        _wait(
+        wait_for(
             "the box's GPU pool with its resident role",
             lambda: (
                 "0.80 GiB" in driver.find_element(By.CSS_SELECTOR, box_pool).text
                 and not driver.find_element(By.CSS_SELECTOR, box_pool).text.startswith("0.00")
             ),
         )
-        _wait("the plain node's card", lambda: driver.find_elements(By.CSS_SELECTOR, ".node"))
+        wait_for("the plain node's card", lambda: driver.find_elements(By.CSS_SELECTOR, ".node"))
         shown: dict[str, list[tuple[str, str, str]]] = {}
         for card in driver.find_elements(By.CSS_SELECTOR, "section.node"):
             rows = card.find_elements(By.CSS_SELECTOR, ".pools:not([hidden]) .pool")

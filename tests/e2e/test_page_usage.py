@@ -8,42 +8,14 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from rosterd.usage import UsageStore
+from support.browser import CHROMIUM_FLAGS, wait_for
 from support.keys_lab import KEYS, USAGE, lab
-
-#: Chromium's flags for a test (as test_page.py's): headless, no sandbox, no network.
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--window-size=1440,1000",
-    "--lang=en-GB",
-]
-
-
-def _wait(what: str, check: Callable[[], object], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except Exception as err:  # the page may be between two renders
-            last = err
-        if last and not isinstance(last, Exception):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def _browse(url: str, profile: Path) -> tuple[list[str], bool]:
@@ -66,7 +38,7 @@ def _browse(url: str, profile: Path) -> tuple[list[str], bool]:
             driver.get(url + "/")
             driver.execute_script("sessionStorage.clear()")
             driver.get(url + "/")
-            _wait(
+            wait_for(
                 "the key dialog",
                 lambda: driver.find_element(By.ID, "key-dialog").get_attribute("open") is not None,
             )
@@ -75,7 +47,7 @@ def _browse(url: str, profile: Path) -> tuple[list[str], bool]:
 
         open_with(KEYS["watcher"][0])
         row = 'tr[data-usage-key="user"][data-usage-role="chat"]'
-        _wait("the usage row", lambda: driver.find_elements(By.CSS_SELECTOR, row))
+        wait_for("the usage row", lambda: driver.find_elements(By.CSS_SELECTOR, row))
         assert driver.find_element(By.ID, "usage").get_attribute("hidden") is None
         cells = [c.text for c in driver.find_elements(By.CSS_SELECTOR, f"{row} td")]
         open_with(KEYS["user"][0])
