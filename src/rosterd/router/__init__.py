@@ -24,6 +24,8 @@ past Starlette's router. Modules:
 - ``client_side``: what is sent to the client, the cut when it leaves or the lease is
   revoked, a body passed through chunk by chunk;
 - ``model_echo``: the answer's ``model`` is the name the client asked for;
+- ``stream_repair``: a backend's Messages or Responses stream given the opening events
+  and indexes its SDKs read, where llama-server leaves them out;
 - ``request_counts``: a finished request counted once (metrics, history, usage);
 - ``retries``: every retry of a request in one table, in the order they nest;
 - ``deadlines``: a request's deadlines (first byte, between chunks);

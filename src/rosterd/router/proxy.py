@@ -94,6 +94,7 @@ from rosterd.router.routing import (
     RouterConfig,
 )
 from rosterd.router.speeds import RoleSpeeds
+from rosterd.router.stream_repair import StreamRepair
 from rosterd.router.upstream import Upstream, UpstreamResponse
 from rosterd.router.usage_hook import KeyUsage
 from rosterd.router.validation import check_request, refusal_text
@@ -416,6 +417,8 @@ class Proxy:
             answer.tail = await self._forward_translated(lease, payload, send, told)
             answer.tokens = generated_tokens(answer.tail)
             return
+        # llama-server may leave out a stream's opening events: put back, for the SDKs.
+        send = StreamRepair.wrap(send, self.path, payload, lease.endpoint.served_model)
         upstream_body = route.rewrite(payload, lease.endpoint.served_model)
         body = json.dumps(
             upstream_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False
