@@ -10,6 +10,7 @@ from pathlib import Path
 
 import rosterd.errors as errors_module
 from rosterd.errors import RosterdError
+from support.sources import parsed
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "rosterd"
 
@@ -47,7 +48,7 @@ def test_every_error_class_of_the_package_is_in_errors_py() -> None:
     for path in sorted(SRC.rglob("*.py")):
         if path.name == "errors.py" and path.parent == SRC:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ClassDef) and node.name not in INTERNAL:
                 bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
                 if any(b.endswith(("Error", "Exception")) for b in bases):
@@ -67,7 +68,7 @@ def test_the_docstring_draws_the_tree_as_the_classes_are() -> None:
 def test_nothing_raises_the_bare_base_class() -> None:
     bare = []
     for path in sorted(SRC.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from support.sources import parsed, source
+
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 #: DESIGN.md's layers, by module or package (the longest matching prefix wins).
@@ -182,7 +184,7 @@ def _layer(module: str) -> int | None:
 
 def _imports(path: Path, module: str) -> list[tuple[str, int]]:
     """The rosterd modules ``path`` imports, with line numbers."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = parsed(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[tuple[str, int]] = []
     for node in ast.walk(tree):
@@ -224,7 +226,7 @@ def _import_graph(src: Path) -> dict[str, tuple[set[str], set[str]]]:
 
     graph: dict[str, tuple[set[str], set[str]]] = {}
     for module, path in paths.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = parsed(path)
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         ours: set[str] = with_parents(package) if package else set()
         theirs: set[str] = set()
@@ -382,7 +384,7 @@ def _explicit_imports(src: Path) -> dict[str, set[str]]:
 
     edges: dict[str, set[str]] = {}
     for module, path in paths.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = parsed(path)
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         found: set[str] = set()
         for node in ast.walk(tree):
@@ -453,15 +455,16 @@ MAX_CODE_LINES = 400
 OVER_THE_RULE: dict[str, str] = {}
 
 
-def code_lines(text: str) -> int:
-    """How many lines of ``text`` (Python source) hold code.
+def code_lines(text: str, tree: ast.Module | None = None) -> int:
+    """How many lines of ``text`` (Python source; ``tree``: its parse, when at hand) hold
+    code.
 
     A line counts when a token other than a comment lies on it; a string that stands alone
     as a statement (a module, class or function docstring, or an attribute's docstring) is
     documentation and does not count, nor do blank lines.
     """
     documentation: set[int] = set()
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(tree if tree is not None else ast.parse(text)):
         if (
             isinstance(node, ast.Expr)
             and isinstance(node.value, ast.Constant)
@@ -499,7 +502,7 @@ def test_code_lines_skip_docstrings_comments_and_blank_lines(text: str, expected
 def test_no_module_is_over_400_lines_of_code() -> None:
     """One concept a module, small enough to read in one sitting (CONTRIBUTING.md)."""
     counts = {
-        path.relative_to(SRC).as_posix(): code_lines(path.read_text(encoding="utf-8"))
+        path.relative_to(SRC).as_posix(): code_lines(source(path), parsed(path))
         for path in (SRC / "rosterd").rglob("*.py")
     }
     long = {
@@ -516,7 +519,7 @@ def test_no_test_module_imports_another_test_module() -> None:
     tests = Path(__file__).resolve().parent
     found: list[str] = []
     for path in sorted(tests.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if not isinstance(node, ast.Import | ast.ImportFrom):
                 continue
             names = (

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -47,6 +48,11 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+if TYPE_CHECKING:
+    from rosterd.backends.values import KeptKv
+    from rosterd.fleet_scheduler.views import FleetNodeView
+    from rosterd.scheduler.views import DirectoryNode
 
 #: Buckets for request and load durations, seconds: from a proxied token to a long generation.
 DURATION_BUCKETS_S = (
@@ -255,48 +261,57 @@ class RosterdMetrics:
             counter.labels(node=node, role=role, action=action).inc(now - before)
         self._kv_seen[key] = now
 
-    def _observe_kv(self, node: str, role: str, kv: Mapping[str, object]) -> None:
-        for key, gauge in (("file_bytes", self.kv_kept_bytes), ("tokens", self.kv_kept_tokens)):
-            value = kv.get(key)
-            if isinstance(value, int):
-                gauge.labels(node=node, role=role).set(value)
-        for action, count_key, bytes_key in (
-            ("save", "saves", "saved_bytes"),
-            ("restore", "restores", "restored_bytes"),
-            ("refusal", "refusals", None),
+    def _observe_kv(self, node: str, role: str, kv: KeptKv) -> None:
+        self.kv_kept_bytes.labels(node=node, role=role).set(kv.file_bytes)
+        self.kv_kept_tokens.labels(node=node, role=role).set(kv.tokens)
+        for action, count, moved in (
+            ("save", kv.saves, kv.saved_bytes),
+            ("restore", kv.restores, kv.restored_bytes),
+            ("refusal", kv.refusals, None),
         ):
-            self._kv_count(self.kv_events, node, role, action, kv.get(count_key))
-            if bytes_key is not None:
-                self._kv_count(self.kv_moved_bytes, node, role, action, kv.get(bytes_key))
+            self._kv_count(self.kv_events, node, role, action, count)
+            if moved is not None:
+                self._kv_count(self.kv_moved_bytes, node, role, action, moved)
 
-    def observe_nodes(self, nodes: Mapping[str, Mapping[str, object]]) -> None:
-        """Set the per-node and per-role gauges from the fleet's view (``/rosterd/ps``'s
-        ``nodes``: name -> ``capacity_bytes``, ``resident_bytes``, ``connected``,
-        ``roles`` -> ``phase``, ``measured_rss_bytes``). A role no longer measured
-        loses its RSS sample."""
-        for name, node in nodes.items():
-            for key, gauge in (
-                ("capacity_bytes", self.capacity_bytes),
-                ("resident_bytes", self.resident_bytes),
-            ):
-                value = node.get(key)
-                if isinstance(value, int):
-                    gauge.labels(node=name).set(value)
-            self.node_connected.labels(node=name).set(0 if node.get("connected") is False else 1)
-            roles = node.get("roles")
-            for role, info in roles.items() if isinstance(roles, Mapping) else ():
-                if not isinstance(info, Mapping):
-                    continue
-                phase = info.get("phase")
-                for known in ROLE_PHASES:
-                    self.role_phase.labels(node=name, role=role, phase=known).set(
-                        1 if known == phase else 0
-                    )
-                kv = info.get("kv")
-                if isinstance(kv, Mapping):
-                    self._observe_kv(name, role, kv)
-                rss = info.get("measured_rss_bytes")
-                if isinstance(rss, int):
+    def _observe_phase(self, node: str, role: str, phase: str) -> None:
+        for known in ROLE_PHASES:
+            self.role_phase.labels(node=node, role=role, phase=known).set(
+                1 if known == phase else 0
+            )
+
+    def observe_nodes(
+        self,
+        nodes: Mapping[str, DirectoryNode],
+        measured: Mapping[str, Mapping[str, int]],
+        fleet: Mapping[str, FleetNodeView],
+    ) -> None:
+        """Set the per-node and per-role gauges from the directory's snapshot (``nodes``:
+        name -> :class:`~rosterd.scheduler.views.DirectoryNode`), each role's measured
+        peak RSS (``measured``: node -> role -> bytes) and, on Ray, the fleet's nodes
+        (``fleet``: whether each is connected; a node no scheduler of this process runs
+        shows its budget and its planned roles' phases). A role no longer measured loses
+        its RSS sample. Every role counts, whatever key scrapes."""
+        for name, view in fleet.items():
+            self.node_connected.labels(node=name).set(1 if view.connected else 0)
+            if name in nodes or view.planned is None:
+                continue
+            if view.capacity_bytes is not None:
+                self.capacity_bytes.labels(node=name).set(view.capacity_bytes)
+            self.resident_bytes.labels(node=name).set(0)
+            for role, planned in view.planned.items():
+                self._observe_phase(name, role, planned.phase)
+        for name, entry in nodes.items():
+            node = entry.node
+            self.capacity_bytes.labels(node=name).set(node.capacity_bytes)
+            self.resident_bytes.labels(node=name).set(node.resident_bytes)
+            if name not in fleet:
+                self.node_connected.labels(node=name).set(1)
+            for role, shown in node.roles.items():
+                self._observe_phase(name, role, shown.phase)
+                if shown.kv is not None:
+                    self._observe_kv(name, role, shown.kv)
+                rss = measured.get(name, {}).get(role)
+                if rss is not None:
                     self.measured_rss.labels(node=name, role=role).set(rss)
                 else:
                     with contextlib.suppress(KeyError):  # never measured

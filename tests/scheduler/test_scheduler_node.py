@@ -10,6 +10,7 @@ on an injected clock the test moves.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import Sequence
@@ -292,14 +293,20 @@ async def test_a_node_that_does_not_answer_holds_requests_and_restarts_nothing()
     await node.shutdown()
 
 
-def test_every_scheduler_phase_has_its_rosterd_role_phase_label() -> None:
+async def test_every_scheduler_phase_has_its_rosterd_role_phase_label() -> None:
     # An alert on a wedged backend needs phase="unhealthy" (README lists the state).
     assert {p.value for p in Phase} <= set(ROLE_PHASES)
+    node, _ = make_node([spec("chat", 100)])
+    entry = NodeDirectory({"n1": node}).snapshot()["n1"]
+    role = dataclasses.replace(entry.node.roles["chat"], phase="unhealthy")
+    shown = dataclasses.replace(entry.node, roles={"chat": role})
     metrics = RosterdMetrics()
-    metrics.observe_nodes({"box": {"roles": {"chat": {"phase": "unhealthy"}}}})
+    metrics.observe_nodes({"box": dataclasses.replace(entry, node=shown)}, {}, {})
     text = metrics.render().decode()
     assert 'rosterd_role_phase{node="box",phase="unhealthy",role="chat"} 1.0' in text
     assert 'rosterd_role_phase{node="box",phase="ready",role="chat"} 0.0' in text
+    assert 'rosterd_node_connected{node="box"} 1.0' in text
+    await node.shutdown()
 
 
 class SavingBackends(GatedBackends):

@@ -154,9 +154,9 @@ class Endpoints:
 
     async def metrics_text(self, _: Request) -> Response:
         """``GET /metrics``: Prometheus' text, the node gauges observed first."""
-        nodes = (await self.ps_data())["nodes"]
-        assert isinstance(nodes, dict)
-        self.metrics.observe_nodes(nodes)
+        fleet = self.node_views() if self.node_views is not None else {}
+        measured = await self.scheduler.measured_bytes()
+        self.metrics.observe_nodes(self.scheduler.snapshot(), measured, fleet)
         return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     # ---- the admin paths --------------------------------------------------------------
