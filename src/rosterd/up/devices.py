@@ -50,14 +50,18 @@ class RunDevices:
         self.pools: dict[str, NodePools] | None = None
         self.plan: DevicePlan | None = None
         self.fit_flag = False
+        self._declared: tuple[object, ...] | None = None
 
     def find_pools(self, fleet: Fleet) -> tuple[str, ...]:
-        """Find each node's pools, once per run (blocking: run it off the event loop): this
-        machine's nodes by probe, the others from the fleet file alone. Returns what a
-        person should read: one warning per declared device no probe saw, and why a probe
-        could not run where devices are declared."""
-        if self.pools is not None:
+        """Find each node's pools (blocking: run it off the event loop): this machine's
+        nodes by probe, the others from the fleet file alone; once per run, and again when
+        a reload's fleet names other nodes or declares other devices (the probe then reads
+        what is free now). Returns what a person should read: one warning per declared
+        device no probe saw, and why a probe could not run where devices are declared."""
+        declared = tuple((n.name, n.address, n.devices) for n in fleet.nodes)
+        if self.pools is not None and declared == self._declared:
             return ()
+        self._declared = declared
         here = [n for n in fleet.nodes if is_this_machine(n.address)]
         if not any(n.devices for n in here) and not read_nvml().devices:
             # Nothing declared here and no NVIDIA GPU: host RAM alone, as always, without
