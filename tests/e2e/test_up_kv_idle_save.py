@@ -3,15 +3,16 @@
 Real llama-server processes behind ``rosterd up``: Gemma 3 270M at ctx 8192 (role
 ``chat``) holds a conversation of about 3,700 tokens and sits idle a few seconds; a
 request for a tiny GGUF (role ``other``) on a node that holds one of them at a time
-evicts it. With the KV kept, the idle save has written the slot already, so that request
-waits only for the stop and the load, as it does with ``keep_kv: false``: at most 1.25x
-its time there (+30 ms). The conversation's prefill after the swap is still a few tokens
-(llama-server's ``timings.prompt_n``, at most 5 % of the prompt).
+evicts it. With the KV kept, the idle save has written the slot already: each answer's
+save is counted before the eviction that follows it and none during it (the eviction only
+stops the process), and the conversation's prefill after the swap is still a few tokens
+(llama-server's ``timings.prompt_n``, at most 5 % of the prompt). What the eviction costs
+in time, against ``keep_kv: false``, is a figure for ``bench/swap_bench.py``, not for a
+timed test on a shared machine.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,8 @@ pytestmark = pytest.mark.slow
 #: Seconds ``chat`` stays idle before the request that evicts it: past the idle save's
 #: 1.5 s quiet time, with room for the save itself on a loaded machine.
 IDLE_S = 4.0
-#: Evictions timed per run; the medians are compared (one stop on a loaded machine can
-#: take half a second more than the next).
-SWAPS = 5
+#: Evictions per run.
+SWAPS = 4
 
 
 def conversation(notes: int = 245) -> list[dict[str, str]]:
@@ -66,9 +66,8 @@ def chat(up: Up, model: str, messages: list[dict[str, str]]) -> tuple[dict[str, 
     return body, took
 
 
-def start_lab(tmp_path: Path, port: int, *, keep_kv: bool) -> Up:
+def start_lab(tmp_path: Path, port: int) -> Up:
     """``rosterd up`` on a node that holds gemma (ctx 8192) or the tiny model, not both."""
-    tmp_path.mkdir()
     roster = write_roster(
         tmp_path / "roster.yaml",
         [
@@ -77,8 +76,6 @@ def start_lab(tmp_path: Path, port: int, *, keep_kv: bool) -> Up:
         ],
     )
     gemma: dict[str, object] = {"path": str(GEMMA), "ctx_size": 8192, "parallel": 1}
-    if not keep_kv:
-        gemma["keep_kv"] = False
     fleet = write_box_fleet(
         tmp_path / "fleet.yaml",
         {"gemma-3-270m": gemma, "tiny-a": {"path": str(MODELS / "tiny-a.gguf")}},
@@ -90,63 +87,45 @@ def start_lab(tmp_path: Path, port: int, *, keep_kv: bool) -> Up:
     return start_up(args, tmp_path, port)
 
 
-def evictions(
-    up: Up, turns: list[list[dict[str, str]]]
-) -> tuple[list[float], list[int], list[int], list[int]]:
-    """For each of ``turns``: ``chat`` answers it, stays idle ``IDLE_S``, and a request for
-    ``other`` evicts it. That request's seconds each time; the prefill
-    (``timings.prompt_n``) and prompt tokens of each ``chat`` answer; and the saves of
-    ``chat``'s KV counted just before each eviction."""
-    took: list[float] = []
-    prefills: list[int] = []
-    prompts: list[int] = []
-    saves: list[int] = []
-    for messages in turns:
-        answer, _ = chat(up, "chat", messages)
-        prompts.append(answer["usage"]["prompt_tokens"])
-        prefills.append(answer["timings"]["prompt_n"])
-        time.sleep(IDLE_S)
-        saves.append(up.get("/status")["nodes"]["box"]["roles"]["chat"]["kv"]["saves"])
-        _, seconds = chat(up, "other", [{"role": "user", "content": "hi"}])
-        took.append(seconds)
-        resident = up.get("/status")["nodes"]["box"]["resident"]
-        assert "chat" not in resident, resident  # it was evicted: no room for both
-    return took, prefills, prompts, saves
+def saves_of_chat(up: Up) -> int:
+    """How many times ``chat``'s KV cache was saved in this run (``/status``)."""
+    saves: int = up.get("/status")["nodes"]["box"]["roles"]["chat"]["kv"]["saves"]
+    return saves
 
 
-def test_an_idle_role_saved_already_is_evicted_as_fast_as_one_that_keeps_nothing(
+def test_an_idle_role_is_saved_before_its_eviction_and_not_during_it(
     tmp_path: Path, llama_server_binary: Path, free_port: int
 ) -> None:
     prepare_example_models()
     messages = conversation()
-    up = start_lab(tmp_path / "not-kept", free_port, keep_kv=False)
+    up = start_lab(tmp_path, free_port)
+    prefills: list[int] = []
+    prompts: list[int] = []
+    before: list[int] = []
+    after: list[int] = []
     try:
-        # Without keeping, each turn is a cold prefill; the stop of an idle process does
-        # not depend on what it holds: after the first eviction of the whole conversation,
-        # a short one spares cold prefills of 10-20 s each.
-        short = conversation(4)
-        not_kept, _, _, _ = evictions(up, [messages, *[short] * (SWAPS - 1)])
-    finally:
-        code = up.stop()
-    assert code == 0, up.output()
-    up = start_lab(tmp_path / "kept", free_port, keep_kv=True)
-    try:
-        kept, prefills, prompts, saves = evictions(up, [messages] * SWAPS)
-        prompt_tokens = prompts[0]
+        for _ in range(SWAPS):
+            answer, _ = chat(up, "chat", messages)
+            prompts.append(answer["usage"]["prompt_tokens"])
+            prefills.append(answer["timings"]["prompt_n"])
+            time.sleep(IDLE_S)
+            before.append(saves_of_chat(up))
+            chat(up, "other", [{"role": "user", "content": "hi"}])
+            resident = up.get("/status")["nodes"]["box"]["resident"]
+            assert "chat" not in resident, resident  # it was evicted: no room for both
+            after.append(saves_of_chat(up))
         kv = up.get("/status")["nodes"]["box"]["roles"]["chat"]["kv"]
     finally:
         code = up.stop()
     assert code == 0, up.output()
-    shown = (
-        f"kept {[round(s * 1000) for s in kept]} ms, "
-        f"not kept {[round(s * 1000) for s in not_kept]} ms, "
-        f"prefills {prefills} of {prompt_tokens} tokens"
-    )
+    shown = f"prefills {prefills} of {prompts} tokens, saves {before} then {after}"
+    prompt_tokens = prompts[0]
     assert 3300 <= prompt_tokens <= 4200, shown
     assert prefills[0] >= prompt_tokens - 2, shown  # the first one is cold
     # After each swap the conversation came back from the kept file.
     assert all(p <= 0.05 * prompt_tokens for p in prefills[1:]), shown
     assert kv["last_restore"] == "restored", kv
-    assert statistics.median(kept) <= 1.25 * statistics.median(not_kept) + 0.030, shown
-    # Saved while idle: each answer's save was counted before the eviction that followed.
-    assert saves == list(range(1, SWAPS + 1)), saves
+    # Saved while idle: each answer's save was counted before the eviction that followed,
+    # and the eviction saved nothing more (it only stopped the process).
+    assert before == list(range(1, SWAPS + 1)), shown
+    assert after == before, shown
