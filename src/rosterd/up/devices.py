@@ -121,7 +121,8 @@ class RunDevices:
         or gone is planned from its declared devices again. Returns what a person should
         read: the probes' warnings (one per declared device no probe saw there, naming the
         node), why a probe could not run where devices are declared, and an agent that
-        could not be asked (its declared devices are used). Raises nothing."""
+        could not be asked (its declared devices are used; it is asked again at the next
+        plan). Raises nothing for an agent that cannot answer."""
         live = {n: a for n, a in agents.items() if a.lost_reason is None}
         for name in [n for n, (agent, _, _) in self._by_agent.items() if live.get(n) is not agent]:
             del self._by_agent[name]
