@@ -1,19 +1,23 @@
 """A node agent's devices (issue 29): the agent probes the node it runs on, the head plans
-the node from that probe once its agent joined.
+the node from that probe once its agent joined, and what the agent's backends hold on each
+GPU, read by the agent on its machine, reaches their node with their peaks.
 
 This machine has no GPU: NVML is reached through the stand-in module
 (``support.nvml_stand_in``, put where ``pynvml`` is imported), and ``llama-server
 --list-devices`` through outputs recorded on machines that have GPUs
 (``tests/data/list_devices/``), handed to the real parser. The agent runs in this process,
-as Ray would run it on its node; the head's handle on it stands in for Ray's.
+as Ray would run it on its node (with a real llama-server where it starts a backend); the
+head's handle on it stands in for Ray's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
@@ -24,9 +28,13 @@ from rosterd.backends.node_host import ServingFacts
 from rosterd.devices.pools import NodePools
 from rosterd.errors import AdapterError, NodeUnreachableError
 from rosterd.fleet import Fleet
-from rosterd.fleet.model import Node
+from rosterd.fleet.model import ModelSource, Node
 from rosterd.fleet.reader import parse_fleet
+from rosterd.memory.peaks import MeasuredPeaks
+from rosterd.memory.watch import follow_peaks
 from rosterd.node_agent import AgentBackends, AgentConfig, NodeAgent, ProbedPools
+from rosterd.scheduler.node import NodeScheduler
+from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.up.devices import RunDevices
 from support.nvml_stand_in import StandInGpu, StandInNvml
 
@@ -208,3 +216,101 @@ async def test_an_agent_that_cannot_probe_leaves_its_node_as_declared() -> None:
         ("CUDA0", "declared", 9 * GiB),
         ("CUDA2", "declared", 8 * GiB),
     ]
+
+
+class FarNode:
+    """A node scheduler as the peak recorder tells it (``measured_peak``), with device pools
+    (its snapshot's ``pools``: host and one GPU)."""
+
+    name = "far"
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, int, Mapping[str, int] | None]] = []
+        self.listeners: list[object] = []
+
+    def snapshot(self) -> SimpleNamespace:
+        return SimpleNamespace(pools=("host", "CUDA0"))
+
+    def measured_peak(
+        self, role: str, peak: int, run_peak: int, device_bytes: Mapping[str, int] | None = None
+    ) -> None:
+        self.told.append((role, peak, device_bytes))
+
+
+async def test_what_an_agent_reads_on_its_gpus_reaches_the_node_with_each_peak(
+    tmp_path: Path,
+) -> None:
+    class AgentSource:
+        """Stands in for the head's handle on an agent (``AgentBackends``) whose chat
+        backend holds 6 GiB on its machine's first GPU, as NVML read it there."""
+
+        pids_are_local = False
+
+        async def peak_rss_bytes(self) -> dict[str, int]:
+            return {"chat": 400 * MiB, "voice": 100 * MiB}
+
+        async def device_bytes(self) -> dict[str, dict[str, int]]:
+            return {"chat": {"CUDA0": 6 * GiB}}
+
+    node = FarNode()
+    (recorder,) = follow_peaks(
+        {"far": cast(NodeScheduler, node)},
+        {"far": AgentSource()},
+        [],
+        {"chat": "c1", "voice": "v1"},
+        MeasuredPeaks(tmp_path),
+    )
+    try:
+        await recorder.record()
+    finally:
+        await recorder.finish()
+    assert node.told[:2] == [
+        ("chat", 400 * MiB, {"CUDA0": 6 * GiB}),
+        ("voice", 100 * MiB, None),
+    ]
+
+
+async def test_an_agent_reads_what_its_running_backend_holds_on_each_gpu(
+    tmp_path: Path,
+    tiny_gguf: Path,
+    llama_server_binary: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    far_machine: list[Path],
+) -> None:
+    # A real llama-server started by the agent; NVML's stand-in then says its process
+    # holds 6 GiB on the first GPU, beside another process's 1 GiB.
+    source = ModelSource(path=tiny_gguf, ctx_size=256, parallel=1, extra_args=("-t", "1"))
+    served = dataclasses.replace(fleet(), models={"chat": source}, model_roots=(tiny_gguf.parent,))
+    spec = InferenceSpec(
+        role="chat",
+        flavor=InferFlavor.LLAMACPP,
+        model="tiny-chat",
+        memory=MemorySpec(weights_bytes=GiB // 10),
+    )
+    config = AgentConfig(
+        "far",
+        "127.0.0.1",
+        {"chat": spec},
+        ServingFacts(served),
+        state_root=str(tmp_path / "state"),
+        auto_ports=True,
+        grace_s=5.0,
+    )
+    agent = NodeAgent(config)
+    await agent.open()
+    try:
+        await agent.start("chat")
+        pid = (await agent.backend_pids())["chat"]
+        gpus = [
+            StandInGpu("NVIDIA GeForce RTX 3080 Ti", 11909 * MiB, 7 * GiB, "00:01.0"),
+            StandInGpu("NVIDIA RTX PRO 4000 Blackwell", 24026 * MiB, 0, "00:02.0"),
+        ]
+        gpus[0].processes = {pid: 6 * GiB, 7: GiB}
+        monkeypatch.setitem(sys.modules, "pynvml", StandInNvml(gpus))
+        assert await agent.device_bytes() == {"chat": {"CUDA0": 6 * GiB}}
+        # Probed now, what its own backend holds is not others': CUDA0 counts 10 GiB
+        # declared, less 1 reserved, less the other process's 1 GiB.
+        probed = await agent.pools(fleet().node("far"))
+        assert devices_of(probed.pools)[0] == ("CUDA0", "declared, probed", 8 * GiB)
+    finally:
+        await agent.close()

@@ -14,8 +14,9 @@ crosses Ray as a :class:`CarriedError`, which the head
 
 The agent also reads its node's devices for the head (issue 29): :meth:`NodeAgent.pools`
 probes them there (``llama-server --list-devices`` and NVML, as ``rosterd up`` probes its
-own machine: :func:`rosterd.devices.probe.probe_node`), off the actor's event loop, and
-answers a plain picklable value.
+own machine: :func:`rosterd.devices.probe.probe_node`) and :meth:`NodeAgent.device_bytes`
+reads what each of its backends holds on each NVIDIA GPU (NVML, per process). Both run
+off the actor's event loop and answer plain picklable values.
 
 ``NodeAgent`` does not import Ray: ``rosterd.ray_cluster`` makes it an actor.
 """
@@ -35,6 +36,7 @@ from rosterd.backends.interface import Endpoint
 from rosterd.backends.kv_keep import DEFAULT_KV_DISK_BYTES
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost, ServingFacts, weights_resolver
+from rosterd.devices.nvml import held_by_roles, read_nvml
 from rosterd.devices.pools import NodePools
 from rosterd.devices.probe import probe_node
 from rosterd.errors import CarriedError, NodeAgentError, RosterdError
@@ -236,6 +238,15 @@ class NodeAgent:
         own_pids = frozenset((await self.backend_pids()).values())
         found, notes = await asyncio.to_thread(probe_node, node, own_pids)
         return ProbedPools(found, notes)
+
+    async def device_bytes(self) -> dict[str, dict[str, int]]:
+        """Role -> device id (``CUDA<index>``) -> bytes its backend's process holds on that
+        NVIDIA GPU of this node now (NVML's per-process figure, read off the event loop);
+        ``{}`` with no backend running, and on a machine NVML cannot read."""
+        pids = await self.backend_pids()
+        if not pids:
+            return {}
+        return held_by_roles(await asyncio.to_thread(read_nvml), pids)
 
     async def kept_kv(self) -> dict[str, dict[str, object]]:
         """Role -> what this node keeps of its KV cache (``SupervisorBackends.kept_kv``:
