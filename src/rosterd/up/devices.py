@@ -67,8 +67,8 @@ class RunDevices:
         self._by_agent: dict[str, tuple[AgentBackends, Node, NodePools]] = {}
 
     def find_pools(self, fleet: Fleet) -> tuple[str, ...]:
-        """Find each node's pools (blocking: run it off the event loop): this machine's
-        nodes by probe, a node agent's as its agent probed it (:meth:`probe_agents`), the
+        """Find each node's pools (blocking: run it off the event loop): a node agent's as
+        its agent probed it (:meth:`probe_agents`), this machine's other nodes by probe, the
         others from the fleet file alone. This machine is probed once per run, and again
         when a reload's fleet names other nodes or declares other devices (the probe then
         reads what is free now). Returns what a person should read: one warning per declared
@@ -80,10 +80,11 @@ class RunDevices:
             said = self._probe_here(fleet)
         pools: dict[str, NodePools] = {}
         for node in fleet.nodes:
-            probed = self._here.get(node.name)
+            # A node an agent runs is its agent's to probe, even on this machine (a Ray node
+            # here): the agent knows its own backends, whose GPU memory is not others'.
             by_agent = self._by_agent.get(node.name)
-            if probed is None and by_agent is not None and by_agent[1] == node:
-                probed = by_agent[2]
+            probed = by_agent[2] if by_agent is not None and by_agent[1] == node else None
+            probed = probed if probed is not None else self._here.get(node.name)
             pools[node.name] = probed if probed is not None else node_pools(node, probed=False)
         self.pools = pools
         return said
