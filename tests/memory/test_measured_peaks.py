@@ -187,12 +187,16 @@ async def test_what_a_backend_holds_on_each_gpu_goes_to_the_node_with_its_peak(
     held = held_by_roles(read_nvml(nvml), {"chat": 401, "voice": 402})
     assert held == {"chat": {"CUDA0": 6 * gib}}
     node = _Node()
+
+    async def held_now() -> dict[str, dict[str, int]]:
+        return held
+
     recorder = PeakRecorder(
         cast(NodeScheduler, node),
         _Peaks({"chat": 400, "voice": 100}),
         MeasuredPeaks(tmp_path),
         {"chat": "c1", "voice": "v1"},
-        device_bytes=lambda: held,
+        device_bytes=held_now,
     )
     await recorder.record()
     assert node.told == [("chat", 400, 400, {"CUDA0": 6 * gib}), ("voice", 100, 100, None)]

@@ -13,6 +13,7 @@ The Ray tests skip with the reason when Ray (the ``ray`` extra) is missing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import pickle
 import signal
@@ -34,6 +35,7 @@ from rosterd.errors import (
     WeightsError,
 )
 from rosterd.fleet import Fleet, ModelSource, Node, Platform
+from rosterd.fleet.model import DeviceSpec
 from rosterd.fleet_scheduler.effects import DropAgents, StartAgents
 from rosterd.fleet_scheduler.values import NodeRun, NodeServing
 from rosterd.metrics import RosterdMetrics
@@ -466,6 +468,33 @@ async def test_a_node_error_is_raised_on_the_head_as_itself(
         assert caught.value.lock_path == tmp_path / "state" / "nodes" / "worker" / "rosterd.lock"
         assert caught.value.owner_pid == (backends.info.pid if backends.info else None)
         assert second.agents == {}
+    finally:
+        await lab.close()
+
+
+@pytest.mark.slow
+@needs_ray
+async def test_an_agent_probes_its_own_node_and_its_pools_cross_ray(
+    cluster: Any, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    # The worker's agent probes the worker's machine (this one: no GPU, so no probe sees
+    # the declared CUDA0): the declared device comes back as declared, with the warning
+    # naming the node, and nothing is held on any GPU.
+    fleet = fleet_of({"worker": WORKER_IP}, tiny_gguf, [])
+    gpu = DeviceSpec(id="CUDA0", memory_bytes=4 * GB, reserved_bytes=GB)
+    worker = dataclasses.replace(fleet.node("worker"), devices=(gpu,))
+    lab = Lab(cluster.address, dataclasses.replace(fleet, nodes=(worker,)))
+    try:
+        backends = await lab.start("worker", {}, state_root=str(tmp_path / "state"))
+        probed = await backends.pools(worker)
+        assert [(p.id, p.source, p.capacity_bytes) for p in probed.pools.devices()] == [
+            ("CUDA0", "declared", 3 * GB)
+        ]
+        assert probed.pools.warnings == (
+            "node worker: device CUDA0 is declared in the fleet file but no probe sees it "
+            "(llama-server --list-devices, NVML); it is used as declared",
+        )
+        assert await backends.device_bytes() == {}
     finally:
         await lab.close()
 

@@ -23,6 +23,7 @@ from rosterd.backends.values import BackendEvent, Endpoint, KeptKv, ProbeResult
 __all__ = [
     "BackendEvent",
     "BackendEventSource",
+    "DeviceBytesSource",
     "Endpoint",
     "IdleKvSaver",
     "KeptKv",
@@ -128,6 +129,18 @@ class PeakSource(Protocol):
         size the server reports holding for its model (ollama's ``/api/ps`` ``size``),
         the largest seen.
         """
+        ...
+
+
+@runtime_checkable
+class DeviceBytesSource(Protocol):
+    """Backends whose processes run on another machine and read, there, what each holds on
+    that machine's NVIDIA GPUs (a node agent's; this machine's backends are read here, by
+    their pids)."""
+
+    async def device_bytes(self) -> dict[str, dict[str, int]]:
+        """Role -> device id (``CUDA<index>``) -> bytes its backend's process holds on that
+        GPU now (NVML, per process); roles holding nothing on any GPU are left out."""
         ...
 
 

@@ -4,18 +4,22 @@
 few seconds at most: the backends initialise and print, nothing is loaded) and returns
 what it printed, stdout and stderr together as llama.cpp mixes them, or ``None`` with
 the reason when it could not run. :func:`probe_pools` turns that and NVML's reading into
-the node's pools (:mod:`rosterd.devices.pools`).
+the node's pools (:mod:`rosterd.devices.pools`). :func:`probe_node` is how a node agent
+probes the node it runs on: the same probes, run where ``rosterd up`` would run them for a
+node of its own machine (a declared device, or an NVIDIA GPU NVML finds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 
-from rosterd.adapters.llamacpp import help_lists_fit
+from rosterd.adapters.llamacpp import find_llama_server, help_lists_fit
 from rosterd.devices.listing import ListedDevice, parse_list_devices
-from rosterd.devices.nvml import read_nvml
+from rosterd.devices.nvml import NvmlReading, read_nvml
 from rosterd.devices.pools import NodePools, node_pools
+from rosterd.errors import AdapterError
 from rosterd.fleet.model import Node
 
 #: Seconds ``--list-devices`` may take: CUDA's initialisation takes a second or two.
@@ -43,11 +47,15 @@ def list_devices_text(
 
 
 def probe_pools(
-    node: Node, llama_server: Path | None, own_pids: frozenset[int] = frozenset()
+    node: Node,
+    llama_server: Path | None,
+    own_pids: frozenset[int] = frozenset(),
+    nvml: NvmlReading | None = None,
 ) -> tuple[NodePools, tuple[str, ...]]:
     """``node``'s pools on this machine: its declared devices plus what ``llama_server``
-    lists and NVML reads. Returns the pools and notes on probes that could not run
-    (never raises for a missing binary, driver or GPU)."""
+    lists and NVML reads (``nvml``: a reading already taken; ``None``: read now). Returns
+    the pools and notes on probes that could not run (never raises for a missing binary,
+    driver or GPU)."""
     notes: list[str] = []
     listed: tuple[ListedDevice, ...] = ()
     if llama_server is not None:
@@ -56,8 +64,29 @@ def probe_pools(
             notes.append(why or "llama-server --list-devices did not run")
         else:
             listed = parse_list_devices(text)
-    reading = read_nvml()
+    reading = read_nvml() if nvml is None else nvml
     return node_pools(node, listed, reading.devices, own_pids), tuple(notes)
+
+
+def probe_node(
+    node: Node, own_pids: frozenset[int] = frozenset()
+) -> tuple[NodePools, tuple[str, ...]]:
+    """``node``'s pools probed on this machine, the one it runs on (blocking: a few seconds
+    at most), as ``rosterd up`` probes its own machine's nodes: only where ``node`` declares
+    a device or NVML finds a GPU (else host RAM alone, without running llama-server), with
+    this machine's ``llama-server`` (``find_llama_server``; none: NVML and the declaration
+    alone). ``own_pids``: rosterd's backends on this machine (what they hold on a GPU is
+    not others'). Returns the pools (with one warning per declared device no probe saw)
+    and, where ``node`` declares devices, why a probe could not run. Never raises for a
+    missing binary, driver or GPU."""
+    reading = read_nvml()
+    if not node.devices and not reading.devices:
+        return node_pools(node, probed=False), ()
+    binary = None
+    with contextlib.suppress(AdapterError):  # no llama.cpp here: NVML, the fleet file
+        binary = find_llama_server()
+    found, notes = probe_pools(node, binary, own_pids, reading)
+    return found, notes if node.devices else ()
 
 
 def server_lists_fit(llama_server: Path, timeout_s: float = LIST_DEVICES_TIMEOUT_S) -> bool:

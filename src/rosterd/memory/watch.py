@@ -20,6 +20,11 @@ fingerprint, so a peak measured with old settings is never stored under new ones
 A peak that cannot be stored is said once through ``on_error`` and the run
 goes on: the figure only ever adds evidence.
 
+With each peak goes what the role's backend holds on each NVIDIA GPU (NVML, per process,
+issue 29), where its node has device pools: this machine's backends are read here by
+their pids (:func:`nvml_device_bytes`), a node agent's on its node by the agent
+(``DeviceBytesSource``: :func:`agent_device_bytes`).
+
 Each peak read also goes to the node, as an event (``NodeScheduler.measured_peak``):
 what ``/status`` shows of it, and whether the role's count follows it at once
 (``MEASURED_OVER_COUNTED``), are the node machine's to decide. Nothing here writes
@@ -32,9 +37,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from rosterd.backends.interface import PeakSource
+from rosterd.backends.interface import DeviceBytesSource, PeakSource
 from rosterd.devices.nvml import NvmlReading, held_by_roles, read_nvml
 from rosterd.errors import MeasuredPeaksError
 from rosterd.memory.peaks import MeasuredPeaks
@@ -51,8 +56,9 @@ class PeakRecorder:
     its backends boundary; ``peaks``: the state
     folder's measured peaks; ``fingerprints``: role -> the run fingerprint
     (roles not named are not recorded); ``wall_clock``: seconds since the epoch;
-    ``device_bytes``: reads role -> device id -> bytes its backend holds there now (NVML,
-    :func:`nvml_device_bytes`), told to the node with each peak (``None``: not read).
+    ``device_bytes``: reads role -> device id -> bytes its backend holds there now (NVML:
+    :func:`nvml_device_bytes` here, :func:`agent_device_bytes` on an agent's node), told to
+    the node with each peak (``None``: not read).
     """
 
     def __init__(
@@ -65,7 +71,7 @@ class PeakRecorder:
         interval_s: float = 10.0,
         on_error: Callable[[str], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
-        device_bytes: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
+        device_bytes: Callable[[], Awaitable[Mapping[str, Mapping[str, int]]]] | None = None,
     ) -> None:
         self.node = node
         self._device_bytes = device_bytes
@@ -129,7 +135,7 @@ class PeakRecorder:
         on_devices: Mapping[str, Mapping[str, int]] = {}
         if self._device_bytes is not None:
             try:
-                on_devices = self._device_bytes()
+                on_devices = await self._device_bytes()
             except Exception as exc:  # the reading only adds evidence: the peaks go on
                 log.warning("node %s: cannot read the devices: %s", self.node.name, exc)
         for role, peak in sorted(found.items()):
@@ -193,14 +199,13 @@ def follow_peaks(
         if name in following and following[name].node is node:
             following[name].add_source(source, fingerprints)
             continue
-        local = bool(getattr(source, "pids_are_local", False))
+        device_bytes = None
+        if getattr(source, "pids_are_local", False):
+            device_bytes = nvml_device_bytes(node)
+        elif isinstance(source, DeviceBytesSource):
+            device_bytes = agent_device_bytes(node, source)
         recorder = PeakRecorder(
-            node,
-            source,
-            peaks,
-            fingerprints,
-            on_error=on_error,
-            device_bytes=nvml_device_bytes(node) if local else None,
+            node, source, peaks, fingerprints, on_error=on_error, device_bytes=device_bytes
         )
         recorder.start()
         added.append(recorder)
@@ -209,17 +214,33 @@ def follow_peaks(
 
 def nvml_device_bytes(
     node: NodeScheduler, read: Callable[[], NvmlReading] = read_nvml
-) -> Callable[[], dict[str, dict[str, int]]]:
+) -> Callable[[], Awaitable[dict[str, dict[str, int]]]]:
     """A reader of what ``node``'s backends hold on each NVIDIA GPU (role -> device id ->
     bytes, NVML's per-process figure, issue 29) for a node whose backends are processes of
-    this machine; it reads nothing on a node without device pools. ``read``: NVML's
-    reading (a stand-in in tests)."""
+    this machine, read off the event loop; it reads nothing on a node without device pools.
+    ``read``: NVML's reading (a stand-in in tests)."""
 
-    def held() -> dict[str, dict[str, int]]:
+    async def held() -> dict[str, dict[str, int]]:
         view = node.snapshot()
         if len(view.pools) <= 1:
             return {}
         pids = {role: info.pid for role, info in view.roles.items() if info.pid is not None}
-        return held_by_roles(read(), pids)
+        return held_by_roles(await asyncio.to_thread(read), pids)
+
+    return held
+
+
+def agent_device_bytes(
+    node: NodeScheduler, source: DeviceBytesSource
+) -> Callable[[], Awaitable[dict[str, dict[str, int]]]]:
+    """A reader of what ``node``'s backends hold on each NVIDIA GPU of its machine (role ->
+    device id -> bytes) for a node a node agent runs: the agent reads NVML there, by its
+    backends' pids (``source``: its ``AgentBackends``); it asks nothing of a node without
+    device pools."""
+
+    async def held() -> dict[str, dict[str, int]]:
+        if len(node.snapshot().pools) <= 1:
+            return {}
+        return await source.device_bytes()
 
     return held

@@ -12,6 +12,12 @@ the node (``WeightsError``, ``PortInUseError``, ``BackendStartError`` ...)
 crosses Ray as a :class:`CarriedError`, which the head
 (:mod:`rosterd.node_agent.head`) raises as itself, same class and attributes.
 
+The agent also reads its node's devices for the head (issue 29): :meth:`NodeAgent.pools`
+probes them there (``llama-server --list-devices`` and NVML, as ``rosterd up`` probes its
+own machine: :func:`rosterd.devices.probe.probe_node`) and :meth:`NodeAgent.device_bytes`
+reads what each of its backends holds on each NVIDIA GPU (NVML, per process). Both run
+off the actor's event loop and answer plain picklable values.
+
 ``NodeAgent`` does not import Ray: ``rosterd.ray_cluster`` makes it an actor.
 """
 
@@ -30,7 +36,11 @@ from rosterd.backends.interface import Endpoint
 from rosterd.backends.kv_keep import DEFAULT_KV_DISK_BYTES
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost, ServingFacts, weights_resolver
+from rosterd.devices.nvml import held_by_roles, read_nvml
+from rosterd.devices.pools import NodePools
+from rosterd.devices.probe import probe_node
 from rosterd.errors import CarriedError, NodeAgentError, RosterdError
+from rosterd.fleet.model import Node
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, ProbeResult, default_state_dir
 
@@ -78,6 +88,18 @@ class AgentInfo:
     state_dir: str
     reaped: tuple[int, ...]
     kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedPools:
+    """A node's pools as its agent probed them on the node (:meth:`NodeAgent.pools`):
+    ``pools``: the node's declared devices merged with what ``llama-server --list-devices``
+    and NVML found there (``rosterd.devices.pools.node_pools``; its ``warnings``: one per
+    declared device no probe saw); ``notes``: why a probe could not run there, where the
+    node declares devices."""
+
+    pools: NodePools
+    notes: tuple[str, ...] = ()
 
 
 def _carry_errors(
@@ -205,6 +227,26 @@ class NodeAgent:
         if self._backends is None:
             return {}
         return await self._backends.peak_rss_bytes()
+
+    async def pools(self, node: Node) -> ProbedPools:
+        """``node``'s pools (``node``: this agent's fleet node, as the head's fleet file
+        declares it) probed on this machine, off the event loop (a few seconds at most:
+        ``llama-server --list-devices``, NVML), as ``rosterd up`` probes its own machine's
+        nodes (:func:`~rosterd.devices.probe.probe_node`); what this agent's backends hold
+        on a GPU is not counted as others'. Never raises for a missing binary, driver or GPU.
+        """
+        own_pids = frozenset((await self.backend_pids()).values())
+        found, notes = await asyncio.to_thread(probe_node, node, own_pids)
+        return ProbedPools(found, notes)
+
+    async def device_bytes(self) -> dict[str, dict[str, int]]:
+        """Role -> device id (``CUDA<index>``) -> bytes its backend's process holds on that
+        NVIDIA GPU of this node now (NVML's per-process figure, read off the event loop);
+        ``{}`` with no backend running, and on a machine NVML cannot read."""
+        pids = await self.backend_pids()
+        if not pids:
+            return {}
+        return held_by_roles(await asyncio.to_thread(read_nvml), pids)
 
     async def kept_kv(self) -> dict[str, dict[str, object]]:
         """Role -> what this node keeps of its KV cache (``SupervisorBackends.kept_kv``:

@@ -31,7 +31,8 @@ from rosterd.errors import (
     NodeUnreachableError,
     RosterdError,
 )
-from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo
+from rosterd.fleet.model import Node
+from rosterd.node_agent.actor import EVENT_POLL_S, AgentInfo, ProbedPools
 from rosterd.spec import InferenceSpec
 from rosterd.supervisor import BackendEvent, ProbeResult
 
@@ -104,7 +105,9 @@ class AgentBackends:
     ``on_lost(node, reason)``: told once when the node is taken as lost.
 
     ``start`` returns an ``Endpoint`` whose ``pid`` is ``None`` (the process is
-    not on this machine; :meth:`measured_bytes` gives its RSS). What the node keeps of
+    not on this machine; :meth:`measured_bytes` gives its RSS, :meth:`device_bytes` what it
+    holds on the node's NVIDIA GPUs). :meth:`pools` asks the agent for its node's devices,
+    probed there. What the node keeps of
     each role's KV cache (:meth:`kept_kv`) is asked of the agent after every start and
     stop (:meth:`refresh_kept`): it changes only then. After the node
     is lost (:meth:`lost`), ``start`` raises ``NodeLostError``, ``stop`` returns
@@ -249,6 +252,29 @@ class AgentBackends:
             return {}
         peaks: dict[str, int] = await self.call(self._actor.peak_rss_bytes.remote())
         return peaks
+
+    async def pools(self, node: Node) -> ProbedPools:
+        """``node``'s pools (``node``: this agent's fleet node as the fleet file declares it)
+        probed on the node by its agent (``NodeAgent.pools``): ``llama-server
+        --list-devices`` and NVML there, merged with ``node``'s declared devices.
+
+        Raises:
+            NodeLostError: the node (or its agent) is gone.
+            NodeUnreachableError: the agent cannot be reached.
+            NodeAgentError: the agent failed otherwise.
+        """
+        self._check_not_lost()
+        probed: ProbedPools = await self.call(self._actor.pools.remote(node))
+        return probed
+
+    async def device_bytes(self) -> dict[str, dict[str, int]]:
+        """Role -> device id -> bytes its backend holds on that NVIDIA GPU of the node now,
+        read there by NVML, per process (``rosterd.backends.interface.DeviceBytesSource``;
+        ``{}`` when lost, or where NVML reads nothing)."""
+        if self._lost_reason is not None:
+            return {}
+        held: dict[str, dict[str, int]] = await self.call(self._actor.device_bytes.remote())
+        return held
 
     def kept_kv(self, role: str) -> KeptKv | None:
         """What the node keeps of ``role``'s KV cache (``KeptKvSource``), as the agent said

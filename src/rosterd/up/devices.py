@@ -9,13 +9,17 @@ used as declared, with one warning) and keeps them for the run. Each plan then p
 roles that use a device on one (:func:`rosterd.placement.devices.place_on_devices`); what
 it decided reaches the node machines as their device pools (``DevicePool``: a load needs
 room in every pool its role uses) and the launches as their pins (``--device``, ``-ngl``,
-``--fit off`` where the build lists it). Nodes of other machines (a node agent's) are
-planned from their declared devices alone. A fleet with no devices on a machine with none
-has the host pool alone: every plan, load and launch is as it was.
+``--fit off`` where the build lists it). A node that a node agent runs on Ray is probed
+on its own machine by its agent (:meth:`RunDevices.probe_agents`: ``NodeAgent.pools``, the
+same probes), once it joined and again when a reload declares other devices for it, and
+its pools are merged with its declared devices the same way; until its agent joined, and
+once it is lost, it is planned from its declared devices alone. A fleet with no devices
+on a machine with none has the host pool alone: every plan, load and launch is as it was.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
@@ -23,19 +27,26 @@ from collections.abc import Mapping, Sequence
 from rosterd.adapters.llamacpp import find_llama_server, pinned_args
 from rosterd.devices.nvml import read_nvml
 from rosterd.devices.pools import NodePools, node_pools, with_counted_devices
-from rosterd.devices.probe import probe_pools, server_lists_fit
-from rosterd.errors import AdapterError
+from rosterd.devices.probe import LIST_DEVICES_TIMEOUT_S, probe_pools, server_lists_fit
+from rosterd.errors import AdapterError, RosterdError
 from rosterd.flavors import DeviceUse
 from rosterd.fleet import Fleet
 from rosterd.fleet.addresses import is_this_machine
+from rosterd.fleet.model import Node
 from rosterd.fleet_scheduler.values import MemoryFigures, NodeServing
 from rosterd.memory.by_pool import device_needs
 from rosterd.memory.gathering import RosterMemory
+from rosterd.node_agent import AgentBackends, ProbedPools
 from rosterd.placement import Plan
 from rosterd.placement.device_need import DeviceNeed
 from rosterd.placement.devices import DevicePlan, place_on_devices
 from rosterd.scheduler.values import DevicePool
 from rosterd.spec import InferenceSpec
+
+#: How long an agent's probe of its node may take, seconds: its ``--list-devices`` (bounded
+#: by ``LIST_DEVICES_TIMEOUT_S`` there), NVML and the call over Ray; past it, the node's
+#: declared devices are used and the plan goes on.
+AGENT_PROBE_TIMEOUT_S: float = LIST_DEVICES_TIMEOUT_S + 15.0
 
 
 class RunDevices:
@@ -51,41 +62,101 @@ class RunDevices:
         self.plan: DevicePlan | None = None
         self.fit_flag = False
         self._declared: tuple[object, ...] | None = None
+        self._here: dict[str, NodePools] = {}  # this machine's nodes, as last probed
+        # node -> (the agent that probed it, the node as then declared, its pools)
+        self._by_agent: dict[str, tuple[AgentBackends, Node, NodePools]] = {}
 
     def find_pools(self, fleet: Fleet) -> tuple[str, ...]:
-        """Find each node's pools (blocking: run it off the event loop): this machine's
-        nodes by probe, the others from the fleet file alone; once per run, and again when
-        a reload's fleet names other nodes or declares other devices (the probe then reads
-        what is free now). Returns what a person should read: one warning per declared
+        """Find each node's pools (blocking: run it off the event loop): a node agent's as
+        its agent probed it (:meth:`probe_agents`), this machine's other nodes by probe, the
+        others from the fleet file alone. This machine is probed once per run, and again
+        when a reload's fleet names other nodes or declares other devices (the probe then
+        reads what is free now). Returns what a person should read: one warning per declared
         device no probe saw, and why a probe could not run where devices are declared."""
+        said: tuple[str, ...] = ()
         declared = tuple((n.name, n.address, n.devices) for n in fleet.nodes)
-        if self.pools is not None and declared == self._declared:
-            return ()
-        self._declared = declared
+        if self.pools is None or declared != self._declared:
+            self._declared = declared
+            said = self._probe_here(fleet)
+        pools: dict[str, NodePools] = {}
+        for node in fleet.nodes:
+            # A node an agent runs is its agent's to probe, even on this machine (a Ray node
+            # here): the agent knows its own backends, whose GPU memory is not others'.
+            by_agent = self._by_agent.get(node.name)
+            probed = by_agent[2] if by_agent is not None and by_agent[1] == node else None
+            probed = probed if probed is not None else self._here.get(node.name)
+            pools[node.name] = probed if probed is not None else node_pools(node, probed=False)
+        self.pools = pools
+        return said
+
+    def _probe_here(self, fleet: Fleet) -> tuple[str, ...]:
+        """Probe this machine's nodes of ``fleet`` (see :meth:`find_pools`)."""
+        self._here = {}
         here = [n for n in fleet.nodes if is_this_machine(n.address)]
         if not any(n.devices for n in here) and not read_nvml().devices:
             # Nothing declared here and no NVIDIA GPU: host RAM alone, as always, without
             # running llama-server before the run has even bound its port.
-            self.pools = {n.name: node_pools(n, probed=False) for n in fleet.nodes}
             return ()
         binary = None
         with contextlib.suppress(AdapterError):  # no llama.cpp here: NVML, the fleet file
             binary = find_llama_server()
         said: list[str] = []
-        pools: dict[str, NodePools] = {}
-        for node in fleet.nodes:
-            if node not in here:
-                pools[node.name] = node_pools(node, probed=False)
-                continue
+        for node in here:
             found, notes = probe_pools(node, binary)
-            pools[node.name] = found
+            self._here[node.name] = found
             said.extend(found.warnings)
             if node.devices:
                 said.extend(notes)
-        if binary is not None and any(p.devices() for p in pools.values()):
+        has_devices = any(p.devices() for p in self._here.values())
+        if binary is not None and (has_devices or any(n.devices for n in fleet.nodes)):
             self.fit_flag = server_lists_fit(binary)
-        self.pools = pools
         return tuple(dict.fromkeys(said))
+
+    async def probe_agents(
+        self, fleet: Fleet, agents: Mapping[str, AgentBackends]
+    ) -> tuple[str, ...]:
+        """Ask each of ``agents`` (node -> its joined agent) for its node's pools, probed on
+        its machine (``AgentBackends.pools``, all at once, each within
+        ``AGENT_PROBE_TIMEOUT_S``), where that agent has not probed the node as ``fleet``
+        declares it yet; the next :meth:`find_pools` counts them. A node whose agent is lost
+        or gone is planned from its declared devices again. Returns what a person should
+        read: the probes' warnings (one per declared device no probe saw there, naming the
+        node), why a probe could not run where devices are declared, and an agent that
+        could not be asked (its declared devices are used; it is asked again at the next
+        plan). Raises nothing for an agent that cannot answer."""
+        live = {n: a for n, a in agents.items() if a.lost_reason is None}
+        for name in [n for n, (agent, _, _) in self._by_agent.items() if live.get(n) is not agent]:
+            del self._by_agent[name]
+        asked: list[tuple[str, AgentBackends, Node]] = []
+        for node in fleet.nodes:
+            agent = live.get(node.name)
+            known = self._by_agent.get(node.name)
+            if agent is not None and (known is None or known[1] != node):
+                asked.append((node.name, agent, node))
+        results = await asyncio.gather(
+            *(self._ask(agent, node) for _, agent, node in asked), return_exceptions=True
+        )
+        said: list[str] = []
+        for (name, agent, node), result in zip(asked, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, (RosterdError, TimeoutError)):
+                    raise result
+                self._by_agent.pop(name, None)
+                why = str(result) or f"no answer within {AGENT_PROBE_TIMEOUT_S:g} s"
+                said.append(
+                    f"node {name}: its agent could not probe its devices ({why}); "
+                    "its declared devices are used"
+                )
+                continue
+            self._by_agent[name] = (agent, node, result.pools)
+            said.extend(result.pools.warnings)
+            said.extend(result.notes)
+        return tuple(dict.fromkeys(said))
+
+    @staticmethod
+    async def _ask(agent: AgentBackends, node: Node) -> ProbedPools:
+        async with asyncio.timeout(AGENT_PROBE_TIMEOUT_S):
+            return await agent.pools(node)
 
     def counted(self, fleet: Fleet) -> Fleet:
         """``fleet`` with each node's devices as counted (:func:`with_counted_devices`)."""

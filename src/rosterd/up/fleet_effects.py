@@ -216,7 +216,10 @@ class UpFleetEffects:
     # ---- the effects ------------------------------------------------------------------
 
     async def solve(self, effect: Solve) -> tuple[Plan, Plan]:
-        """The plans of ``effect``, the solver run off the loop (up to its time limit)."""
+        """The plans of ``effect``, the solver run off the loop (up to its time limit); each
+        node's pools found first (a joined agent's probed on its node)."""
+        for warning in await self.devices.probe_agents(effect.fleet, self._agents):
+            self.reporter.say(Level.WARNING, warning)
         for warning in await asyncio.to_thread(self.devices.find_pools, effect.fleet):
             self.reporter.say(Level.WARNING, warning)
         fleet = self.devices.counted(effect.fleet)
