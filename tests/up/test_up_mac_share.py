@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import rosterd.up.devices as run_devices
+from rosterd.cli.client_cmd import _pool_lines
 from rosterd.devices.listing import parse_list_devices
 from rosterd.devices.pools import NodePools, node_pools
 from rosterd.errors import AdapterError
@@ -84,3 +85,13 @@ def test_up_holds_mlx_roles_to_the_share_the_macs_probe_lists(
 def test_up_without_mlx_roles_leaves_the_mac_as_it_was(tmp_path: Path) -> None:
     _, fleet = up_config.read_files(_files(tmp_path, "llama.cpp"))
     assert fleet.node("studio").devices == ()
+
+
+def test_ps_says_where_a_default_share_comes_from() -> None:
+    pool = {"capacity_bytes": 96 * GiB, "resident_bytes": 0, "roles": {"writer": 60 * GiB}}
+    default = {"declared_bytes": None, "probed_total_bytes": None, "source": "default"}
+    probed = {"declared_bytes": None, "probed_total_bytes": 96 * GiB, "source": "probed"}
+    (line,) = _pool_lines({"pools": {"MTL0": {**pool, **default}}})
+    assert "(Metal's default share); placed there: writer 60.00" in line
+    (line,) = _pool_lines({"pools": {"MTL0": {**pool, **probed}}})
+    assert "(probed 96.00 GiB)" in line
