@@ -74,6 +74,7 @@ def test_four_14_gib_interactive_roles_one_24_gib_gpu_one_placed_and_why_not_the
         "peak_bytes": 14 * GB,
         "always_resident": [placed],
         "swappable": [],
+        "source": "declared",
     }
     assert doc["device_of"] == {
         placed: {

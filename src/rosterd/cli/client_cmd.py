@@ -241,8 +241,8 @@ def ps_cmd(
 
 def _pool_lines(node: dict[str, Any]) -> list[str]:
     """One line per device pool of a node (``pools`` beside host RAM): what counts
-    resident there against its capacity, where the figure comes from (declared, probed)
-    and each role's bytes there."""
+    resident there against its capacity, where the figure comes from (declared, probed,
+    or a Mac's default GPU share) and each role's bytes there."""
     lines: list[str] = []
     for device, pool in (node.get("pools") or {}).items():
         if device == "host" or not isinstance(pool, dict):
@@ -250,7 +250,11 @@ def _pool_lines(node: dict[str, Any]) -> list[str]:
         declared, probed = pool.get("declared_bytes"), pool.get("probed_total_bytes")
         origin = [f"declared {_gib(declared)} GiB"] if isinstance(declared, int) else []
         origin.append(
-            f"probed {_gib(probed)} GiB" if isinstance(probed, int) else "no probe sees it"
+            f"probed {_gib(probed)} GiB"
+            if isinstance(probed, int)
+            else "Metal's default share"
+            if pool.get("source") == "default"
+            else "no probe sees it"
         )
         roles = ", ".join(f"{r} {_gib(b)}" for r, b in (pool.get("roles") or {}).items())
         lines.append(

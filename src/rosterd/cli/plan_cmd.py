@@ -17,12 +17,14 @@ ports are not used). ``--json`` prints ``{"placements": {role: node}, "unplaced"
 ``RoleMemory.as_json``). Measured peaks are read from the state folder ``rosterd up``
 writes them to (``--state-dir``, default ``$XDG_STATE_HOME/rosterd``).
 
-A fleet whose nodes declare devices (``devices:``) is planned by pool
-(``rosterd.placement.devices``): under each such node, one line per device with its
-roles (resident always, or swapped one at a time) and a bar of its peak against its
-capacity, and each partially offloaded role with its layer count; ``--json`` adds
-``"devices": {node: {device: {"capacity_bytes": n, "peak_bytes": n, "always_resident":
-[...], "swappable": [...]}}}`` and ``"device_of": {role: {node: {"device": id or null,
+A fleet whose nodes declare devices (``devices:``), or whose Macs get a default GPU share
+for the roster's mlx_lm roles (``rosterd.devices.pools.with_default_gpu_shares``), is
+planned by pool (``rosterd.placement.devices``): under each such node, one line per device
+with its roles (resident always, or swapped one at a time) and a bar of its peak against
+its capacity (a default share says so, and how to declare another), and each partially
+offloaded role with its layer count; ``--json`` adds ``"devices": {node: {device:
+{"capacity_bytes": n, "peak_bytes": n, "always_resident": [...], "swappable": [...],
+"source": "declared" or "default"}}}`` and ``"device_of": {role: {node: {"device": id or null,
 "gpu_layers": n or null, "layers": n or null, "device_bytes": n}}}``. A fleet without
 devices plans, prints and exits exactly as before.
 
@@ -87,6 +89,7 @@ def plan_to_json(
                     "peak_bytes": pool.peak_bytes,
                     "always_resident": list(pool.always_resident),
                     "swappable": list(pool.swappable),
+                    "source": pool.source,
                 }
                 for device, pool in pools.items()
             }
@@ -217,6 +220,11 @@ def _render_devices(console: Console, node: str, devices: DevicePlan) -> None:
         line.append(f"; resident always: {always}")
         if swapped:
             line.append(f"; swapped one at a time as room allows: {swapped}")
+        if pool.source == "default":
+            line.append(
+                "; Metal's default GPU share (2/3 of memory up to 36 GiB, 3/4 above; "
+                "declare gpu_share_gb to override)"
+            )
         console.print(line)
     for (role, where), choice in sorted(devices.choices.items()):
         if where != node:
@@ -279,6 +287,7 @@ def plan_cmd(
     role cannot be placed."""
     if as_json:
         errors_as_json(ctx)
+    from rosterd.devices.pools import with_default_gpu_shares
     from rosterd.fleet.local import local_fleet
     from rosterd.fleet.reader import load_fleet
     from rosterd.memory.gathering import gather_memory
@@ -291,6 +300,7 @@ def plan_cmd(
     nodes = load_fleet(fleet) if fleet is not None else local_fleet()
     as_imported = load_roster(roster, overlay)
     imported = separate_aliases(as_imported, nodes)
+    nodes = with_default_gpu_shares(nodes, {s.spec.flavor for s in imported.specs})
     memory = gather_memory(imported, nodes, state_dir or default_state_dir())
     # Warnings go to stderr in both modes, so `--json` keeps stdout one JSON document.
     for warning in [*imported.warnings, *memory.notes, *memory.warnings()]:

@@ -9,7 +9,14 @@ A device's pool is, in order of precedence:
   may use; a declared device that no probe sees is used as declared, with one warning
   (so a fleet planned on another machine, or a machine whose probe failed, still runs);
 - **probed**: listed by ``llama-server --list-devices`` (:mod:`rosterd.devices.listing`)
-  or found by NVML (:mod:`rosterd.devices.nvml`) but not declared: its listed total.
+  or found by NVML (:mod:`rosterd.devices.nvml`) but not declared: its listed total;
+- **default**: a Mac (``macos-arm64``) that declares no GPU share, in a fleet whose roster
+  has roles that run on the GPU share alone (mlx_lm), gets one (``MTL0``,
+  :func:`with_default_gpu_shares`) sized by Metal's default rule
+  (:func:`metal_default_share_bytes`), unless a probe lists the Mac's GPU: Metal's own
+  ``recommendedMaxWorkingSetSize``, which llama.cpp lists as the device's total, wins.
+  Only those roles count in it: a llama.cpp role on that Mac runs as it did without
+  devices (no pins), since counting it there would mean deciding its offload.
 
 Memory other processes hold on a GPU lowers what rosterd may use there (GPUStack#6044 is
 what ignoring it costs): NVML's used bytes less rosterd's own processes' where NVML reads
@@ -22,15 +29,25 @@ or found has the host pool alone: planning and residency are as they were.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from rosterd.devices.listing import ListedDevice
 from rosterd.devices.nvml import NvmlDevice
-from rosterd.fleet.model import DeviceSpec, Node
+from rosterd.flavors import DeviceUse, InferFlavor, Platform
+from rosterd.fleet.model import DeviceSpec, Fleet, Node
+from rosterd.tokens import GB
 
 #: The host pool's id: the node's RAM.
 HOST: str = "host"
+
+#: The id of a Mac's default GPU share: llama.cpp's name for the Mac's GPU (``MTL0``;
+#: ``Metal`` on older builds, matched as the same device).
+METAL_DEVICE: str = "MTL0"
+
+#: Up to this much memory (bytes) Metal lets the GPU wire two thirds of it by default, above
+#: it three quarters (:func:`metal_default_share_bytes`).
+METAL_TWO_THIRDS_UP_TO_BYTES: int = 36 * GB
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +60,8 @@ class Pool:
     ``probed_free_bytes``: what the listing or NVML found (``None``: not seen);
     ``others_bytes``: held by processes other than rosterd's; ``capacity_bytes``: what
     rosterd may count against (``memory - reserved - others``, at least 0);
-    ``source``: ``declared``, ``declared, probed``, ``probed`` or ``host``.
+    ``source``: ``declared``, ``declared, probed``, ``probed``, ``default`` (a Mac's GPU
+    share by Metal's default rule, :func:`metal_default_share_bytes`) or ``host``.
     """
 
     id: str
@@ -107,7 +125,7 @@ def node_pools(
         key = _key(spec.id)
         seen.add(key)
         found, gpu = by_id.get(key), gpus.get(key)
-        if probed and found is None and gpu is None:
+        if probed and found is None and gpu is None and not spec.default_share:
             warnings.append(
                 f"node {node.name}: device {spec.id} is declared in the fleet file but no probe "
                 "sees it (llama-server --list-devices, NVML); it is used as declared"
@@ -152,14 +170,21 @@ def _pool(
         others = found.total_bytes - found.free_bytes
     if spec.gpu_share:
         others = 0
-    capacity = max(spec.memory_bytes - spec.reserved_bytes - others, 0)
+    memory: int = spec.memory_bytes
+    declared: int | None = spec.memory_bytes
     source = "declared" if total is None else "declared, probed"
+    if spec.default_share:
+        # Not declared: the Mac's own figure, where llama.cpp lists it, over the rule.
+        memory = total if total is not None else spec.memory_bytes
+        declared = None
+        source = "default" if total is None else "probed"
+    capacity = max(memory - spec.reserved_bytes - others, 0)
     return Pool(
         id=spec.id,
         kind="gpu-share" if spec.gpu_share else "gpu",
         capacity_bytes=capacity,
         reserved_bytes=spec.reserved_bytes,
-        declared_bytes=spec.memory_bytes,
+        declared_bytes=declared,
         probed_total_bytes=total,
         probed_free_bytes=free,
         others_bytes=others,
@@ -171,8 +196,63 @@ def with_counted_devices(node: Node, pools: NodePools) -> Node:
     """``node`` with its devices as counted (each pool's capacity, no reserve left to take):
     the node placement and residency hold to once the probes have run."""
     devices = tuple(
-        DeviceSpec(id=p.id, memory_bytes=p.capacity_bytes, gpu_share=p.kind == "gpu-share")
+        DeviceSpec(
+            id=p.id,
+            memory_bytes=p.capacity_bytes,
+            gpu_share=p.kind == "gpu-share",
+            default_share=p.kind == "gpu-share" and p.declared_bytes is None,
+        )
         for p in pools.devices()
         if p.capacity_bytes > 0
     )
     return replace(node, devices=devices)
+
+
+def metal_default_share_bytes(memory_bytes: int) -> int:
+    """What Metal lets a Mac's GPU wire by default, in bytes, for ``memory_bytes`` of RAM:
+    two thirds of it up to 36 GiB (:data:`METAL_TWO_THIRDS_UP_TO_BYTES`), three quarters
+    above; between 66 and 75 % of RAM, never decreasing as RAM grows.
+
+    The cap is ``MTLDevice.recommendedMaxWorkingSetSize`` (Apple's Metal documentation),
+    which llama.cpp's ggml-metal prints at start and lists as the GPU's total
+    (``llama-server --list-devices``). Apple does not document how macOS sets it; the rule
+    is the one commonly cited, and matches the figures recorded: 10.67 GiB of 16 GiB
+    (issue 29), 96 GiB of 128 GiB (an M4 Max's listing, ardanlabs/kronk#10, in
+    ``tests/data/list_devices/metal_m4_max.txt``; GPUStack#1375: "75% of total RAM").
+    Newer macOS releases give more (107.5 GiB of 128 GiB, about 84 %, antirez/ds4#893), and
+    ``sysctl iogpu.wired_limit_mb`` raises it: the rule is the low end, used only where no
+    probe lists the GPU and the fleet file declares no share.
+    """
+    if memory_bytes <= METAL_TWO_THIRDS_UP_TO_BYTES:
+        return memory_bytes * 2 // 3
+    return memory_bytes * 3 // 4
+
+
+def with_default_gpu_shares(fleet: Fleet, flavors: Collection[InferFlavor]) -> Fleet:
+    """``fleet`` with a default GPU share on each Mac node (``macos-arm64``) that declares
+    none, where one of ``flavors`` (the roster's) runs on a Mac's GPU share alone
+    (``DeviceUse.GPU_SHARE``: mlx_lm) and the node runs it: a device :data:`METAL_DEVICE`
+    of :func:`metal_default_share_bytes` of the node's memory, ``default_share`` set.
+
+    Every ``mlx_lm.server`` wires its arrays for Metal, and several of them together over
+    Metal's cap hang the Mac or panic its kernel (mlx-lm#883): the share holds them to it
+    as a declared one does. Other nodes, and every node of a roster without such roles, are
+    returned unchanged, so their plans, loads and launches are as before.
+    """
+    share_only = {f for f in flavors if f.facts.devices is DeviceUse.GPU_SHARE}
+    nodes = []
+    for node in fleet.nodes:
+        if (
+            node.platform is Platform.MACOS_ARM64
+            and not any(d.gpu_share for d in node.devices)
+            and share_only & node.flavors
+        ):
+            share = DeviceSpec(
+                id=METAL_DEVICE,
+                memory_bytes=metal_default_share_bytes(node.memory_bytes),
+                gpu_share=True,
+                default_share=True,
+            )
+            node = replace(node, devices=(*node.devices, share))
+        nodes.append(node)
+    return replace(fleet, nodes=tuple(nodes))

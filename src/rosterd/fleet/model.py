@@ -60,12 +60,17 @@ class DeviceSpec:
     the device is the GPU's share of unified memory: ``memory_bytes`` is the share's cap
     (Metal's ``recommendedMaxWorkingSetSize``, or ``iogpu.wired_limit_mb`` where raised),
     declared as ``gpu_share_gb`` or as ``gpu_share`` (a fraction of the node's memory).
+    ``default_share``: a Mac's GPU share the fleet file does not declare, which rosterd
+    gives a Mac whose roster has mlx_lm roles (``rosterd.devices.pools``: Metal's default
+    rule, or the figure a probe lists); only the flavors that run on a GPU share alone
+    (mlx_lm) count in it.
     """
 
     id: str
     memory_bytes: int
     reserved_bytes: int = 0
     gpu_share: bool = False
+    default_share: bool = False
 
     @property
     def capacity_bytes(self) -> int:

@@ -65,10 +65,12 @@ def device_eligibility(
 
 
 def devices_for(spec: InferenceSpec, node: Node) -> list[DeviceSpec]:
-    """The devices of ``node`` that ``spec``'s flavor runs on."""
+    """The devices of ``node`` that ``spec``'s flavor runs on: a Mac's default GPU share
+    (``DeviceSpec.default_share``) only for the flavors that run on a GPU share alone, so
+    a llama.cpp role there runs unpinned, as on a Mac that declares no device."""
     use = spec.flavor.facts.devices
     if use is DeviceUse.ANY_DEVICE:
-        return list(node.devices)
+        return [d for d in node.devices if not d.default_share]
     if use is DeviceUse.GPU_SHARE:
         return [d for d in node.devices if d.gpu_share]
     return []

@@ -11,7 +11,9 @@ fit together. Which roles use a device is their flavor's ``devices`` fact
 
 - llama.cpp's, on a node with devices: one GPU (``--device``), or the Mac's GPU share;
   llama.cpp on a node without devices runs on the CPU, as before;
-- mlx_lm's, on a Mac with its GPU share declared: that share;
+- mlx_lm's, on a Mac: its GPU share, declared or, where the fleet declares none, the
+  default one (``rosterd.devices.pools.with_default_gpu_shares``), which llama.cpp's roles
+  leave alone;
 - ollama's size their GPU use themselves and stay host-only here.
 
 A role is placed on the device with room for it (its previous device first when it is
@@ -34,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from rosterd.flavors import DeviceUse
 from rosterd.fleet import Fleet, Node
 from rosterd.placement.device_need import DeviceNeed, devices_for, gb_text, uses_device
 from rosterd.placement.problem import NodePlan, Plan
@@ -60,12 +63,15 @@ class DeviceChoice:
 @dataclass(frozen=True)
 class PoolPlan:
     """One device pool of a node in a plan: its capacity, its always-resident roles and
-    its swapped ones (sorted), and each role's bytes on it."""
+    its swapped ones (sorted), each role's bytes on it, and where its capacity comes from
+    (``source``: ``declared``, or ``default`` for a Mac's GPU share the fleet does not
+    declare, ``DeviceSpec.default_share``: Metal's default rule where nothing probed it)."""
 
     capacity_bytes: int
     always_resident: tuple[str, ...]
     swappable: tuple[str, ...]
     bytes_by_role: Mapping[str, int] = field(default_factory=dict, hash=False)
+    source: str = "declared"
 
     @property
     def peak_bytes(self) -> int:
@@ -209,6 +215,7 @@ def place_on_devices(
                 always_resident=tuple(sorted(r for r, (_, i) in loads[d.id].roles.items() if i)),
                 swappable=tuple(sorted(r for r, (_, i) in loads[d.id].roles.items() if not i)),
                 bytes_by_role={r: b for r, (b, _) in loads[d.id].roles.items()},
+                source="default" if d.default_share else "declared",
             )
             for d in node.devices
         }
@@ -260,6 +267,14 @@ def _no_device_reason(
         if not need.by_layers
         else ""
     )
+    if s.flavor.facts.devices is DeviceUse.GPU_SHARE:
+        # All of it is in the Mac's GPU share: no layer split to offer.
+        partial = ""
+        if any(d.default_share for d in devices_for(s, node)):
+            partial = (
+                "; the share is Metal's default for the Mac's memory: declare gpu_share_gb "
+                "where the Mac runs with a larger one (iogpu.wired_limit_mb)"
+            )
     return (
         f"no device on {node.name} has room for this {kind} role: it needs "
         f"{gb_text(need.full_bytes)} on one device, and on each device {rule} must fit; "

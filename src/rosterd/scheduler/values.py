@@ -235,7 +235,7 @@ class DevicePool:
     For display only (``/status``'s ``pools``): ``declared_bytes`` (the fleet file's
     figure; ``None``: not declared), ``probed_total_bytes`` (what a probe listed;
     ``None``: no probe saw it) and ``source`` (``declared``, ``declared, probed``,
-    ``probed``)."""
+    ``probed``, ``default``: a Mac's GPU share by Metal's default rule)."""
 
     capacity_bytes: int
     bytes_by_role: Mapping[str, int] = field(default_factory=dict)

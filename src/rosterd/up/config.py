@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rosterd.adapters import adapter_for
 from rosterd.backends.node_host import ServingFacts, weights_resolver
+from rosterd.devices.pools import with_default_gpu_shares
 from rosterd.errors import RosterdError
 from rosterd.fleet import Fleet
 from rosterd.fleet.addresses import is_this_machine
@@ -34,13 +35,16 @@ from rosterd.weights import WeightsSource, separate_aliases
 def read_files(options: UpOptions) -> tuple[ImportedRoster, Fleet]:
     """Import the roster (with its overlay) and read the fleet of ``options``; an alias the
     fleet gives other weights than its target is served as a role of its own
-    (``rosterd.weights.separate_aliases``).
+    (``rosterd.weights.separate_aliases``); a Mac that declares no GPU share gets the default
+    one where the roster has mlx_lm roles (``with_default_gpu_shares``).
 
     Raises:
         RosterError, FleetError: a file is rejected (file, line and column named).
     """
     roster = load_roster(options.roster_path, options.overlay_path)
     fleet = load_fleet(options.fleet_path) if options.fleet_path is not None else local_fleet()
+    # A Mac that declares no GPU share gets Metal's default one for the roster's mlx roles.
+    fleet = with_default_gpu_shares(fleet, {s.spec.flavor for s in roster.specs})
     return separate_aliases(roster, fleet), fleet
 
 

@@ -388,6 +388,7 @@ function showPools(box, pools) {
     const origin = [];
     if (typeof pool.declared_bytes === "number") origin.push(`declared ${gib(pool.declared_bytes)} GiB`);
     if (typeof pool.probed_total_bytes === "number") origin.push(`probed ${gib(pool.probed_total_bytes)} GiB`);
+    else if (pool.source === "default") origin.push("Metal's default share");
     else if (name !== "host") origin.push("no probe sees it");
     const roles = Object.entries(pool.roles || {}).map(([role, bytes]) => `${role} ${gib(bytes)} GiB`);
     const figures = `${gib(resident)} of ${gib(capacity)} GiB resident`;
