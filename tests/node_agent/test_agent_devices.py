@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
+import psutil
 import pytest
 
 import rosterd.devices.probe as probe
@@ -312,5 +313,42 @@ async def test_an_agent_reads_what_its_running_backend_holds_on_each_gpu(
         # declared, less 1 reserved, less the other process's 1 GiB.
         probed = await agent.pools(fleet().node("far"))
         assert devices_of(probed.pools)[0] == ("CUDA0", "declared, probed", 8 * GiB)
+    finally:
+        await agent.close()
+
+
+async def test_an_agents_launch_carries_the_pins_the_heads_device_plan_gave(
+    tmp_path: Path, tiny_gguf: Path, llama_server_binary: Path
+) -> None:
+    # The head's device plan reaches the agent with its configuration; the backend it
+    # starts next runs with those flags (here the CPU-only pin this build can take).
+    source = ModelSource(path=tiny_gguf, ctx_size=256, parallel=1, extra_args=("-t", "1"))
+    served = dataclasses.replace(fleet(), models={"chat": source}, model_roots=(tiny_gguf.parent,))
+    spec = InferenceSpec(
+        role="chat",
+        flavor=InferFlavor.LLAMACPP,
+        model="tiny-chat",
+        memory=MemorySpec(weights_bytes=GiB // 10),
+    )
+    facts = ServingFacts(served)
+    config = AgentConfig(
+        "far",
+        "127.0.0.1",
+        {},
+        facts,
+        state_root=str(tmp_path / "state"),
+        auto_ports=True,
+        grace_s=5.0,
+    )
+    agent = NodeAgent(config)
+    await agent.open()
+    try:
+        pin = ("--device", "none", "-ngl", "0")
+        await agent.reconfigure({"chat": spec}, facts, {"chat": pin})
+        await agent.start("chat")
+        pid = (await agent.backend_pids())["chat"]
+        argv = psutil.Process(pid).cmdline()
+        at = argv.index("--device")
+        assert argv[at : at + len(pin)] == list(pin), argv
     finally:
         await agent.close()

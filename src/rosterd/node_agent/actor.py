@@ -175,13 +175,22 @@ class NodeAgent:
         self._opened().add_specs(specs)
 
     @_carry_errors
-    async def reconfigure(self, specs: Mapping[str, InferenceSpec], facts: ServingFacts) -> None:
+    async def reconfigure(
+        self,
+        specs: Mapping[str, InferenceSpec],
+        facts: ServingFacts,
+        pins: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> None:
         """Serve a reloaded configuration from now on: the roles ``specs`` (role -> spec)
         too, weights found and shared-server models named by ``facts`` (a reload on the
-        head). A role running now keeps its process; its next start takes the new spec."""
+        head), and ``pins``: role -> the llama-server flags that pin it to its device (the
+        head's device plan: ``--device CUDA0 -ngl 999 --fit off``; ``None``: unchanged). A
+        role running now keeps its process; its next start takes the new spec and pins."""
         backends = self._opened()
         self.config = replace(self.config, specs={**self.config.specs, **specs}, facts=facts)
         backends.reconfigure(specs, weights_resolver(facts), facts.model_names)
+        if pins is not None:
+            backends.pins = dict(pins)
 
     @_carry_errors
     async def start(self, role: str) -> Endpoint:

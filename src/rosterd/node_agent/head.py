@@ -179,17 +179,24 @@ class AgentBackends:
         self._check_not_lost()
         await self.call(self._actor.add_roles.remote(dict(specs)))
 
-    async def reconfigure(self, specs: Mapping[str, InferenceSpec], facts: ServingFacts) -> None:
+    async def reconfigure(
+        self,
+        specs: Mapping[str, InferenceSpec],
+        facts: ServingFacts,
+        pins: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> None:
         """Let the node serve a reloaded configuration: the roles ``specs`` (role -> spec),
-        weights found there and ollama models named by ``facts``; call before the node
-        scheduler is given them.
+        weights found there and ollama models named by ``facts``, each role pinned to its
+        device by ``pins`` (role -> llama-server flags; ``None``: unchanged); call before
+        the node scheduler is given them.
 
         Raises:
             NodeLostError: the node (or its agent) is gone.
             NodeAgentError: the agent failed otherwise.
         """
         self._check_not_lost()
-        await self.call(self._actor.reconfigure.remote(dict(specs), facts))
+        pinned = dict(pins) if pins is not None else None
+        await self.call(self._actor.reconfigure.remote(dict(specs), facts, pinned))
 
     async def stop(self, role: str) -> None:
         """Stop ``role``'s backend on the node; returns after it exited (at once when lost:

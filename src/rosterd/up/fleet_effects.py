@@ -309,8 +309,12 @@ class UpFleetEffects:
                     self._local[name].add_specs(serving.specs)
             elif serving.run is NodeRun.AGENT and name in self._agents:
                 agents.append((name, self._agents[name]))
+        # An agent's launches are pinned to their devices as this machine's are.
         results = await asyncio.gather(
-            *(a.reconfigure(effect.nodes[n].specs, facts) for n, a in agents),
+            *(
+                a.reconfigure(effect.nodes[n].specs, facts, self.devices.pins(effect.nodes[n]))
+                for n, a in agents
+            ),
             return_exceptions=True,
         )
         failed: dict[str, str] = {}
