@@ -1,6 +1,7 @@
 """A run's devices are found again when a reload's fleet declares others (``RunDevices``):
 the probe (llama-server's listing and NVML, stood in for here: this machine has no GPU)
-runs at the first plan, not again for the same fleet, and again for a changed one."""
+runs at the first plan, not again for the same fleet, and again for a changed one, told
+which processes are this run's own backends (their GPU memory is not others')."""
 
 from __future__ import annotations
 
@@ -33,9 +34,13 @@ def test_a_changed_declaration_is_probed_again_and_the_same_one_is_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     probed: list[str] = []
+    told: list[frozenset[int]] = []
 
-    def probe(node: Node, binary: Path | None) -> tuple[NodePools, tuple[str, ...]]:
+    def probe(
+        node: Node, binary: Path | None, own_pids: frozenset[int]
+    ) -> tuple[NodePools, tuple[str, ...]]:
         probed.append(node.name)
+        told.append(own_pids)
         return node_pools(node, probed=False), ()
 
     def no_server() -> Path:
@@ -57,5 +62,7 @@ def test_a_changed_declaration_is_probed_again_and_the_same_one_is_not(
     assert (probed, gpu_capacity()) == (["box"], 24 * GiB)
     devices.find_pools(fleet(24))
     assert probed == ["box"]  # a reload that changed no device probes nothing
-    devices.find_pools(fleet(16))
+    devices.find_pools(fleet(16), frozenset({4242}))
     assert (probed, gpu_capacity()) == (["box", "box"], 16 * GiB)
+    # This run's own backends are not others': what they hold stays theirs to count.
+    assert told == [frozenset(), frozenset({4242})]

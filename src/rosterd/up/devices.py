@@ -66,18 +66,20 @@ class RunDevices:
         # node -> (the agent that probed it, the node as then declared, its pools)
         self._by_agent: dict[str, tuple[AgentBackends, Node, NodePools]] = {}
 
-    def find_pools(self, fleet: Fleet) -> tuple[str, ...]:
+    def find_pools(self, fleet: Fleet, own_pids: frozenset[int] = frozenset()) -> tuple[str, ...]:
         """Find each node's pools (blocking: run it off the event loop): a node agent's as
         its agent probed it (:meth:`probe_agents`), this machine's other nodes by probe, the
         others from the fleet file alone. This machine is probed once per run, and again
         when a reload's fleet names other nodes or declares other devices (the probe then
-        reads what is free now). Returns what a person should read: one warning per declared
-        device no probe saw, and why a probe could not run where devices are declared."""
+        reads what is free now; ``own_pids``: this run's backends here, whose GPU memory is
+        theirs to count, not others'). Returns what a person should read: one warning per
+        declared device no probe saw, and why a probe could not run where devices are
+        declared."""
         said: tuple[str, ...] = ()
         declared = tuple((n.name, n.address, n.devices) for n in fleet.nodes)
         if self.pools is None or declared != self._declared:
             self._declared = declared
-            said = self._probe_here(fleet)
+            said = self._probe_here(fleet, own_pids)
         pools: dict[str, NodePools] = {}
         for node in fleet.nodes:
             # A node an agent runs is its agent's to probe, even on this machine (a Ray node
@@ -89,7 +91,7 @@ class RunDevices:
         self.pools = pools
         return said
 
-    def _probe_here(self, fleet: Fleet) -> tuple[str, ...]:
+    def _probe_here(self, fleet: Fleet, own_pids: frozenset[int]) -> tuple[str, ...]:
         """Probe this machine's nodes of ``fleet`` (see :meth:`find_pools`)."""
         self._here = {}
         here = [n for n in fleet.nodes if is_this_machine(n.address)]
@@ -102,7 +104,7 @@ class RunDevices:
             binary = find_llama_server()
         said: list[str] = []
         for node in here:
-            found, notes = probe_pools(node, binary)
+            found, notes = probe_pools(node, binary, own_pids)
             self._here[node.name] = found
             said.extend(found.warnings)
             if node.devices:

@@ -220,7 +220,16 @@ class UpFleetEffects:
         node's pools found first (a joined agent's probed on its node)."""
         for warning in await self.devices.probe_agents(effect.fleet, self._agents):
             self.reporter.say(Level.WARNING, warning)
-        for warning in await asyncio.to_thread(self.devices.find_pools, effect.fleet):
+        # A re-probe on a reload must not count this run's own backends as others' memory.
+        own_pids = frozenset(
+            role.pid
+            for name, entry in self.scheduler.snapshot().items()
+            if name in self._local
+            for role in entry.node.roles.values()
+            if role.pid is not None
+        )
+        found = await asyncio.to_thread(self.devices.find_pools, effect.fleet, own_pids)
+        for warning in found:
             self.reporter.say(Level.WARNING, warning)
         fleet = self.devices.counted(effect.fleet)
         running = dataclasses.replace(
