@@ -160,6 +160,7 @@ class UpFleetEffects:
         self.routes = RouteTable({}, {})
         self._local: dict[str, SupervisorBackends] = {}
         self._agents: dict[str, AgentBackends] = {}
+        self._devices_said: set[str] = set()  # the devices' warnings, each said once a run
         self._taught: dict[str, SupervisorBackends] = {}  # a change's, until it is applied
         self._config: ServedConfig | None = None
         self._taught_config: ServedConfig | None = None
@@ -218,8 +219,7 @@ class UpFleetEffects:
     async def solve(self, effect: Solve) -> tuple[Plan, Plan]:
         """The plans of ``effect``, the solver run off the loop (up to its time limit); each
         node's pools found first (a joined agent's probed on its node)."""
-        for warning in await self.devices.probe_agents(effect.fleet, self._agents):
-            self.reporter.say(Level.WARNING, warning)
+        said = list(await self.devices.probe_agents(effect.fleet, self._agents))
         # A re-probe on a reload must not count this run's own backends as others' memory.
         own_pids = frozenset(
             role.pid
@@ -228,9 +228,11 @@ class UpFleetEffects:
             for role in entry.node.roles.values()
             if role.pid is not None
         )
-        found = await asyncio.to_thread(self.devices.find_pools, effect.fleet, own_pids)
-        for warning in found:
-            self.reporter.say(Level.WARNING, warning)
+        said += await asyncio.to_thread(self.devices.find_pools, effect.fleet, own_pids)
+        for warning in dict.fromkeys(said):
+            if warning not in self._devices_said:  # a node probed here, then by its agent
+                self._devices_said.add(warning)
+                self.reporter.say(Level.WARNING, warning)
         fleet = self.devices.counted(effect.fleet)
         running = dataclasses.replace(
             fleet, nodes=tuple(n for n in fleet.nodes if n.name in effect.running)
