@@ -271,6 +271,35 @@ async def test_what_an_agent_reads_on_its_gpus_reaches_the_node_with_each_peak(
     ]
 
 
+def tiny_chat(tiny_gguf: Path) -> tuple[InferenceSpec, ServingFacts]:
+    """Role ``chat`` on the tiny GGUF (ctx 256, one thread), and the facts that serve it."""
+    source = ModelSource(path=tiny_gguf, ctx_size=256, parallel=1, extra_args=("-t", "1"))
+    served = dataclasses.replace(fleet(), models={"chat": source}, model_roots=(tiny_gguf.parent,))
+    spec = InferenceSpec(
+        role="chat",
+        flavor=InferFlavor.LLAMACPP,
+        model="tiny-chat",
+        memory=MemorySpec(weights_bytes=GiB // 10),
+    )
+    return spec, ServingFacts(served)
+
+
+def tiny_agent(
+    tmp_path: Path, facts: ServingFacts, specs: Mapping[str, InferenceSpec]
+) -> NodeAgent:
+    """An agent for node ``far`` run in this process on this machine (auto ports)."""
+    config = AgentConfig(
+        "far",
+        "127.0.0.1",
+        dict(specs),
+        facts,
+        state_root=str(tmp_path / "state"),
+        auto_ports=True,
+        grace_s=5.0,
+    )
+    return NodeAgent(config)
+
+
 async def test_an_agent_reads_what_its_running_backend_holds_on_each_gpu(
     tmp_path: Path,
     tiny_gguf: Path,
@@ -280,24 +309,8 @@ async def test_an_agent_reads_what_its_running_backend_holds_on_each_gpu(
 ) -> None:
     # A real llama-server started by the agent; NVML's stand-in then says its process
     # holds 6 GiB on the first GPU, beside another process's 1 GiB.
-    source = ModelSource(path=tiny_gguf, ctx_size=256, parallel=1, extra_args=("-t", "1"))
-    served = dataclasses.replace(fleet(), models={"chat": source}, model_roots=(tiny_gguf.parent,))
-    spec = InferenceSpec(
-        role="chat",
-        flavor=InferFlavor.LLAMACPP,
-        model="tiny-chat",
-        memory=MemorySpec(weights_bytes=GiB // 10),
-    )
-    config = AgentConfig(
-        "far",
-        "127.0.0.1",
-        {"chat": spec},
-        ServingFacts(served),
-        state_root=str(tmp_path / "state"),
-        auto_ports=True,
-        grace_s=5.0,
-    )
-    agent = NodeAgent(config)
+    spec, facts = tiny_chat(tiny_gguf)
+    agent = tiny_agent(tmp_path, facts, {"chat": spec})
     await agent.open()
     try:
         await agent.start("chat")
@@ -322,25 +335,8 @@ async def test_an_agents_launch_carries_the_pins_the_heads_device_plan_gave(
 ) -> None:
     # The head's device plan reaches the agent with its configuration; the backend it
     # starts next runs with those flags (here the CPU-only pin this build can take).
-    source = ModelSource(path=tiny_gguf, ctx_size=256, parallel=1, extra_args=("-t", "1"))
-    served = dataclasses.replace(fleet(), models={"chat": source}, model_roots=(tiny_gguf.parent,))
-    spec = InferenceSpec(
-        role="chat",
-        flavor=InferFlavor.LLAMACPP,
-        model="tiny-chat",
-        memory=MemorySpec(weights_bytes=GiB // 10),
-    )
-    facts = ServingFacts(served)
-    config = AgentConfig(
-        "far",
-        "127.0.0.1",
-        {},
-        facts,
-        state_root=str(tmp_path / "state"),
-        auto_ports=True,
-        grace_s=5.0,
-    )
-    agent = NodeAgent(config)
+    spec, facts = tiny_chat(tiny_gguf)
+    agent = tiny_agent(tmp_path, facts, {})
     await agent.open()
     try:
         pin = ("--device", "none", "-ngl", "0")
