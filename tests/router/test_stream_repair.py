@@ -99,6 +99,18 @@ async def test_a_delta_without_its_blocks_start_gets_one() -> None:
     }
 
 
+async def test_a_blocks_stop_without_its_start_gets_one() -> None:
+    stop = event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    names = [name for name, _ in await mended([stop + END])]
+    assert names == [
+        "message_start",
+        "content_block_start",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+
+
 async def test_a_whole_stream_passes_unchanged_even_cut_inside_its_events() -> None:
     start = {"type": "message_start", "message": {"id": "m", "model": "tiny", "content": []}}
     block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}

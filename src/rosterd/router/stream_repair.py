@@ -53,6 +53,10 @@ _BLOCK_OF_DELTA: Final[Mapping[bytes, dict[str, str]]] = {
 }
 
 
+#: The Messages events that belong to a content block opened before them.
+_NEEDS_ITS_START: Final = (b"content_block_delta", b"content_block_stop")
+
+
 def _event(name: str, data: Mapping[str, Any]) -> bytes:
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"event: {name}\ndata: {text}\n\n".encode()
@@ -167,9 +171,10 @@ class StreamRepair:
             return out
         if name == b"content_block_start":
             self._open.add(index.group(1))
-        elif name == b"content_block_delta" and index.group(1) not in self._open:
+        elif name in _NEEDS_ITS_START and index.group(1) not in self._open:
+            # A block's stop with no start or delta before it was a text of held-back bytes.
             kind = _DELTA_TYPE.search(block)
-            content = _BLOCK_OF_DELTA.get(kind.group(1) if kind else b"")
+            content = _BLOCK_OF_DELTA.get(kind.group(1) if kind else b"text_delta")
             if content is not None:
                 self._open.add(index.group(1))
                 start = {"type": "content_block_start", "index": int(index.group(1))}
