@@ -245,6 +245,39 @@ async def test_a_client_that_leaves_a_stream_is_logged_as_leaving(
     assert "client closed the connection" in line["reason"]
 
 
+async def test_a_client_that_closes_after_the_streams_final_event_was_served(
+    access_text: io.StringIO,
+) -> None:
+    """The SDKs close the connection as soon as they read ``data: [DONE]`` (or
+    ``message_stop``), which can come before the body's own close: a whole answer,
+    logged 200, not a client that left."""
+
+    async def streaming(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        told = [(b"x-rosterd-role", b"chat"), (b"x-rosterd-node", b"n1")]
+        await send({"type": "http.response.start", "status": 200, "headers": told})
+        body = b"data: {}\n\ndata: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        assert (await receive())["type"] == "http.disconnect"
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    messages: list[Message] = [
+        {"type": "http.request", "body": b'{"model":"chat"}', "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    async def send(message: Message) -> None:
+        return None
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": None}
+    await AccessLog(streaming)(scope, receive, send)
+    [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
+    assert (line["role"], line["status"], line["code"]) == ("chat", 200, "")
+
+
 async def test_a_stream_without_usage_logs_llama_servers_own_counts(
     access_text: io.StringIO,
 ) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rosterd.router.auth import KEY_NAME_SCOPE
+from rosterd.router.dialects.envelope import STREAM_ENDS
 from rosterd.router.proxy import CLIENT_CLOSED_STATUS
 from rosterd.router.routing import NODE_SCOPE, PROXIED_PATHS, ROLE_SCOPE
 from rosterd.router.usage_hook import said_prompt_tokens
@@ -138,11 +139,14 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         seen = _Seen(time.perf_counter())
+        ends = STREAM_ENDS.get(str(scope.get("path", "")), (b"data: [DONE]",))
 
         async def receive_seen() -> Message:
             message = await receive()
             if message["type"] == "http.disconnect" and not seen.finished:
-                seen.client_left = True
+                # A client that closes once it read the stream's final event (the SDKs do,
+                # before the body's close) got its whole answer: it did not leave.
+                seen.client_left = not any(end in seen.tail for end in ends)
             if message["type"] == "http.request" and len(seen.body) < BODY_KEPT_BYTES:
                 seen.body += message.get("body", b"")[: BODY_KEPT_BYTES - len(seen.body)]
             return message

@@ -45,15 +45,18 @@ class ClientAnswer:
 
     ``status``: the status sent (0: none yet); ``stream``: the answer is an
     event stream; ``sse_open``: an event stream started and has not ended;
-    ``done``: the last body message was sent; ``tokens``: what the backend said it
-    generated (0: it did not say); ``tail``: the last bytes of the backend's answer (where
-    its usage is) and ``head`` its first bytes (an event stream's, where some dialects say
-    the prompt's usage); ``waited_s``: the request's wait for its role, seconds.
+    ``done``: the last body message was sent; ``ended``: the stream's final event
+    (``data: [DONE]``, ``message_stop``, ...) was sent, only the body's close is left;
+    ``tokens``: what the backend said it generated (0: it did not say); ``tail``: the last
+    bytes of the backend's answer (where its usage is) and ``head`` its first bytes (an
+    event stream's, where some dialects say the prompt's usage); ``waited_s``: the
+    request's wait for its role, seconds.
     """
 
     __slots__ = (
         "_send",
         "done",
+        "ended",
         "head",
         "sse_open",
         "status",
@@ -69,6 +72,7 @@ class ClientAnswer:
         self.stream = False
         self.sse_open = False
         self.done = False
+        self.ended = False
         self.tokens = 0
         self.tail = self.head = b""
         self.waited_s = 0.0
@@ -85,6 +89,10 @@ class ClientAnswer:
             self.sse_open = False
             self.done = True
         await self._send(message)
+
+    def mark_ended(self) -> None:
+        """The stream's final event was sent (:attr:`ended`)."""
+        self.ended = True
 
     async def end_with(self, err: RouterError, event: Callable[[RouterError], Message]) -> None:
         """End the answer with ``err``: raise it while nothing was sent (its envelope is
@@ -123,8 +131,13 @@ class RequestCut:
             self.task.cancel()
 
     def client_left(self, watcher: asyncio.Task[None]) -> None:
-        """The disconnect ``watcher`` ended: cut unless the whole answer was sent."""
-        if not watcher.cancelled() and watcher.exception() is None and not self.answer.done:
+        """The disconnect ``watcher`` ended: cut unless the whole answer was sent, or its
+        stream's final event (the SDKs close the connection as soon as they read it, which
+        is a finished answer, not a client that left)."""
+        answer = self.answer
+        if watcher.cancelled() or watcher.exception() is not None:
+            return
+        if not answer.done and not answer.ended:
             self._cut("client_left")
 
     def revoked(self, revoked: asyncio.Future[Revocation]) -> None:
@@ -143,13 +156,17 @@ async def wait_disconnect(receive: Receive) -> None:
 
 
 async def pass_body(
-    upstream: UpstreamResponse, send: Send, ends: tuple[bytes, ...]
+    upstream: UpstreamResponse,
+    send: Send,
+    ends: tuple[bytes, ...],
+    on_end: Callable[[], None] | None = None,
 ) -> tuple[bool, bytes, bytes]:
     """Send ``upstream``'s body on chunk by chunk as it arrives (response left open);
     returns whether one of ``ends`` (the event that ends a finished stream of the path:
     ``data: [DONE]``, ``message_stop``, ...) was seen, also across two chunks, the body's
     first :data:`ANSWER_HEAD_BYTES` bytes, and its last :data:`ANSWER_TAIL_BYTES` bytes,
-    where a finished event stream has the usage the backend reports."""
+    where a finished event stream has the usage the backend reports. ``on_end`` is called
+    once the chunk that holds one of ``ends`` was sent."""
     head = tail = b""
     seen = False
     async for chunk in upstream.chunks():
@@ -160,6 +177,8 @@ async def pass_body(
             if not seen:
                 window = tail[-64:] + chunk
                 seen = any(end in window for end in ends)
+                if seen and on_end is not None:
+                    on_end()  # sent: the client has the stream's final event
             tail = (tail + chunk)[-ANSWER_TAIL_BYTES:]
     return seen, head, tail
 

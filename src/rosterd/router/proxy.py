@@ -516,7 +516,9 @@ class Proxy:
         )
         try:
             with upstream_errors(role, mid_stream=True):
-                finished, answer.head, tail = await pass_body(upstream, send, self.stream_ends)
+                finished, answer.head, tail = await pass_body(
+                    upstream, send, self.stream_ends, on_end=answer.mark_ended
+                )
                 answer.tokens = generated_tokens(tail)
                 answer.tail = tail
         except RouterError as err:
