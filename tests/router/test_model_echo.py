@@ -132,6 +132,8 @@ def test_every_dialect_answers_the_name_asked_for(
                     final = stream.get_final_message()
                 assert [m.model for m in starts] == ["chat"]
                 assert final.model == "chat"
+                # A rebuilt message_start says the prompt as llama-server's count_tokens does.
+                assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) > 0
             # A Responses stream whose answer begins with a character of several byte
             # tokens: llama-server repeats its opening mid-way; the SDK reads one answer.
             with client.responses.stream(
@@ -165,3 +167,5 @@ def test_every_dialect_answers_the_name_asked_for(
         assert line["duration_s"] >= line["first_byte_s"]
     assert lines[0]["tokens_out"] == 4
     assert lines[0]["tokens_in"] > 0
+    # Every Messages stream counts its prompt, a rebuilt message_start's too.
+    assert all(x["tokens_in"] > 0 for x in lines if x["dialect"] == "anthropic"), lines

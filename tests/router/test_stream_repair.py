@@ -88,6 +88,35 @@ async def test_a_messages_stream_without_its_message_start_gets_one_first() -> N
     assert message["id"].startswith("msg_")
 
 
+async def test_a_rebuilt_message_start_says_the_prompts_tokens_as_the_backend_counts_them() -> None:
+    asked: list[str] = []
+
+    async def count() -> int | None:
+        asked.append("count_tokens")
+        return 56
+
+    async def run(chunks: list[bytes]) -> bytes:
+        sent: list[Message] = []
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        repair = StreamRepair.wrap(send, "/v1/messages", {"stream": True}, "tiny", count)
+        assert isinstance(repair, StreamRepair)
+        await repair(START)
+        for chunk in chunks:
+            await repair({"type": "http.response.body", "body": chunk, "more_body": True})
+        await repair({"type": "http.response.body", "body": b"", "more_body": False})
+        return repair.rebuilt_start
+
+    rebuilt = await run([delta("\u4f60") + END])
+    assert json.loads(rebuilt.split(b"data: ")[1])["message"]["usage"]["input_tokens"] == 56
+    assert asked == ["count_tokens"]
+    start = {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 9}}}
+    assert await run([event("message_start", start) + delta("hi") + END]) == b""
+    assert asked == ["count_tokens"]  # a stream that has its message_start asks nothing
+
+
 async def test_a_delta_without_its_blocks_start_gets_one() -> None:
     events = await mended([delta("\u06aa") + END])
     names = [name for name, _ in events]

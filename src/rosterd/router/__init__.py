@@ -21,6 +21,8 @@ past Starlette's router. Modules:
 - ``routing``: :class:`RoleRoute`, :class:`RouterConfig`, the ``model`` names;
 - ``body``: the request body (size limit, strict JSON, the ``model`` field);
 - ``proxy``: one request top to bottom: lease, forwarding, the answer by its kind;
+- ``backend_requests``: what the proxy sends a backend: the request (once more on a fresh
+  connection when a pooled one was closed) and a prompt's count;
 - ``client_side``: what is sent to the client, the cut when it leaves or the lease is
   revoked, a body passed through chunk by chunk;
 - ``model_echo``: the answer's ``model`` is the name the client asked for;

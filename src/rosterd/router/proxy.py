@@ -11,11 +11,11 @@ One request, top to bottom, is :class:`Proxy`, each step a method below its call
    copy, or its restart (retries 2 and 3);
 4. ``_forward_unless_revoked``: under the deadlines (:mod:`~rosterd.router.deadlines`,
    504 on a stall) and the progress check (:mod:`~rosterd.router.progress`);
-5. ``_forward``: send (``_send_upstream``, once more on a fresh connection when the
-   backend closed the pooled one unanswered: retry 1) and answer by kind: translated
-   (``_forward_translated``), the backend's failure or refusal (``_backend_failed``,
-   ``_backend_refused``), a plain answer whole (``_send_whole_answer``), or passed
-   through chunk by chunk (``_pass_through``).
+5. ``_forward``: send (:func:`~rosterd.router.backend_requests.send_upstream`, once more
+   on a fresh connection when the backend closed the pooled one unanswered: retry 1) and
+   answer by kind: translated (``_forward_translated``), the backend's failure or refusal
+   (``_backend_failed``, ``_backend_refused``), a plain answer whole
+   (``_send_whole_answer``), or passed through chunk by chunk (``_pass_through``).
 
 What goes to the client is :mod:`~rosterd.router.client_side`'s; the ``X-Rosterd-*``
 headers :mod:`~rosterd.router.wait_report`'s; what a stream gets while its role loads
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -48,9 +49,10 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from rosterd.errors import ClientGoneError, RouterError, StalledError, UpstreamClosedError
+from rosterd.errors import ClientGoneError, RouterError, StalledError
 from rosterd.metrics import RosterdMetrics
 from rosterd.replica_choice import prefix_key
+from rosterd.router.backend_requests import prompt_tokens, send_upstream
 from rosterd.router.body import parse_json_object, read_body, requested_model
 from rosterd.router.client_side import (
     ANSWER_TAIL_BYTES,
@@ -417,15 +419,21 @@ class Proxy:
             answer.tail = await self._forward_translated(lease, payload, send, told)
             answer.tokens = generated_tokens(answer.tail)
             return
-        # llama-server may leave out a stream's opening events: put back, for the SDKs.
-        send = StreamRepair.wrap(send, self.path, payload, lease.endpoint.served_model)
-        upstream_body = route.rewrite(payload, lease.endpoint.served_model)
+        served, base_url = lease.endpoint.served_model, lease.endpoint.base_url
         body = json.dumps(
-            upstream_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            route.rewrite(payload, served),
+            ensure_ascii=False,
+            separators=(",", ":"),
+            allow_nan=False,
         ).encode()
+        # llama-server may leave out a stream's opening events: put back, for the SDKs.
+        count = functools.partial(prompt_tokens, self.ctx.upstream, base_url, body, role)
+        send = StreamRepair.wrap(send, self.path, payload, served, count)
         accept = "text/event-stream" if payload.get("stream") else "application/json"
         with upstream_errors(role):
-            upstream = await self._send_upstream(lease.endpoint.base_url, body, accept, role)
+            upstream = await send_upstream(
+                self.ctx.upstream, base_url, self.path, body, accept, role
+            )
         try:
             stream = _content_type(upstream).startswith("text/event-stream")
             length = upstream.content_length
@@ -437,6 +445,8 @@ class Proxy:
                 await self._send_whole_answer(lease, upstream, send, answer, told)
             else:
                 await self._pass_through(lease, upstream, send, answer, told)
+                if isinstance(send, StreamRepair):  # the usage reads the prompt there
+                    answer.head = send.rebuilt_start + answer.head
         finally:
             # Back to the pool when the answer was read to its end; on a cut (the client
             # left, the lease was revoked) or a failure the connection is closed.
@@ -452,7 +462,7 @@ class Proxy:
         base_url = lease.endpoint.base_url
 
         async def post(path: str, body: bytes, accept: str) -> UpstreamResponse:
-            return await self._send_upstream(base_url, body, accept, role, path=path)
+            return await send_upstream(self.ctx.upstream, base_url, path, body, accept, role)
 
         async def send_told(message: Message) -> None:
             # The translated answer carries rosterd's headers (role, node, wait) too.
@@ -538,29 +548,6 @@ class Proxy:
             return
         self.ctx.restores.answered(lease, upstream.status, tail)
         await send(END_OF_BODY)
-
-    async def _send_upstream(
-        self, base_url: str, body: bytes, accept: str, role: str, *, path: str | None = None
-    ) -> UpstreamResponse:
-        """Send the request; once more on a new connection when the backend closed the pooled
-        one without answering.
-
-        Idle connections expire before the backend's keep-alive timeout
-        (``RouterConfig.upstream_keepalive_s``), but a backend may still close
-        one as the pool hands it out: the request then fails before any answer
-        byte, so the backend never took it and sending it again (on a new
-        connection, never a pooled one) is safe. Raises ``UpstreamError`` when
-        the retry fails too, or for any other failure.
-        """
-        upstream = self.ctx.upstream
-        path = path or self.path
-        try:
-            return await upstream.post(base_url, path, body, accept)
-        except UpstreamClosedError as exc:
-            if not RETRIES.fresh_connection:
-                raise
-            log.info("backend of %s closed a pooled connection (%s); retrying once", role, exc)
-        return await upstream.post(base_url, path, body, accept, fresh=True)
 
 
 def _content_type(upstream: UpstreamResponse) -> str:

@@ -24,8 +24,9 @@ order  retry                     when                                   how ofte
 
 Every wait for a lease (2 to 4) stays within the queue timeout; a client is told when
 to retry itself by the ``Retry-After`` of its 429 or 503 (``rosterd.router.openai_errors``).
-The proxy (:mod:`rosterd.router.proxy`) applies 1 in ``_send_upstream``, 2 and 3 in
-``_serve_leased``, 4 in ``_serve``.
+The proxy (:mod:`rosterd.router.proxy`) applies 1 through
+:func:`~rosterd.router.backend_requests.send_upstream`, 2 and 3 in ``_serve_leased``, 4 in
+``_serve``.
 """
 
 from __future__ import annotations

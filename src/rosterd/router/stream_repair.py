@@ -22,9 +22,9 @@ events carry no indexes at all.
 event built as the backend builds it, drops a repeated one, and gives Responses events
 the indexes they lack (a value the backend gave is kept). A Messages stream that has its
 events passes byte for byte; a Responses stream is read event by event as JSON (one
-parse per event, next to a token's generation). What a rebuilt opening cannot know: its
-``message_start`` says 0 input tokens (the count was in the event the backend dropped;
-rosterd's usage reads the backend's own bytes) and its ids are rosterd's own.
+parse per event, next to a token's generation). A rebuilt ``message_start`` says the
+prompt's tokens as the backend's ``count_tokens`` counts them (``count_prompt``, asked only
+then; 0 when it cannot say), and its ids are rosterd's own.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from starlette.types import Message, Send
@@ -52,6 +52,9 @@ _BLOCK_OF_DELTA: Final[Mapping[bytes, dict[str, str]]] = {
     b"signature_delta": {"type": "thinking", "thinking": ""},
 }
 
+
+#: Asks the backend how many tokens the request's prompt is (``None``: it could not say).
+PromptCounter = Callable[[], Awaitable[int | None]]
 
 #: The Messages events that belong to a content block opened before them.
 _NEEDS_ITS_START: Final = (b"content_block_delta", b"content_block_stop")
@@ -85,8 +88,13 @@ class StreamRepair:
     not an event stream passes unchanged.
     """
 
-    def __init__(self, send: Send, path: str, model: str) -> None:
+    def __init__(
+        self, send: Send, path: str, model: str, count_prompt: PromptCounter | None = None
+    ) -> None:
         self._send = send
+        self._count_prompt = count_prompt
+        #: A rebuilt ``message_start``'s bytes, once one was sent (for the usage counts).
+        self.rebuilt_start = b""
         self._messages = path == MESSAGES_PATH
         self._model = model
         self._partial = b""
@@ -94,17 +102,26 @@ class StreamRepair:
         self._started = False
         self._open: set[bytes] = set()  # blocks (index) or items (id) opened
         self._openings: set[bytes] = set()  # the opening events sent
+        self._input_tokens = 0  # a rebuilt message_start's prompt tokens
         # Responses: each output item's id -> [its output_index, its last part's index]
         self._items: dict[str, list[int]] = {}
         self._sequence = 0
 
     @staticmethod
-    def wrap(send: Send, path: str, payload: Mapping[str, Any], model: str) -> Send:
+    def wrap(
+        send: Send,
+        path: str,
+        payload: Mapping[str, Any],
+        model: str,
+        count_prompt: PromptCounter | None = None,
+    ) -> Send:
         """``send`` wrapped for a streamed request (``payload["stream"]``) on one of the
-        two paths, else ``send`` itself."""
+        two paths, else ``send`` itself. ``count_prompt``: asked for the prompt's tokens
+        when a ``message_start`` must be rebuilt (the backend's ``count_tokens``; ``None``
+        or a ``None`` answer: 0)."""
         if path not in (MESSAGES_PATH, RESPONSES_PATH) or payload.get("stream") is not True:
             return send
-        return StreamRepair(send, path, model)
+        return StreamRepair(send, path, model, count_prompt)
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -126,6 +143,11 @@ class StreamRepair:
             return
         out = bytearray()
         blocks = whole.split(b"\n\n")
+        if self._messages and not self._started and self._count_prompt is not None:
+            names = (_name_of(b) for b in blocks)
+            first = next((n for n in names if n not in (b"", b"ping", b"error")), None)
+            if first not in (None, b"message_start"):  # its message_start will be rebuilt
+                self._input_tokens = await self._count_prompt() or 0
         for number, block in enumerate(blocks):
             last = number == len(blocks) - 1
             if block.strip():
@@ -163,9 +185,12 @@ class StreamRepair:
                 "model": self._model,
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": 0, "output_tokens": 0},
+                "usage": {"input_tokens": self._input_tokens, "output_tokens": 0},
             }
-            out += _event("message_start", {"type": "message_start", "message": message})
+            self.rebuilt_start = _event(
+                "message_start", {"type": "message_start", "message": message}
+            )
+            out += self.rebuilt_start
         index = _INDEX.search(block)
         if index is None:
             return out
