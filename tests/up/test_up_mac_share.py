@@ -54,7 +54,9 @@ def test_up_holds_mlx_roles_to_the_share_the_macs_probe_lists(
     (share,) = fleet.node("studio").devices
     assert (share.id, share.memory_bytes, share.default_share) == ("MTL0", 96 * GiB, True)
 
-    def probe(node: Node, binary: Path | None) -> tuple[NodePools, tuple[str, ...]]:
+    def probe(
+        node: Node, binary: Path | None, own_pids: frozenset[int] = frozenset()
+    ) -> tuple[NodePools, tuple[str, ...]]:
         return node_pools(node, parse_list_devices(LISTING)), ()
 
     def no_server() -> Path:
