@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rosterd.keys.values import MASTER_NAME
 from rosterd.router import RouterConfig
@@ -211,6 +211,24 @@ async def test_a_served_answer_logs_role_node_waits_and_tokens(access_text: io.S
     assert line["first_byte_s"] is not None
 
 
+async def served_then_left(app: ASGIApp) -> None:
+    """Run ``app`` behind :class:`AccessLog` for a chat request whose client disconnects
+    after sending it (the next ``receive`` says ``http.disconnect``)."""
+    messages: list[Message] = [
+        {"type": "http.request", "body": b'{"model":"chat"}', "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    async def send(message: Message) -> None:
+        return None
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": None}
+    await AccessLog(app)(scope, receive, send)
+
+
 async def test_a_client_that_leaves_a_stream_is_logged_as_leaving(
     access_text: io.StringIO,
 ) -> None:
@@ -226,19 +244,7 @@ async def test_a_client_that_leaves_a_stream_is_logged_as_leaving(
         assert (await receive())["type"] == "http.disconnect"
         left.set()
 
-    messages: list[Message] = [
-        {"type": "http.request", "body": b'{"model":"chat"}', "more_body": False},
-        {"type": "http.disconnect"},
-    ]
-
-    async def receive() -> Message:
-        return messages.pop(0)
-
-    async def send(message: Message) -> None:
-        return None
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": None}
-    await AccessLog(streaming)(scope, receive, send)
+    await served_then_left(streaming)
     assert left.is_set()
     [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
     assert (line["role"], line["status"], line["code"]) == ("chat", 499, "client_closed")
@@ -261,19 +267,7 @@ async def test_a_client_that_closes_after_the_streams_final_event_was_served(
         assert (await receive())["type"] == "http.disconnect"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    messages: list[Message] = [
-        {"type": "http.request", "body": b'{"model":"chat"}', "more_body": False},
-        {"type": "http.disconnect"},
-    ]
-
-    async def receive() -> Message:
-        return messages.pop(0)
-
-    async def send(message: Message) -> None:
-        return None
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": None}
-    await AccessLog(streaming)(scope, receive, send)
+    await served_then_left(streaming)
     [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
     assert (line["role"], line["status"], line["code"]) == ("chat", 200, "")
 
