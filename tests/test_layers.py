@@ -38,6 +38,9 @@ LAYERS: dict[str, int] = {
     # the plain values that cross the backends boundary: the supervisor (5) produces them
     # and the pure node machine (6) reads them, so they sit below both
     "rosterd.backends.values": 1,
+    # the names of a role's copies on one supervisor: the supervisor (5) checks them and
+    # the backends (6) and `up` (8) give and read them
+    "rosterd.backends.copy_names": 1,
     # 2. files in, frozen specs out
     "rosterd.roster": 2,
     "rosterd.fleet": 2,
@@ -55,7 +58,9 @@ LAYERS: dict[str, int] = {
     "rosterd.devices": 2,
     "rosterd.devices.listing": 2,
     "rosterd.devices.breakdown": 2,
+    "rosterd.devices.load_buffers": 2,
     "rosterd.devices.nvml": 2,
+    "rosterd.devices.footprint": 2,
     "rosterd.devices.pools": 3,
     "rosterd.devices.probe": 5,
     # 3. pure decisions

@@ -2,7 +2,11 @@
 
 - ``listing``: the pure parser of ``llama-server --list-devices``;
 - ``breakdown``: the pure parser of llama-server's own memory breakdown;
+- ``load_buffers``: the pure parser of what llama-server logs allocating per buffer as it
+  loads, read into bytes per device at run time;
 - ``nvml``: NVIDIA's management library, read through ``nvidia-ml-py`` where it loads;
+- ``footprint``: a process's physical footprint on macOS (``proc_pid_rusage``), which
+  counts the memory Metal wired for it;
 - ``probe``: runs the listing on this machine;
 - ``pools``: a node's pools from what it declares and what the probes found (pure).
 
