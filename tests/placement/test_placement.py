@@ -282,6 +282,23 @@ def test_replanning_keeps_sticky_roles_where_they_are(
     assert grown.key()[:3] >= (before.interactive_placed, before.placed, len(sticky_placed))
 
 
+def test_a_model_the_solver_fails_on_with_its_hint_is_still_planned() -> None:
+    """Four roles of 1, 2, 3 and 3 GiB on three 5 GiB nodes: OR-Tools 9.15 raised
+    ``IndexError: absl::btree_map::at`` on this model with its (feasible) greedy hint, and
+    ``rosterd plan`` ended in that traceback. The plan is solved without the hint."""
+    specs = [
+        spec("r0", 1, interactive=True),
+        spec("r1", 2),
+        spec("r2", 3),
+        spec("r3", 3, interactive=True),
+    ]
+    nodes = fleet(node("n0", 5), node("n1", 5), node("n2", 5))
+    result = plan(specs, nodes, time_limit_s=5)
+    assert result.solver.startswith("cp-sat")
+    assert sorted(result.placements) == ["r0", "r1", "r2", "r3"]
+    assert violations(specs, nodes, result) == []
+
+
 def test_big_fleet_plan_is_valid_and_not_worse_than_greedy() -> None:
     """Over 2000 role-node pairs the solver searches a narrowed model."""
     nodes = fleet(*[node(f"n{i:02d}", 8 + (i % 5) * 8) for i in range(40)])

@@ -18,15 +18,18 @@ ports are not used). ``--json`` prints ``{"placements": {role: node}, "unplaced"
 writes them to (``--state-dir``, default ``$XDG_STATE_HOME/rosterd``).
 
 A fleet whose nodes declare devices (``devices:``), or whose Macs get a default GPU share
-for the roster's mlx_lm roles (``rosterd.devices.pools.with_default_gpu_shares``), is
+for the roster's llama.cpp and mlx_lm roles (``rosterd.devices.pools.with_default_gpu_shares``), is
 planned by pool (``rosterd.placement.devices``): under each such node, one line per device
 with its roles (resident always, or swapped one at a time) and a bar of its peak against
 its capacity (a default share says so, and how to declare another), and each partially
 offloaded role with its layer count; ``--json`` adds ``"devices": {node: {device:
 {"capacity_bytes": n, "peak_bytes": n, "always_resident": [...], "swappable": [...],
 "source": "declared" or "default"}}}`` and ``"device_of": {role: {node: {"device": id or null,
-"gpu_layers": n or null, "layers": n or null, "device_bytes": n}}}``. A fleet without
-devices plans, prints and exits exactly as before.
+"gpu_layers": n or null, "layers": n or null, "device_bytes": n}}}``. A role's further
+copy on another device of a node holding a copy (``replicas:`` on a node with several
+GPUs) is named ``ROLE~N`` (N = 2, 3, ...) in its device's line and in ``device_of`` (``chat~2``),
+and the copies line says each such copy's device (``on box (CUDA0), box (CUDA1)``). A
+fleet without devices plans, prints and exits exactly as before.
 
 Exit status (decided by :mod:`rosterd.cli.edge`): 0 when a plan was made (even with
 unplaced roles); 2 on bad input (a clear message naming the file, field and line; with
@@ -139,6 +142,7 @@ def _render(
     from rich.table import Table
     from rich.text import Text
 
+    from rosterd.backends.copy_names import copy_unit_name
     from rosterd.memory.gathering import describe
 
     specs: dict[str, InferenceSpec] = {}
@@ -168,11 +172,13 @@ def _render(
         for column in ("ram_gb", "estimate", "measured", "counts"):
             table.add_column(column, justify="right")
         rows = [(s, "resident always") for s in always] + [(s, "swappable") for s in swappable]
-        for s, residency in rows:
+        for i, (s, residency) in enumerate(rows):
             figures = describe(memory.roles[s.role]) if s.role in memory.roles else ()
+            # a further copy on another of the node's devices: its unit's name, chat~2
+            nth = 1 + sum(1 for other, _ in rows[:i] if other.role == s.role)
             # Text(), not markup: roster names are untrusted and may contain [brackets].
             table.add_row(
-                Text(s.role),
+                Text(s.role if nth == 1 else copy_unit_name(s.role, nth)),
                 residency,
                 s.flavor.value,
                 Text(names[s.role]),
@@ -202,9 +208,8 @@ def _render(
     else:
         console.print("every role is placed")
     for role, nodes in result.copies.items():
-        console.print(
-            Text(f"{role}: {len(nodes) + 1} copies, on {', '.join(result.nodes_of(role))}")
-        )
+        places = devices.copy_places(role) if devices is not None else result.nodes_of(role)
+        console.print(Text(f"{role}: {len(nodes) + 1} copies, on {', '.join(places)}"))
     for role, reason in result.copies_short:
         console.print(Text(f"{role}: fewer copies than asked: {reason}"))
 

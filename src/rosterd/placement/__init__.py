@@ -8,6 +8,8 @@ environment).
 - ``copies``: the further copies of roles with ``replicas:``;
 - ``devices`` and ``device_need``: each placed role's device on its node, and what a
   role needs on a device;
+- ``plan_edits``: the node plan as the device step leaves it (copies moved, dropped,
+  unplaced);
 - ``conflicts``: port conflicts of a plan.
 
 :func:`plan` assigns roles (inference specs) to the fleet's nodes.

@@ -6,15 +6,20 @@ its own node. The solver (or greedy) places every role's first copy; then
 role that has none. Each copy counts its role's memory on its node and is held to
 the node's flavors, budget and exclusions as any role is (``NodeLoad``). Sticky
 roles keep their copies' nodes of the plan in force where they still fit; the other
-copies go where the most room is left (spread, ties by fleet order). When fewer than
-N fit, the plan says why for the rest (``Plan.copies_short``).
+copies go where the most room is left (spread, ties by fleet order). Only when no node
+of its own is left may a further copy go on a node that already holds one: where the
+role runs on a device and the node has more devices for it than copies of it (the
+device step, :mod:`rosterd.placement.devices`, then gives each copy a device of its
+own; issue 29: ``replicas: 2`` on a node with two GPUs is one copy per GPU), its host
+part counted in the node's RAM again. When fewer than N fit, the plan says why for the
+rest (``Plan.copies_short``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rosterd.placement.device_need import gb_text
+from rosterd.placement.device_need import devices_for, gb_text, uses_device
 from rosterd.placement.problem import NodeLoad, Problem, greedy_order, node_loads
 from rosterd.spec import InferenceSpec
 
@@ -54,11 +59,38 @@ def place_copies(
                 loads[i].add(s)
                 placed.append(i)
                 held.add(i)
+        # No node of its own left: another device of a node that holds a copy already.
+        for i in [*kept, *_by_room(problem, s, loads)]:
+            here = [assignment[s.role], *placed]
+            while len(placed) < wanted and _spare_device(problem, s, i, here, loads):
+                loads[i].add(s)
+                placed.append(i)
+                here.append(i)
         if placed:
             copies[s.role] = tuple(placed)
         if len(placed) < wanted:
-            short[s.role] = _short_reason(problem, s, loads, held, wanted + 1)
+            copies_at = [assignment[s.role], *placed]
+            short[s.role] = _short_reason(problem, s, loads, copies_at, wanted + 1)
     return copies, short
+
+
+def _spare_device(
+    problem: Problem,
+    s: InferenceSpec,
+    i: int,
+    copies: Sequence[int],
+    loads: Sequence[NodeLoad],
+) -> bool:
+    """Whether node ``i``, which holds a copy of ``s`` (``copies``: the node indexes of
+    its copies so far), may take one more: ``s`` runs on a device there, the node has more
+    devices for it than copies of it, and its host RAM and exclusions (other roles')
+    allow it."""
+    node = problem.nodes[i]
+    if i not in copies or i not in problem.eligible[s.role] or not uses_device(s, node):
+        return False
+    if copies.count(i) >= len(devices_for(s, node)):
+        return False
+    return loads[i].fits(s) and not [r for r in loads[i].excluded_by(s) if r != s.role]
 
 
 def _by_room(problem: Problem, s: InferenceSpec, loads: Sequence[NodeLoad]) -> list[int]:
@@ -67,13 +99,27 @@ def _by_room(problem: Problem, s: InferenceSpec, loads: Sequence[NodeLoad]) -> l
 
 
 def _short_reason(
-    problem: Problem, s: InferenceSpec, loads: Sequence[NodeLoad], held: set[int], asked: int
+    problem: Problem, s: InferenceSpec, loads: Sequence[NodeLoad], copies: list[int], asked: int
 ) -> str:
-    """Why only ``len(held)`` of ``asked`` copies of ``s`` were placed: each other node's
-    reason (no flavor, too small, excluded, full)."""
+    """Why only ``len(copies)`` (their node indexes) of ``asked`` copies of ``s`` were
+    placed: each other node's reason (no flavor, too small, excluded, full), and for a
+    node holding a copy on a device, that it has no other device for one more."""
     notes: list[str] = []
+    by_device = False
     for i, node in enumerate(problem.nodes):
-        if i in held:
+        if i in copies and uses_device(s, node):
+            by_device = True
+            ids = [d.id for d in devices_for(s, node)]
+            held = copies.count(i)
+            if held >= len(ids):
+                notes.append(
+                    f"{node.name}: {'each of ' if held > 1 else ''}{', '.join(ids)} holds "
+                    f"{'a' if held > 1 else 'its'} copy; no other device on {node.name}"
+                )
+            else:
+                notes.append(f"{node.name}: host RAM has no room for one more copy")
+            continue
+        if i in copies:
             continue
         load = loads[i]
         if s.flavor not in node.flavors:
@@ -92,4 +138,9 @@ def _short_reason(
                 f"{gb_text(s.memory.resident_bytes)} > capacity {gb_text(load.capacity)}"
             )
     where = "; ".join(notes) if notes else "the fleet has no other node"
-    return f"{len(held)} of {asked} copies placed (each copy needs a node of its own): {where}"
+    rule = (
+        "each copy needs a node of its own, or a device of its own on a node with several"
+        if by_device
+        else "each copy needs a node of its own"
+    )
+    return f"{len(copies)} of {asked} copies placed ({rule}): {where}"

@@ -52,7 +52,8 @@ def solve(
     candidates: Mapping[str, list[int]] | None = None,
 ) -> tuple[dict[str, int], bool] | None:
     """CP-SAT over the (role, node) pairs in ``candidates`` (default: every eligible
-    pair); ``None`` when no solution in time. The flag is whether it proved optimal."""
+    pair); ``None`` when no solution in time, or when the solver fails (then greedy plans).
+    The flag is whether it proved optimal."""
     model = cp_model.CpModel()
     need = {r: -(-problem.spec[r].memory.resident_bytes // MIB) for r in problem.eligible}
     cap = [max(n.capacity_bytes // MIB, 0) for n in problem.nodes]
@@ -136,7 +137,18 @@ def solve(
         solver.parameters.symmetry_level = 0
         solver.parameters.cp_model_probing_level = 0
         solver.parameters.max_presolve_iterations = 1
-    status = solver.solve(model)
+    try:
+        status = solver.solve(model)
+    except (IndexError, RuntimeError):
+        # OR-Tools 9.15 raises (IndexError "absl::btree_map::at") on some models whose
+        # complete hint is feasible: four roles of 1, 2, 3 and 3 GiB on three 5 GiB nodes
+        # are one. The hint only speeds the search, so solve once more without it; should
+        # that fail too, the caller plans greedily.
+        model.clear_hints()  # type: ignore[no-untyped-call]  # OR-Tools leaves it untyped
+        try:
+            status = solver.solve(model)
+        except (IndexError, RuntimeError):
+            return None
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     assignment = {r: i for (r, i), var in x.items() if solver.boolean_value(var)}

@@ -65,12 +65,13 @@ def device_eligibility(
 
 
 def devices_for(spec: InferenceSpec, node: Node) -> list[DeviceSpec]:
-    """The devices of ``node`` that ``spec``'s flavor runs on: a Mac's default GPU share
-    (``DeviceSpec.default_share``) only for the flavors that run on a GPU share alone, so
-    a llama.cpp role there runs unpinned, as on a Mac that declares no device."""
+    """The devices of ``node`` that ``spec``'s flavor runs on: every device for a flavor
+    that runs on any (llama.cpp: a GPU, or a Mac's GPU share, declared or the default one,
+    ``DeviceSpec.default_share``), a Mac's GPU share for one that runs there alone
+    (mlx_lm), none for a flavor that sizes its GPU use itself (ollama)."""
     use = spec.flavor.facts.devices
     if use is DeviceUse.ANY_DEVICE:
-        return [d for d in node.devices if not d.default_share]
+        return list(node.devices)
     if use is DeviceUse.GPU_SHARE:
         return [d for d in node.devices if d.gpu_share]
     return []

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from rosterd.fleet import Fleet
 from rosterd.placement.copies import place_copies
+from rosterd.placement.device_need import devices_for
 from rosterd.placement.greedy import best_greedy
 from rosterd.placement.problem import (
     NodeLoad,
@@ -40,8 +41,9 @@ def plan(
     a few milliseconds); ``memory_notes`` (role -> words) follow a role's figure in
     its unplaced reason, e.g. that it was counted from a measured peak and what the
     roster's ``ram_gb`` says; ``device_needs`` (role -> what it needs on a device) keep
-    a role off nodes whose devices could never hold it (its device on its node is chosen
-    after, by ``rosterd.placement.devices.place_on_devices``). Never raises for
+    a role off nodes whose devices could never hold it (its device is chosen after, by
+    ``rosterd.placement.devices.place_on_devices``, which moves a role whose node's
+    devices are full to another node's device). Never raises for
     unplaceable roles: each is in ``Plan.unplaced`` with its reason.
     """
     from rosterd.placement import cpsat  # OR-Tools: only when a plan is solved
@@ -100,13 +102,21 @@ def violations(specs: Sequence[InferenceSpec], fleet: Fleet, result: Plan) -> li
     """Hard constraints ``result`` breaks, as sentences (empty when the plan is valid):
     unknown node, flavor not run, interactive + largest batch over capacity, an
     interactive role sharing a node with a role it excludes, two copies of a role on one
-    node."""
+    node (more than one only where the node has a device for each)."""
     problem = Problem(specs, fleet, None)
     loads = [NodeLoad(n) for n in problem.nodes]
     problems: list[str] = []
     for role, copy_nodes in result.copies.items():
-        if len(set(result.nodes_of(role))) != len(result.nodes_of(role)):
-            problems.append(f"{role} has two copies on one node: {', '.join(copy_nodes)}")
+        held = result.nodes_of(role)
+        s = problem.spec.get(role)
+        for name in sorted(set(held)):
+            node = problem.nodes[problem.node_index[name]] if name in problem.node_index else None
+            devices = len(devices_for(s, node)) if s is not None and node is not None else 0
+            if held.count(name) > max(1, devices):
+                problems.append(
+                    f"{role} has more copies on {name} than devices for them: "
+                    f"{', '.join(copy_nodes)}"
+                )
     for role, node_name in result.copy_pairs():
         s = problem.spec.get(role)
         idx = problem.node_index.get(node_name)
