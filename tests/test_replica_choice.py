@@ -146,3 +146,24 @@ def test_a_prompt_is_keyed_by_its_first_bytes_and_nothing_else_has_a_key() -> No
     assert prefix_key({"prompt": [1, 2, 3]}) is None
     assert prefix_key({"messages": []}) is None
     assert prefix_key({"messages": ["not a message"]}) is None
+
+
+def test_a_prefix_leaves_its_copy_while_its_one_slot_is_busy_and_another_is_idle() -> None:
+    # Two one-slot copies (llama-server's default --parallel 1): a long request runs on the
+    # conversation's copy; its next request goes to the idle copy rather than queue.
+    key = prefix_key({"messages": [{"role": "user", "content": "Story 2"}]})
+    own = choose_copy([Copy("a", CopyState.READY, 0, 1), Copy("b", CopyState.READY, 0, 1)], key)
+    other = "b" if own == "a" else "a"
+    busy = [Copy(own or "", CopyState.READY, 1, 1), Copy(other, CopyState.READY, 0, 1)]
+    assert choose_copy(busy, key) == other
+    # With no slot count known, the bound alone keeps it on its copy (what a copy's
+    # slots prevent).
+    unknown = [Copy(own or "", CopyState.READY, 1), Copy(other, CopyState.READY, 0)]
+    assert choose_copy(unknown, key) == own
+    # Both copies busy: no free slot anywhere, so the prefix's copy, within the bound.
+    both = [Copy(own or "", CopyState.READY, 1, 1), Copy(other, CopyState.READY, 1, 1)]
+    assert load_bound(both) == 2
+    assert choose_copy(both, key) == own
+    # ... until one more would be past the bound (ceil(1.25 * 6 / 2) = 4): then the other.
+    over = [Copy(own or "", CopyState.READY, 4, 1), Copy(other, CopyState.READY, 1, 1)]
+    assert choose_copy(over, key) == other

@@ -189,7 +189,8 @@ class RosterdMetrics:
         )
         self.copy_requests = Counter(
             "rosterd_copy_requests",
-            "Requests sent to the role's copy on the node (a role with replicas has several).",
+            "Requests sent to the role's copy on the node (a role with replicas has several; "
+            "a further copy on another device of a node is node=NODE/ROLE~N).",
             ["node", "role"],
             registry=r,
         )

@@ -1,5 +1,6 @@
 """The flags that pin a role's device and offload on llama-server (``--device``, ``-ngl``,
-``--fit off``), and that a node without devices gets none of them."""
+``--fit off``, and ``-lv 4`` so that its log says what it allocated there), and that a node
+without devices gets none of them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from rosterd.weights import ResolvedWeights
 
 
 def test_a_role_on_a_gpu_is_pinned_to_it_with_every_layer_and_fit_off() -> None:
+    # -lv 4: such a build logs what it allocates on the device at trace level only, and
+    # rosterd reads it from the log (rosterd.devices.load_buffers).
     assert pinned_args("CUDA0", None, fit_flag=True) == (
         "--device",
         "CUDA0",
@@ -20,6 +23,8 @@ def test_a_role_on_a_gpu_is_pinned_to_it_with_every_layer_and_fit_off() -> None:
         "999",
         "--fit",
         "off",
+        "-lv",
+        "4",
     )
 
 

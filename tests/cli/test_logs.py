@@ -175,3 +175,46 @@ def test_rosterd_logs_refuses_a_bad_line_count(given: str) -> None:
     )
     assert done.returncode == 2
     assert "-n/--lines" in done.stderr
+
+
+async def test_a_role_with_copies_has_a_log_per_copy(tmp_path: Path) -> None:
+    """``chat``'s copies on nodes ``a`` and ``b`` of one ``up`` log to ``chat@a.log`` and
+    ``chat@b.log``: ``--node`` picks one, a tail without it shows both under their file
+    names, and a follow without it asks for ``--node``."""
+
+    def copies(role: str) -> dict[str, Path]:
+        logs = tmp_path / "logs"
+        return {n: logs / f"{role}@{n}.log" for n in ("a", "b")} if role == "chat" else {}
+
+    async with (
+        serve(tmp_path, copy_logs=copies) as up,
+        httpx.AsyncClient(base_url=up.url, timeout=10) as client,
+    ):
+        (up.logs / "chat@a.log").write_text("from a\n")
+        (up.logs / "chat@b.log").write_text(numbered(1, 3))
+        (up.logs / "chat.log").write_text("an earlier run's single copy\n")
+
+        r = await client.get("/rosterd/logs/chat", params={"node": "b", "lines": 2})
+        assert r.text == numbered(2, 3)
+        both = await client.get("/rosterd/logs/chat", params={"lines": 1})
+        assert both.text == "==> chat@a.log <==\nfrom a\n\n==> chat@b.log <==\nline 3\n"
+        follow = await client.get("/rosterd/logs/chat", params={"follow": 1})
+        assert follow.status_code == 400
+        assert "--node" in follow.json()["error"]["message"]
+        elsewhere = await client.get("/rosterd/logs/chat", params={"node": "c"})
+        assert elsewhere.status_code == 404
+        assert "its copies: a, b" in elsewhere.json()["error"]["message"]
+        # A role with one copy keeps its one log; ``node`` changes nothing there.
+        (up.logs / "quiet.log").write_text("one copy\n")
+        alone = await client.get("/rosterd/logs/quiet", params={"node": "a"})
+        assert alone.text == "one copy\n"
+
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [*rosterd_argv(), "logs", "chat", "--node", "a", "--url", up.url],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"from a\n"

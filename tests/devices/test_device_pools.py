@@ -246,3 +246,31 @@ def test_the_fleet_schema_takes_declared_devices_and_offload() -> None:
         assert list(validator.iter_errors(yaml.safe_load(text))) == []
     bad = yaml.safe_load(GPU_BOX.replace("reserved_gb: 1}", "reserved_gb: 1, vram: 2}"))
     assert list(validator.iter_errors(bad)) != []
+
+
+def test_a_declared_device_the_nodes_llama_server_does_not_list_is_run_on_the_cpu() -> None:
+    # A fleet written for a GPU box, probed where llama-server lists no device (a CPU-only
+    # build, recorded here): its --device would refuse CUDA0, so the pools say the device
+    # is unlisted, and a warning says its roles run on the CPU.
+    node = parse_fleet(GPU_BOX).node("box")
+    cpu_only = parse_list_devices((DATA / "cpu_only_this_build.txt").read_text())
+    pools = node_pools(node, cpu_only, listing_ran=True)
+    assert pools.unlisted == ("CUDA0", "CUDA1")
+    assert not pools.lists("cuda0")
+    assert not pools.lists("CUDA1")
+    assert all(w.endswith("run on the CPU (--device none)") for w in pools.warnings)
+    # NVML sees CUDA0 (a driver) but this llama-server is no CUDA build: still unlisted, and
+    # the warning says only that.
+    gpu = NvmlDevice(0, "RTX", "00:01.0", 24 * GiB, 24 * GiB, 0)
+    seen = node_pools(node, cpu_only, [gpu], listing_ran=True)
+    assert seen.unlisted == ("CUDA0", "CUDA1")
+    assert seen.warnings[0] == (
+        "node box: device CUDA0; the node's llama-server lists no such device, so the roles "
+        "placed on it run on the CPU (--device none)"
+    )
+    # Where no listing ran (no llama-server found, or plan time), nothing is unlisted.
+    assert node_pools(node, (), [gpu]).unlisted == ()
+    assert node_pools(node, probed=False).lists("CUDA0")
+    # A CUDA build lists both: pinned to them as declared.
+    listed = parse_list_devices((DATA / "cuda_two_gpus.txt").read_text())
+    assert node_pools(node, listed, listing_ran=True).unlisted == ()

@@ -70,7 +70,9 @@ def test_a_node_with_a_gpu_shows_a_bar_per_pool_and_a_plain_node_none(
     tmp_path: Path, llama_server_binary: Path, free_port: int
 ) -> None:
     prepare_example_models()
-    binary = cuda_stand_in(tmp_path, llama_server_binary, tmp_path / "argv.log")
+    # It lists no GPU, as this machine's build: the plain node, on the same machine, must
+    # have host RAM alone (box's role then runs on the CPU, counted on the declared GPU).
+    binary = cuda_stand_in(tmp_path, llama_server_binary, tmp_path / "argv.log", listing=None)
     entry = {
         "id": "x",
         "role": "test",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -95,7 +96,7 @@ def test_a_second_role_on_a_full_gpu_evicts_the_first_and_both_run_pinned(
     assert resident == ["y"], json.dumps(status)
     gpu = status["nodes"]["box"]["pools"]["CUDA0"]
     assert gpu["declared_bytes"] == gpu["capacity_bytes"] == int(0.8 * GIB)
-    assert gpu["probed_total_bytes"] is None  # declared: no probe sees it here
+    assert gpu["probed_total_bytes"] == 24 * GIB  # as the stand-in build lists it
     assert sorted(gpu["roles"]) == ["x", "y"]
     assert gpu["resident_bytes"] == gpu["roles"]["y"]
     gauges = dict(
@@ -105,12 +106,122 @@ def test_a_second_role_on_a_full_gpu_evicts_the_first_and_both_run_pinned(
     assert float(gauges[cuda]) == gpu["capacity_bytes"], gauges
     assert 'rosterd_pool_resident_bytes{device="host",node="box"}' in gauges
     assert "CUDA0: " in ps, ps
-    assert "declared 0.80 GiB; no probe sees it" in ps, ps
+    assert "declared 0.80 GiB; probed 24.00 GiB" in ps, ps
     stopped = [e for e in events if e.get("kind") == "stopped" and e.get("role") == "x"]
     assert stopped, events
-    warning = "device CUDA0 is declared in the fleet file but no probe sees it"
-    assert up.output().count(warning) == 1, up.output()
+    assert "no probe sees it" not in up.output(), up.output()
     launches = [line for line in argv_log.read_text().splitlines() if " -m " in f" {line}"]
     assert len(launches) == 2, launches
     for line in launches:
         assert "--device CUDA0 -ngl 999 --fit off" in line, line
+
+
+def test_a_reload_that_declares_a_smaller_gpu_evicts_at_once_and_says_why(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    prepare_example_models()
+    binary = cuda_stand_in(tmp_path, llama_server_binary, tmp_path / "argv.log")
+    roster = write_roster(tmp_path / "roster.yaml", [entry("x", "tiny-a"), entry("y", "tiny-b")])
+    models = {
+        "tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1},
+        "tiny-b": {"path": str(MODELS / "tiny-b.gguf"), "ctx_size": 256, "parallel": 1},
+    }
+    fleet = tmp_path / "fleet.yaml"
+
+    def declare(gpu_gb: float) -> None:
+        node = {
+            "name": "box",
+            "memory_gb": 4,
+            "reserved_gb": 1,
+            "platform": "linux-x86_64",
+            "address": "127.0.0.1",
+            "devices": [{"id": "CUDA0", "memory_gb": gpu_gb}],
+        }
+        document = {"nodes": [node], "models": models, "model_roots": [str(MODELS)]}
+        fleet.write_text(json.dumps(document))
+
+    declare(1.6)  # both roles fit the device together
+    up = start_up(
+        [str(roster), "--fleet", str(fleet), "--min-busy-residency", "0"],
+        tmp_path,
+        free_port,
+        env={"ROSTERD_LLAMA_SERVER": str(binary)},
+    )
+    try:
+        ask(up.url, "tiny-a")
+        ask(up.url, "tiny-b")
+        before = up.get("/status")["nodes"]["box"]["roles"]
+        declare(0.8)  # one of them only
+        reloaded = subprocess.run(
+            [*rosterd_argv(), "reload", "--url", up.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, NO_COLOR="1", COLUMNS="200"),
+            check=True,
+        ).stdout
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            roles = up.get("/status")["nodes"]["box"]["roles"]
+            resident = sorted(r for r, info in roles.items() if info["phase"] != "stopped")
+            if len(resident) == 1:
+                break
+            time.sleep(0.2)
+        gpu = up.get("/status")["nodes"]["box"]["pools"]["CUDA0"]
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    assert sorted(r for r, info in before.items() if info["phase"] == "ready") == ["x", "y"]
+    assert resident == ["y"], up.output()  # x, the least recently used, left at once
+    assert gpu["capacity_bytes"] == int(0.8 * GIB)
+    assert gpu["resident_bytes"] <= gpu["capacity_bytes"]
+    said = up.output()
+    assert "device CUDA0: capacity is now 0.80 GiB" in said, said
+    assert "stopping x" in said, said
+    assert "device CUDA0's capacity is now 0.80 GiB" in said, said
+    assert "reloaded: node box: device CUDA0 capacity 1.60 -> 0.80 GiB" in said, said
+    assert "node box: device CUDA0 capacity 1.60 -> 0.80 GiB" in reloaded, reloaded
+
+
+def test_a_declared_gpu_this_machines_llama_server_lacks_still_serves_on_the_cpu(
+    tmp_path: Path, llama_server_binary: Path, free_port: int
+) -> None:
+    """A fleet written for a GPU machine, run where llama-server lists no such device (this
+    machine's build lists none): the role placed on the GPU runs on the CPU (``--device
+    none``), counted on the device as declared, and one warning says so; before, every
+    load failed on llama-server's ``invalid device: CUDA0``."""
+    prepare_example_models()
+    roster = write_roster(tmp_path / "roster.yaml", [entry("x", "tiny-a")])
+    node = {
+        "name": "box",
+        "memory_gb": 4,
+        "reserved_gb": 1,
+        "platform": "linux-x86_64",
+        "address": "127.0.0.1",
+        "devices": [{"id": "CUDA0", "memory_gb": 0.8}],
+    }
+    models = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1}}
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(json.dumps({"nodes": [node], "models": models, "model_roots": [str(MODELS)]}))
+    up = start_up(
+        [str(roster), "--fleet", str(fleet)],
+        tmp_path,
+        free_port,
+        env={"ROSTERD_LLAMA_SERVER": str(llama_server_binary)},
+    )
+    try:
+        ask(up.url, "tiny-a")
+        gpu = up.get("/status")["nodes"]["box"]["pools"]["CUDA0"]
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    assert sorted(gpu["roles"]) == ["x"]  # counted on the device it was placed on
+    said = up.output()
+    warning = (
+        "node box: device CUDA0 is declared in the fleet file but no probe sees it "
+        "(llama-server --list-devices, NVML); it is used as declared; the node's "
+        "llama-server lists no such device, so the roles placed on it run on the CPU "
+        "(--device none)"
+    )
+    assert said.count(warning) == 1, said
+    assert "invalid device" not in said, said

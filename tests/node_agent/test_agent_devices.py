@@ -1,6 +1,7 @@
 """A node agent's devices (issue 29): the agent probes the node it runs on, the head plans
 the node from that probe once its agent joined, and what the agent's backends hold on each
-GPU, read by the agent on its machine, reaches their node with their peaks.
+GPU (NVML) or say in their logs they allocated on each device, read by the agent on its
+machine, reaches their node with their peaks.
 
 This machine has no GPU: NVML is reached through the stand-in module
 (``support.nvml_stand_in``, put where ``pynvml`` is imported), and ``llama-server
@@ -24,6 +25,7 @@ import psutil
 import pytest
 
 import rosterd.devices.probe as probe
+import rosterd.node_agent.actor as agent_actor
 import rosterd.up.devices as run_devices
 from rosterd.backends.node_host import ServingFacts
 from rosterd.devices.pools import NodePools
@@ -56,7 +58,8 @@ nodes:
 
 UNSEEN = (
     "node far: device CUDA2 is declared in the fleet file but no probe sees it "
-    "(llama-server --list-devices, NVML); it is used as declared"
+    "(llama-server --list-devices, NVML); it is used as declared; the node's llama-server "
+    "lists no such device, so the roles placed on it run on the CPU (--device none)"
 )
 
 
@@ -271,6 +274,39 @@ async def test_what_an_agent_reads_on_its_gpus_reaches_the_node_with_each_peak(
     ]
 
 
+async def test_what_an_agent_on_a_mac_reads_counts_on_its_nodes_gpu_share(
+    tmp_path: Path,
+) -> None:
+    # A Mac whose llama-server lists its GPU as `Metal` (older builds): the agent gives the
+    # footprint on `MTL0` and the log's buffers on `Metal`; the node's share counts the
+    # larger, under the name its pool has.
+    class MacAgentSource:
+        """Stands in for the head's handle on an agent on a Mac (no Mac here)."""
+
+        pids_are_local = False
+
+        async def peak_rss_bytes(self) -> dict[str, int]:
+            return {"writer": 300 * MiB}
+
+        async def device_bytes(self) -> dict[str, dict[str, int]]:
+            return {"writer": {"MTL0": 700 * MiB, "Metal": 650 * MiB}}
+
+    node = FarNode()
+    node.snapshot = lambda: SimpleNamespace(pools=("host", "Metal"))  # type: ignore[method-assign]
+    (recorder,) = follow_peaks(
+        {"far": cast(NodeScheduler, node)},
+        {"far": MacAgentSource()},
+        [],
+        {"writer": "w1"},
+        MeasuredPeaks(tmp_path),
+    )
+    try:
+        await recorder.record()
+    finally:
+        await recorder.finish()
+    assert node.told[0] == ("writer", 300 * MiB, {"Metal": 700 * MiB})
+
+
 def tiny_chat(tiny_gguf: Path) -> tuple[InferenceSpec, ServingFacts]:
     """Role ``chat`` on the tiny GGUF (ctx 256, one thread), and the facts that serve it."""
     source = ModelSource(path=tiny_gguf, ctx_size=256, parallel=1, extra_args=("-t", "1"))
@@ -326,6 +362,64 @@ async def test_an_agent_reads_what_its_running_backend_holds_on_each_gpu(
         # declared, less 1 reserved, less the other process's 1 GiB.
         probed = await agent.pools(fleet().node("far"))
         assert devices_of(probed.pools)[0] == ("CUDA0", "declared, probed", 8 * GiB)
+    finally:
+        await agent.close()
+
+
+async def test_an_agent_reads_what_its_backends_log_says_they_allocated_on_each_device(
+    tmp_path: Path,
+    tiny_gguf: Path,
+    llama_server_binary: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    far_machine: list[Path],
+) -> None:
+    # This machine's llama-server allocates on no device: the lines a GPU build logs as it
+    # loads (recorded on CUDA and ROCm, tests/data/load_buffers/) are added to the real
+    # backend's log. Where NVML reads the device too, the larger figure counts.
+    spec, facts = tiny_chat(tiny_gguf)
+    agent = tiny_agent(tmp_path, facts, {"chat": spec})
+    await agent.open()
+    try:
+        await agent.start("chat")
+        pid = (await agent.backend_pids())["chat"]
+        (log,) = (tmp_path / "state").rglob("chat.log")
+        with log.open("a", encoding="utf-8") as out:
+            out.write("load_tensors:        CUDA0 model buffer size =  7000.00 MiB\n")
+            out.write("llama_kv_cache_init:      ROCm0 KV buffer size =  4352.00 MiB\n")
+        gpus = [StandInGpu("NVIDIA GeForce RTX 3080 Ti", 11909 * MiB, 7 * GiB, "00:01.0")]
+        gpus[0].processes = {pid: 6 * GiB}
+        monkeypatch.setitem(sys.modules, "pynvml", StandInNvml(gpus))
+        assert await agent.device_bytes() == {"chat": {"CUDA0": 7000 * MiB, "ROCm0": 4352 * MiB}}
+        gpus[0].processes = {pid: 8 * GiB}  # NVML's figure grows past the log's: it counts
+        assert await agent.device_bytes() == {"chat": {"CUDA0": 8 * GiB, "ROCm0": 4352 * MiB}}
+    finally:
+        await agent.close()
+
+
+async def test_an_agent_on_a_mac_reads_its_backends_physical_footprint(
+    tmp_path: Path,
+    tiny_gguf: Path,
+    llama_server_binary: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real llama-server started by the agent; macOS's proc_pid_rusage stands in (no Mac
+    # here) and says its process's physical footprint is 3 GiB: counted on the GPU share.
+    spec, facts = tiny_chat(tiny_gguf)
+    agent = tiny_agent(tmp_path, facts, {"chat": spec})
+    await agent.open()
+    try:
+        await agent.start("chat")
+        pid = (await agent.backend_pids())["chat"]
+        asked: list[tuple[int, ...]] = []
+
+        def footprints(pids: tuple[int, ...]) -> dict[int, int]:
+            asked.append(pids)
+            return {pid: 3 * GiB, 1: GiB}
+
+        monkeypatch.setattr(agent_actor, "read_phys_footprints", footprints)
+        monkeypatch.setitem(sys.modules, "pynvml", StandInNvml([]))
+        assert await agent.device_bytes() == {"chat": {"MTL0": 3 * GiB}}
+        assert asked == [(pid,)]
     finally:
         await agent.close()
 

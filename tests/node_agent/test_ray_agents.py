@@ -492,8 +492,11 @@ async def test_an_agent_probes_its_own_node_and_its_pools_cross_ray(
         ]
         assert probed.pools.warnings == (
             "node worker: device CUDA0 is declared in the fleet file but no probe sees it "
-            "(llama-server --list-devices, NVML); it is used as declared",
+            "(llama-server --list-devices, NVML); it is used as declared; the node's "
+            "llama-server lists no such device, so the roles placed on it run on the CPU "
+            "(--device none)",
         )
+        assert probed.pools.unlisted == ("CUDA0",)  # so its roles launch on the CPU there
         assert await backends.device_bytes() == {}
     finally:
         await lab.close()

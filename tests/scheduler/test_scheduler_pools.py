@@ -6,7 +6,13 @@ role is placed on, each a budget of its own. Driven on ``Bench`` with an explici
 from __future__ import annotations
 
 from rosterd.errors import RoleRefusedError
-from rosterd.scheduler.events import LogNote, MeasuredPeak, Reconfigure
+from rosterd.scheduler.events import (
+    LogNote,
+    MeasuredPeak,
+    Reconfigure,
+    Reconfigured,
+    RevokeLeases,
+)
 from rosterd.scheduler.machine import NodeMachine
 from rosterd.scheduler.values import DevicePool
 from support.node_bench import LIMITS, MIB, Bench, assert_failed, spec
@@ -114,3 +120,104 @@ def test_a_measurement_within_the_margin_changes_nothing() -> None:
     serve(bench, "b")
     assert bench.stops() == []
     assert not [n for n in bench.of(LogNote) if "on device" in n.message]
+
+
+# ------------------------------------------------------------ a smaller device in a reload
+
+
+def shrink_device(bench: Bench, device_mib: int) -> None:
+    """A reload that declares ``CUDA0`` with ``device_mib`` MiB, the roles on it unchanged."""
+    pool = bench.machine.state.devices["CUDA0"]
+    smaller = DevicePool(device_mib * MIB, dict(pool.bytes_by_role))
+    bench.send(
+        Reconfigure(bench.now, bench.machine.placed(), bench.capacity, devices={"CUDA0": smaller})
+    )
+
+
+def test_a_smaller_device_in_a_reload_evicts_idle_roles_at_once_least_recently_used_first() -> None:
+    bench = gpu_bench(1000, {"old": 300, "mid": 300, "new": 300}, {"cpu": 500})
+    for at, role in enumerate(("old", "mid", "new", "cpu")):
+        bench.now = float(at)
+        serve(bench, role)
+    assert bench.stops() == []
+    shrink_device(bench, 650)  # 900 MiB resident on a 650 MiB device: one must go
+    assert bench.stops() == ["old"]  # at once, with no request asking; the host had room
+    bench.stop_done("old")
+    assert bench.stops() == ["old"]
+    assert bench.machine.resident() == ("cpu", "mid", "new")
+    (stopping,) = bench.records("stopping")
+    assert "device CUDA0's capacity is now 0.63 GiB" in stopping.cause
+    assert "evicting old" in stopping.cause
+    notes = [n.message for n in bench.of(LogNote)]
+    assert any(n.startswith("device CUDA0: capacity is now 0.63 GiB") for n in notes)
+    (reconfigured,) = bench.of(Reconfigured)
+    assert reconfigured.change.changed
+    assert reconfigured.change.as_json()["device_capacity_bytes"] == {
+        "CUDA0": [1000 * MIB, 650 * MIB]
+    }
+    assert {r.label for r in bench.records("stopped")} == {"replan"}
+
+
+def test_a_smaller_device_evicts_an_idle_role_before_one_serving_a_request() -> None:
+    bench = gpu_bench(1000, {"busy": 300, "idle": 300}, {})
+    bench.now = 1.0
+    held = bench.acquire("busy")
+    bench.settle()
+    bench.now = 2.0
+    serve(bench, "idle")  # used last, yet idle
+    shrink_device(bench, 500)
+    assert bench.stops() == ["idle"]
+    bench.stop_done("idle")
+    bench.release(held)
+    assert bench.stops() == ["idle"]
+    assert bench.machine.resident() == ("busy",)
+
+
+def test_a_role_serving_a_request_over_a_smaller_device_drains_then_is_cut() -> None:
+    bench = gpu_bench(1000, {"a": 600}, {})
+    held = bench.acquire("a")
+    bench.settle()
+    shrink_device(bench, 500)
+    newer = bench.acquire("a")
+    bench.at(LIMITS.drain_s - 0.1)
+    assert not bench.answered(newer)  # newer requests wait: a drains
+    assert bench.of(RevokeLeases) == []
+    bench.at(LIMITS.drain_s)
+    assert [r.role for r in bench.of(RevokeLeases)] == ["a"]
+    bench.release(held)
+    assert bench.stops() == ["a"]
+    assert "device CUDA0's capacity is now" in bench.records("stopping")[0].cause
+    bench.stop_done("a")
+    assert_failed(bench, newer, RoleRefusedError, "device CUDA0")
+    assert bench.machine.resident() == ()
+
+
+def test_a_role_serving_a_request_over_a_smaller_device_stops_once_released() -> None:
+    bench = gpu_bench(1000, {"a": 600}, {})
+    held = bench.acquire("a")
+    bench.settle()
+    shrink_device(bench, 500)
+    assert bench.stops() == []
+    bench.release(held)
+    assert bench.stops() == ["a"]
+
+
+def test_a_device_that_still_holds_its_roles_evicts_nothing_on_a_reload() -> None:
+    bench = gpu_bench(1000, {"a": 400, "b": 400}, {})
+    serve(bench, "a")
+    serve(bench, "b")
+    shrink_device(bench, 800)
+    assert bench.stops() == []
+    assert bench.machine.resident() == ("a", "b")
+
+
+def test_a_measurement_that_no_longer_fits_the_device_evicts_at_once() -> None:
+    bench = gpu_bench(1000, {"a": 400, "b": 400}, {})
+    bench.now = 1.0
+    serve(bench, "a")
+    bench.now = 2.0
+    serve(bench, "b")
+    bench.send(MeasuredPeak(bench.now, "b", 100 * MIB, 100 * MIB, {"CUDA0": 700 * MIB}))
+    assert bench.stops() == ["a"]  # 400 + 700 over 1000: the least recently used goes
+    cause = bench.records("stopping")[0].cause
+    assert "memory on device CUDA0 grew over its capacity of 0.98 GiB" in cause

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from rosterd.supervisor import logs as backend_logs
-from rosterd.supervisor.process import REASON_CHARS, failure_reason, output_tail, spawn_logged
+from rosterd.supervisor.process import (
+    REASON_CHARS,
+    failure_reason,
+    latest_run_output,
+    output_tail,
+    spawn_logged,
+)
 from support.backends import gone
 
 #: A child that writes ``N`` numbered lines of about 100 bytes each, then exits.
@@ -101,6 +107,22 @@ async def test_a_start_error_quotes_the_last_lines_at_once(tmp_path: Path) -> No
         await proc.wait()
         assert output_tail(log, offset)[-2:] == ("loading", "bad magic")
     await _settled(log)
+
+
+def test_the_latest_runs_output_is_read_from_its_header_on_across_a_rotation(
+    tmp_path: Path,
+) -> None:
+    # What a ready backend logged as it loaded (its buffers) is read from its own run's
+    # part of the log: an earlier run's lines are not, a rotation since its start loses none.
+    log = tmp_path / "chat.log"
+    header = "--- rosterd: starting chat at 2026-01-0{day}T00:00:00+0000: llama-server -m m\n"
+    (tmp_path / "chat.log.2").write_text(header.format(day=1) + "old run\n")
+    (tmp_path / "chat.log.1").write_text("old run, more\n" + header.format(day=2) + "loading\n")
+    log.write_text("loaded\nserving\n")
+    assert latest_run_output(log, "chat") == "loading\nloaded\nserving\n"
+    log.write_text(log.read_text() + header.format(day=3) + "restarted\n")
+    assert latest_run_output(log, "chat") == "restarted\n"
+    assert latest_run_output(tmp_path / "voice.log", "voice") == ""  # no log yet
 
 
 def test_the_reason_of_a_failed_start_is_the_first_error_lines_bounded() -> None:

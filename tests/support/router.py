@@ -16,6 +16,7 @@ import uvicorn
 from rosterd.backends.interface import RoleBackends
 from rosterd.backends.values import Endpoint
 from rosterd.router import RoleRoute, RouterConfig, create_app
+from rosterd.router.logs import CopyLogs
 from rosterd.router.streams import LiveStreams
 from rosterd.scheduler.directory import NodeDirectory
 from rosterd.scheduler.node import NodeScheduler
@@ -55,12 +56,14 @@ async def serve(
     excludes: dict[str, tuple[str, ...]] | None = None,
     limits: SchedulerLimits | None = None,
     native: frozenset[str] = frozenset(),
+    copy_logs: CopyLogs | None = None,
 ) -> AsyncIterator[Served]:
     """Serve :data:`ROLES` (model names ``<role>-m``, 1 MiB each) with logs in
     ``tmp_path/logs``, on one node ``n1`` of ``capacity_bytes`` whose roles
     ``backends`` start (default :class:`NoBackends`); ``excludes``: role -> the
     roles it excludes; ``limits``: the node's (default ``SchedulerLimits()``); ``native``: the
-    dialects every role's backend serves itself (``RoleRoute.native``)."""
+    dialects every role's backend serves itself (``RoleRoute.native``); ``copy_logs``: the
+    logs of each role's copies by node (``create_app``'s)."""
     specs = {
         r: InferenceSpec(
             role=r,
@@ -81,6 +84,7 @@ async def serve(
         {r: RoleRoute(r, names=(f"{r}-m",), native=native) for r in ROLES},
         config=config,
         log_path=lambda role: logs / f"{role}.log",
+        copy_logs=copy_logs,
         streams=streams,
     )
     port = pick_free_port()

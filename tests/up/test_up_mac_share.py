@@ -1,7 +1,8 @@
 """``rosterd up`` on a Mac that declares no GPU share: the files read give it Metal's default
-share for the roster's mlx_lm roles, the run's probe (a recorded Metal listing stands in
-for the Mac this machine is not) puts Metal's own figure in its place, and the node
-machine holds the mlx roles to that pool, unpinned; llama.cpp roles there stay off it."""
+share for the roster's llama.cpp and mlx_lm roles, the run's probe (a recorded Metal listing
+stands in for the Mac this machine is not) puts Metal's own figure in its place, and the
+node machine holds both kinds to that pool: the mlx roles unpinned, the llama.cpp roles
+pinned to it (``--device MTL0 -ngl 999 --fit off``) as on a declared share."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from pathlib import Path
 import pytest
 
 import rosterd.up.devices as run_devices
+from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.cli.client_cmd import _pool_lines
 from rosterd.devices.listing import parse_list_devices
 from rosterd.devices.pools import NodePools, node_pools
-from rosterd.errors import AdapterError
 from rosterd.fleet.model import Node
 from rosterd.fleet_scheduler.values import NodeServing
 from rosterd.placement import plan
 from rosterd.up import config as up_config
 from rosterd.up.options import UpOptions
+from rosterd.weights import ResolvedWeights
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -47,7 +49,7 @@ def _files(tmp_path: Path, backend: str) -> UpOptions:
     return UpOptions(roster, fleet_path=fleet)
 
 
-def test_up_holds_mlx_roles_to_the_share_the_macs_probe_lists(
+def test_up_holds_mlx_and_llamacpp_roles_to_the_share_the_macs_probe_lists(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     roster, fleet = up_config.read_files(_files(tmp_path, "mlx_lm"))
@@ -59,11 +61,12 @@ def test_up_holds_mlx_roles_to_the_share_the_macs_probe_lists(
     ) -> tuple[NodePools, tuple[str, ...]]:
         return node_pools(node, parse_list_devices(LISTING)), ()
 
-    def no_server() -> Path:
-        raise AdapterError("no llama-server in this test")
+    def mac_server() -> Path:
+        return tmp_path / "llama-server"  # never run: the probe and --help are stand-ins
 
     monkeypatch.setattr(run_devices, "probe_pools", probe)
-    monkeypatch.setattr(run_devices, "find_llama_server", no_server)
+    monkeypatch.setattr(run_devices, "find_llama_server", mac_server)
+    monkeypatch.setattr(run_devices, "server_lists_fit", lambda binary: True)
     devices = run_devices.RunDevices()
     assert devices.find_pools(fleet) == ()  # not declared: nothing to warn of
     counted = devices.counted(fleet)
@@ -80,12 +83,28 @@ def test_up_holds_mlx_roles_to_the_share_the_macs_probe_lists(
     pool = serving.devices["MTL0"]
     assert (pool.source, pool.capacity_bytes) == ("probed", 110080 * MiB)
     assert (pool.declared_bytes, pool.probed_total_bytes) == (None, 110080 * MiB)
-    assert pool.bytes_by_role == {"planner": 60 * GiB, "writer": 60 * GiB}  # chat: not there
-    assert devices.pins(serving) == {}  # nothing pinned: chat runs as without devices
+    assert pool.bytes_by_role == {"chat": 1 * GiB, "planner": 60 * GiB, "writer": 60 * GiB}
+    # chat (llama.cpp) is pinned to the share, as on a declared one; mlx roles have no pins.
+    pins = devices.pins(serving)
+    # (-lv 4: builds with --fit log what they allocate per device at trace level only)
+    assert pins == {"chat": ("--device", "MTL0", "-ngl", "999", "--fit", "off", "-lv", "4")}
+    # Its launch command carries them last, so they win over the fleet entry's args.
+    adapter = LlamaCppAdapter(server_binary=tmp_path / "llama-server")
+    weights = ResolvedWeights(path=tmp_path / "chat.gguf", extra_args=("-ngl", "10"))
+    argv = adapter.launch(by_id["chat"], weights, host="127.0.0.1", port=18603, pins=pins["chat"])
+    assert argv.argv[-8:] == pins["chat"]
 
 
-def test_up_without_mlx_roles_leaves_the_mac_as_it_was(tmp_path: Path) -> None:
+def test_up_with_llamacpp_roles_alone_gives_the_mac_the_share(tmp_path: Path) -> None:
     _, fleet = up_config.read_files(_files(tmp_path, "llama.cpp"))
+    (share,) = fleet.node("studio").devices
+    assert (share.id, share.default_share) == ("MTL0", True)
+
+
+def test_up_with_ollama_roles_alone_leaves_the_mac_as_it_was(tmp_path: Path) -> None:
+    options = _files(tmp_path, "ollama")
+    options.roster_path.write_text(options.roster_path.read_text().replace("llama.cpp", "ollama"))
+    _, fleet = up_config.read_files(options)
     assert fleet.node("studio").devices == ()
 
 

@@ -12,6 +12,9 @@ the backends of its roles.
 - :mod:`rosterd.backends.kv_keep`: :class:`~rosterd.backends.kv_keep.KvKeeper`, a
   role's KV cache saved when its backend stops and restored when it starts again;
 - :mod:`rosterd.backends.kv_record`: a kept KV slot's record, in memory and on disk;
+- :mod:`rosterd.backends.copy_names`: the names of a role's copies on one supervisor
+  (``<role>@<node>``, for a role with ``replicas`` on several nodes of one ``rosterd up``;
+  layer 1), and what each node's backends were started with;
 - :mod:`rosterd.backends.node_host`: :class:`~rosterd.backends.node_host.NodeHost`, the
   one way to run a machine's nodes (the state folder's lock, one supervisor, leftovers
   reaped, one weights rule).

@@ -32,6 +32,7 @@ __all__ = [
     "MeasuredBackends",
     "PeakSource",
     "ProbeResult",
+    "ReportedDeviceBytes",
     "RoleBackends",
 ]
 
@@ -141,6 +142,19 @@ class DeviceBytesSource(Protocol):
     async def device_bytes(self) -> dict[str, dict[str, int]]:
         """Role -> device id (``CUDA<index>``) -> bytes its backend's process holds on that
         GPU now (NVML, per process); roles holding nothing on any GPU are left out."""
+        ...
+
+
+@runtime_checkable
+class ReportedDeviceBytes(Protocol):
+    """Backends of this machine that read, from each backend's own log, what it allocated on
+    each device as it loaded (llama-server's load lines, for every llama.cpp backend: CUDA,
+    ROCm, Vulkan, Metal; ``rosterd.devices.load_buffers``)."""
+
+    async def reported_device_bytes(self) -> dict[str, dict[str, int]]:
+        """Role -> device id (``CUDA0``, ``ROCm0``, ``Vulkan0``, ``MTL0``) -> bytes its
+        running, ready backend reported allocating there; roles that reported nothing on a
+        device are left out."""
         ...
 
 

@@ -2,7 +2,7 @@
 :class:`SupervisorBackends`, over the local supervisor and the flavor adapters.
 
 It implements the Protocols of :mod:`rosterd.backends.interface` (``RoleBackends``,
-``BackendEventSource``, ``MeasuredBackends``, ``PeakSource``).
+``BackendEventSource``, ``MeasuredBackends``, ``PeakSource``, ``ReportedDeviceBytes``).
 
 A flavor with one server per node (ollama) declares the capability on its
 adapter (``Adapter.shared_server``); this module asks for the capability, never
@@ -18,10 +18,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from rosterd.adapters import Adapter, Launch, SharedServer, WeightsSource, adapter_for
+from rosterd.backends.copy_names import (
+    HeldBackend,
+    LocalCopies,
+    copy_backend_name,
+    role_of_backend,
+)
 from rosterd.backends.interface import Endpoint
 from rosterd.backends.kv_keep import KeptTotals, KvKeeper
 from rosterd.backends.shared import SharedServers
 from rosterd.backends.values import KeptKv
+from rosterd.devices.load_buffers import LoadReport, parse_load_report
 from rosterd.errors import BackendAlreadySupervisedError, PortInUseError
 from rosterd.model_facts.slot_reuse import slot_reuse_of
 from rosterd.spec import InferenceSpec, InferFlavor
@@ -30,6 +37,7 @@ from rosterd.supervisor import (
     ProbeResult,
     Supervisor,
     free_port,
+    latest_run_output,
     process_tree_peak_rss_bytes,
 )
 
@@ -64,7 +72,11 @@ class SupervisorBackends:
     restores them before it returns, a stop saves them before the process is stopped unless
     they were saved while the role was idle (:meth:`save_kv`) and served nothing since;
     ``progress_window_s``: how long a backend that gave its generation probe no answer is
-    watched for progress before it counts as wedged (``--progress-window``, seconds).
+    watched for progress before it counts as wedged (``--progress-window``, seconds);
+    ``copies``: the backends this machine's supervisor was asked to start, shared by every
+    node it runs (default: this node's own); ``names_copies(spec)``: whether the role of
+    ``spec`` runs under its copy's name (``<role>@<node>``, :meth:`backend_name`; default:
+    never, as on a node agent, whose supervisor runs one node).
 
     Roles of a flavor with one shared server per node (an adapter whose
     ``shared_server`` is set: ollama) are not processes: they go to
@@ -92,8 +104,12 @@ class SupervisorBackends:
         model_names: Mapping[str, str] | None = None,
         kv: KvKeeper | None = None,
         progress_window_s: float = 45.0,
+        copies: LocalCopies | None = None,
+        names_copies: Callable[[InferenceSpec], bool] | None = None,
     ) -> None:
         self.supervisor = supervisor
+        self.copies = copies if copies is not None else LocalCopies()
+        self.names_copies = names_copies
         self.progress_window_s = progress_window_s
         self.kv = kv
         # role -> why its KV cache is not kept (its architecture cannot reuse a restore).
@@ -111,6 +127,8 @@ class SupervisorBackends:
         )
         self._changes: asyncio.Queue[BackendEvent] = asyncio.Queue()
         self._peaks: dict[str, int] = {}
+        # role -> (pid, what that process logged allocating as it loaded): read once a run
+        self._load_reports: dict[str, tuple[int, LoadReport]] = {}
         self._started: set[str] = set()  # whose peaks are this instance's to report
         #: Role -> the flags pinning its device and offload (issue 29: ``--device CUDA0
         #: -ngl 999 --fit off``), given by the plan; appended last, so they win over the
@@ -153,7 +171,8 @@ class SupervisorBackends:
         shared = adapter.shared_server
         if shared is not None:
             return await self._load_shared(spec, shared)
-        await self._after_previous(role)
+        name = self._start_name(role)
+        await self._after_previous(role, name)
         self._started.add(role)
         # A new run: its peak is its own (a reload may have changed what it launches;
         # the recorder keeps the largest of this `up` for unchanged settings).
@@ -167,30 +186,44 @@ class SupervisorBackends:
         for attempt in range(1, _BIND_RACE_TRIES + 1):
             port = free_port(self.host) if picked else spec.serve.port
             assert port is not None
-            launch = adapter.launch(spec, source, host=self.host, port=port)
-            if self.pins.get(role):
-                launch = replace(launch, argv=(*launch.argv, *self.pins[role]))
-            if keeping is not None and not await self._slots_reusable(role, source, launch):
-                keeping = None  # its architecture cannot reuse a restored slot: not saved
-            if keeping is not None and self.kv is not None:
-                folder = self.kv.folder(role)
-                launch = replace(launch, argv=(*launch.argv, *keeping.launch_args(folder)))
+            if (
+                not picked
+                and name != role
+                and self.copies.port_held_by_other_copy(self.node, role, self.host, port)
+            ):
+                # Another node's copy of the role listens on the roster's port on this
+                # same address: this copy takes a free one.
+                picked, port = True, free_port(self.host)
+            # Held before anything awaits: a copy starting at once sees the port taken.
+            self.copies.hold(self.node, role, HeldBackend(name, self.host, port))
             try:
+                launch = adapter.launch(spec, source, host=self.host, port=port)
+                if self.pins.get(role):
+                    launch = replace(launch, argv=(*launch.argv, *self.pins[role]))
+                if keeping is not None and not await self._slots_reusable(role, source, launch):
+                    keeping = None  # its architecture cannot reuse a restored slot: not saved
+                if keeping is not None and self.kv is not None:
+                    folder = self.kv.folder(name)
+                    launch = replace(launch, argv=(*launch.argv, *keeping.launch_args(folder)))
                 backend = await self.supervisor.start(
-                    role,
+                    name,
                     launch,
                     ready_timeout_s=self.ready_timeout_s,
                     grace_s=grace if isinstance(grace, int | float) else None,
                 )
             except PortInUseError:
+                self.copies.release(self.node, role)
                 # A port we picked was taken between the pick and the bind: pick again.
                 if not picked or attempt == _BIND_RACE_TRIES:
                     raise
                 continue
+            except BaseException:
+                self.copies.release(self.node, role)
+                raise
             restored = 0
             if keeping is not None and self.kv is not None:
                 # Before the start returns: the first request is granted only after it.
-                result = await self.kv.started(role, keeping, launch, backend.base_url, source.path)
+                result = await self.kv.started(name, keeping, launch, backend.base_url, source.path)
                 restored = result.tokens if result.outcome == "restored" else 0
             return Endpoint(backend.base_url, launch.served_model, backend.pid, restored)
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -208,11 +241,31 @@ class SupervisorBackends:
             log.info("%s: %s", role, reuse.why)
         return reuse.reusable
 
-    async def _after_previous(self, role: str) -> None:
-        """Wait until no backend of ``role`` runs under the supervisor that other backends
-        started: a re-plan that moved the role between two nodes of this machine (a node
-        renamed, say) drains the old node while the new one starts, and the supervisor
-        runs one process per name.
+    def backend_name(self, role: str) -> str:
+        """The supervisor's name of ``role``'s backend on this node: the name its process was
+        started under while it runs (a reload may have changed the rule since), else the one
+        a start takes (:meth:`_start_name`). Its log is ``logs/<name>.log``, its kept KV
+        ``kv/<name>/``."""
+        held = self.copies.held(self.node, role)
+        return held.name if held is not None else self._start_name(role)
+
+    def _start_name(self, role: str) -> str:
+        """The name a start of ``role`` takes: ``<role>@<node>`` for a role whose fleet
+        entry asks for copies on a supervisor that runs several nodes (``names_copies``),
+        else the role's id, as for every role with one copy and for a shared server's
+        roles, which are no process of their own (``rosterd.backends.copy_names``)."""
+        spec = self.specs.get(role)
+        if spec is None or self.names_copies is None or not self.names_copies(spec):
+            return role
+        if self.adapters(spec.flavor).shared_server is not None:
+            return role
+        return copy_backend_name(role, self.node)
+
+    async def _after_previous(self, role: str, name: str) -> None:
+        """Wait until no backend named ``name`` runs under the supervisor that other backends
+        started: a re-plan that moved a role with one copy between two nodes of this machine
+        (a node renamed, say) drains the old node while the new one starts, and the
+        supervisor runs one process per name. A copy's name is its node's alone.
 
         Raises:
             BackendAlreadySupervisedError: the old process still runs after
@@ -222,10 +275,10 @@ class SupervisorBackends:
             return  # ours: the node's machine stops it before it starts it again
         deadline = asyncio.get_running_loop().time() + _PREVIOUS_WAIT_S
         # another node's drain, then its stop, free the name: there is no event to await
-        while self.supervisor.backend(role) is not None:
+        while self.supervisor.backend(name) is not None:
             if asyncio.get_running_loop().time() > deadline:
                 raise BackendAlreadySupervisedError(
-                    f"backend {role} of the node it moved from still runs after "
+                    f"backend {name} of the node it moved from still runs after "
                     f"{_PREVIOUS_WAIT_S:.0f} s"
                 )
             await asyncio.sleep(0.05)
@@ -240,26 +293,30 @@ class SupervisorBackends:
             size = await self.shared.unload(spec, shared, self._model_of(spec), measure=measure)
             self._note_size(role, size)
             return
-        if self.kv is not None and self.supervisor.backend(role) is not None:
-            await self.kv.stopping(role)  # every stop we ask for saves first
+        name = self.backend_name(role)
+        if self.kv is not None and self.supervisor.backend(name) is not None:
+            await self.kv.stopping(name)  # every stop we ask for saves first
         self._sample_peak(role)  # the process and its high-water mark are gone after the stop
-        await self.supervisor.stop(role)
+        await self.supervisor.stop(name)
+        self.copies.release(self.node, role)
 
     async def save_kv(self, role: str) -> None:
         """Save ``role``'s KV cache while it is idle (``IdleKvSaver``): its next stop only
         stops the process. A no-op without a keeper, or for a role whose KV is not kept."""
         if self.kv is not None:
-            await self.kv.save_idle(role)
+            await self.kv.save_idle(self.backend_name(role))
 
     def kv_changing(self, role: str) -> None:
         """A lease was granted on ``role`` (``IdleKvSaver``): its KV must be saved again."""
         if self.kv is not None:
-            self.kv.changing(role)
+            self.kv.changing(self.backend_name(role))
 
     def past_loads_s(self, role: str) -> tuple[float, ...]:
         """``role``'s past loads on this machine (``LoadHistory``), seconds, oldest first:
-        the supervisor's run records, kept across runs."""
-        return self.supervisor.past_loads_s(role)
+        the supervisor's run records, kept across runs; a copy with none yet has its role's
+        (the same weights and settings load alike)."""
+        name = self.backend_name(role)
+        return self.supervisor.past_loads_s(name) or self.supervisor.past_loads_s(role)
 
     def kept_kv(self, role: str) -> KeptKv | None:
         """What the machine keeps of ``role``'s KV cache (``KeptKvSource``), with the
@@ -269,9 +326,10 @@ class SupervisorBackends:
             return None
         if role in self.kv_not_kept:
             return KeptKv(tokens=0, file_bytes=0, not_kept=self.kv_not_kept[role])
-        kept = self.kv.kept(role)
-        restore = self.kv.last_restore.get(role)
-        totals = self.kv.totals.get(role) or KeptTotals()
+        name = self.backend_name(role)  # each copy keeps its own: kv/<role>@<node>/
+        kept = self.kv.kept(name)
+        restore = self.kv.last_restore.get(name)
+        totals = self.kv.totals.get(name) or KeptTotals()
         return KeptKv(
             tokens=kept.tokens,
             file_bytes=kept.file_bytes,
@@ -287,7 +345,9 @@ class SupervisorBackends:
     async def measured_bytes(self) -> dict[str, int]:
         """Role -> RSS in bytes of its backend's process tree on this machine, measured now
         (roles without a process of their own, such as a shared server's, are left out)."""
-        measured = {role: self.supervisor.measured_bytes(role) for role in self.specs}
+        measured = {
+            role: self.supervisor.measured_bytes(self.backend_name(role)) for role in self.specs
+        }
         return {role: rss for role, rss in measured.items() if rss is not None}
 
     async def probe(self, role: str, *, timeout_s: float) -> ProbeResult:
@@ -299,13 +359,14 @@ class SupervisorBackends:
         adapter = self.adapters(spec.flavor)
         if adapter.shared_server is not None:
             return ProbeResult(True, None, "a shared server's roles are not probed")
-        backend = self.supervisor.backend(role)
+        name = self.backend_name(role)
+        backend = self.supervisor.backend(name)
         if backend is None:
             return ProbeResult(False, None, "its backend is not running")
         probe = adapter.generation_probe(backend.launch.served_model)
         # A backend busy with a long prefill cannot answer in time: its progress says so.
         return await self.supervisor.probe(
-            role,
+            name,
             probe,
             timeout_s=timeout_s,
             progress=adapter.progress_probe,
@@ -318,7 +379,7 @@ class SupervisorBackends:
         Raises:
             BackendNotSupervisedError: the role has no running process.
         """
-        await self.supervisor.restart(role)
+        await self.supervisor.restart(self.backend_name(role))
 
     async def peak_rss_bytes(self) -> dict[str, int]:
         """Role -> its backend's largest peak RSS (bytes) so far (see :class:`PeakSource`)."""
@@ -327,10 +388,37 @@ class SupervisorBackends:
         await self._sample_shared_sizes()
         return dict(self._peaks)
 
+    async def load_reports(self) -> dict[str, LoadReport]:
+        """Role -> what its backend's running process logged allocating per buffer as it
+        loaded (llama-server's load lines: :mod:`rosterd.devices.load_buffers`), for each
+        role these backends started whose process is ready; an empty report for a backend
+        that logs none (another flavor; a build that logs them at trace level, run without
+        ``-lv 4``). Read from the process's part of its log once per process, off the event
+        loop: what it allocated while it loaded does not change while it runs."""
+        reports: dict[str, LoadReport] = {}
+        for role in sorted(self._started):
+            backend = self.supervisor.backend(role)
+            if backend is None or not backend.ready:
+                continue  # a load under way has not logged all its buffers yet
+            known = self._load_reports.get(role)
+            if known is None or known[0] != backend.pid:
+                text = await asyncio.to_thread(latest_run_output, backend.log_path, role)
+                known = self._load_reports[role] = (backend.pid, parse_load_report(text))
+            reports[role] = known[1]
+        return reports
+
+    async def reported_device_bytes(self) -> dict[str, dict[str, int]]:
+        """Role -> device id -> bytes its running backend logged allocating on that device
+        as it loaded (``ReportedDeviceBytes``: :meth:`load_reports`); roles whose backend
+        allocated nothing on a device are left out."""
+        reports = await self.load_reports()
+        on_devices = {role: report.device_bytes() for role, report in reports.items()}
+        return {role: held for role, held in on_devices.items() if held}
+
     def _sample_peak(self, role: str) -> None:
         if role not in self._started:
             return
-        backend = self.supervisor.backend(role)
+        backend = self.supervisor.backend(self.backend_name(role))
         if backend is None:
             return
         peak = process_tree_peak_rss_bytes(backend.pid)
@@ -343,10 +431,12 @@ class SupervisorBackends:
 
     def notice(self, event: BackendEvent) -> bool:
         """Take a supervisor event (wire to ``Supervisor(on_event=...)``); whether it is
-        one of this node's roles (only those reach :meth:`changes`)."""
-        if event.name not in self.specs:
+        one of this node's roles (only those reach :meth:`changes`, named by the role: a
+        copy's ``<role>@<node>`` as ``<role>``)."""
+        role, node = role_of_backend(event.name)
+        if role not in self.specs or node not in (None, self.node):
             return False
-        self._changes.put_nowait(event)
+        self._changes.put_nowait(replace(event, name=role) if node is not None else event)
         return True
 
     async def changes(self) -> Sequence[BackendEvent]:

@@ -11,11 +11,13 @@ both then start, stop, probe and measure backends through the same
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rosterd.adapters import WeightsSource
+from rosterd.backends.copy_names import LocalCopies, role_of_copy
 from rosterd.backends.kv_keep import DEFAULT_KV_DISK_BYTES, KvKeeper
 from rosterd.backends.local import SupervisorBackends
 from rosterd.errors import WeightsError
@@ -46,12 +48,19 @@ def weights_resolver(facts: ServingFacts) -> Callable[[InferenceSpec], WeightsSo
     """
 
     def resolve(spec: InferenceSpec) -> WeightsSource:
+        # A further copy on a node's other device (chat~2) has its role's weights.
+        spec = dataclasses.replace(spec, role=role_of_copy(spec.role))
         found = resolve_for_fleet(spec, facts.fleet, repo=facts.repos.get(spec.role) or None)
         if found is None:
             raise WeightsError(f"role {spec.role}: its flavor keeps its own weights")
         return found
 
     return resolve
+
+
+def _asks_copies(facts: ServingFacts) -> Callable[[InferenceSpec], bool]:
+    """Whether a spec's fleet ``models:`` entry asks for more than one copy."""
+    return lambda spec: facts.fleet.replicas_of(role_of_copy(spec.role), spec.model) > 1
 
 
 def listen_host(address: str) -> str:
@@ -65,7 +74,10 @@ class NodeHost:
     ``on_event`` hears every backend event of the supervisor; ``auto_ports`` and
     ``ready_timeout_s`` (seconds) as ``SupervisorBackends``'; ``kv_disk_bytes``: the disk
     the kept KV caches may take (``--kv-disk-gb``); ``progress_window_s`` as
-    ``SupervisorBackends``' (``--progress-window``). Call :meth:`open` first."""
+    ``SupervisorBackends``' (``--progress-window``); ``names_copies``: this machine may run
+    several nodes (``rosterd up``), so the copies of a role whose fleet entry asks for
+    ``replicas`` run as ``<role>@<node>`` (``rosterd.backends.copy_names``); a node agent,
+    which runs one node, keeps every role's name. Call :meth:`open` first."""
 
     def __init__(
         self,
@@ -77,8 +89,12 @@ class NodeHost:
         ready_timeout_s: float | None = None,
         kv_disk_bytes: int = DEFAULT_KV_DISK_BYTES,
         progress_window_s: float = 45.0,
+        names_copies: bool = False,
     ) -> None:
         self.state_dir = state_dir
+        self.names_copies = names_copies
+        #: What every node's backends started here, by (node, role): names and ports.
+        self.copies = LocalCopies()
         self.progress_window_s = progress_window_s
         #: The kept KV caches of this machine's roles (``<state_dir>/kv``).
         self.kv = KvKeeper(state_dir / "kv", disk_budget_bytes=kv_disk_bytes)
@@ -127,6 +143,8 @@ class NodeHost:
             model_names=facts.model_names,
             kv=self.kv,
             progress_window_s=self.progress_window_s,
+            copies=self.copies,
+            names_copies=_asks_copies(facts) if self.names_copies else None,
         )
 
     async def close(self) -> None:

@@ -378,6 +378,10 @@ def reload_cmd(
         capacity = node.get("capacity_bytes")
         if capacity:
             lines.append(f"node {name}: capacity {_gib(capacity[0])} -> {_gib(capacity[1])} GiB")
+        for device, (before, after) in (node.get("device_capacity_bytes") or {}).items():
+            lines.append(
+                f"node {name}: device {device} capacity {_gib(before)} -> {_gib(after)} GiB"
+            )
     for key, what in (("added_nodes", "nodes added"), ("drained_nodes", "nodes drained")):
         if data.get(key):
             lines.append(f"{what}: {', '.join(data[key])}")

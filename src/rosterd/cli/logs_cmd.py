@@ -4,7 +4,9 @@
 It asks ``GET /rosterd/logs/{role}`` (``--url``, ``--api-key`` as ``ps``): the
 last N lines, across the rotated files, and with ``-f`` everything the backend
 writes next, until Ctrl-C. The bytes are written to stdout as the backend
-wrote them. Like ``ps``, it talks ``http.client`` and imports nothing heavy.
+wrote them. A role with copies on several nodes of the ``up`` has a log per copy:
+``--node`` picks one; without it the tail shows each copy's under its file name.
+Like ``ps``, it talks ``http.client`` and imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import typer
 from rosterd.cli import DEFAULT_URL, app
 from rosterd.cli.client_cmd import KeyOption, UrlOption, _connection, refusal, role_path
 from rosterd.errors import NotRunningError, OptionError
+from rosterd.tokens import valid_token
 
 #: Seconds to wait for ``rosterd up`` to connect and answer (a followed log then waits forever).
 ANSWER_TIMEOUT_S = 30.0
@@ -48,6 +51,12 @@ def logs_cmd(
         str,
         typer.Option("--lines", "-n", metavar="N", help="Lines of the end to show (0 to 10000)."),
     ] = "200",
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node", metavar="NODE", help="The copy on this node, for a role with copies."
+        ),
+    ] = None,
     url: UrlOption = DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
@@ -55,7 +64,10 @@ def logs_cmd(
     import http.client
 
     count = _line_count(lines)
+    if node is not None and not valid_token(node, 64):
+        raise OptionError(f"--node {node!r} is not a node name (a plain token)")
     path = role_path("logs", role) + f"?lines={count}" + ("&follow=1" if follow else "")
+    path += f"&node={node}" if node is not None else ""
     connection, prefix = _connection(url, ANSWER_TIMEOUT_S)
     headers = {"Accept": "text/plain"}
     if api_key:

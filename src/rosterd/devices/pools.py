@@ -11,12 +11,14 @@ A device's pool is, in order of precedence:
 - **probed**: listed by ``llama-server --list-devices`` (:mod:`rosterd.devices.listing`)
   or found by NVML (:mod:`rosterd.devices.nvml`) but not declared: its listed total;
 - **default**: a Mac (``macos-arm64``) that declares no GPU share, in a fleet whose roster
-  has roles that run on the GPU share alone (mlx_lm), gets one (``MTL0``,
-  :func:`with_default_gpu_shares`) sized by Metal's default rule
+  has roles that run on a Mac's GPU (llama.cpp, mlx_lm) and that the node runs, gets one
+  (``MTL0``, :func:`with_default_gpu_shares`) sized by Metal's default rule
   (:func:`metal_default_share_bytes`), unless a probe lists the Mac's GPU: Metal's own
-  ``recommendedMaxWorkingSetSize``, which llama.cpp lists as the device's total, wins.
-  Only those roles count in it: a llama.cpp role on that Mac runs as it did without
-  devices (no pins), since counting it there would mean deciding its offload.
+  ``recommendedMaxWorkingSetSize``, which llama.cpp lists as the device's total, wins (and
+  the pool takes the name the listing gives it, ``MTL0`` or ``Metal`` on older builds, so
+  that ``--device`` names it as that build does). Both kinds count in it, as in a declared
+  share: llama-server offloads every layer to Metal by default, so its roles wire the same
+  memory as mlx_lm's.
 
 Memory other processes hold on a GPU lowers what rosterd may use there (GPUStack#6044 is
 what ignoring it costs): NVML's used bytes less rosterd's own processes' where NVML reads
@@ -82,6 +84,14 @@ class NodePools:
 
     pools: tuple[Pool, ...]
     warnings: tuple[str, ...] = ()
+    #: Declared devices the node's ``llama-server --list-devices`` ran and did not list: its
+    #: ``--device`` would refuse them, so roles placed there launch on the CPU.
+    unlisted: tuple[str, ...] = ()
+
+    def lists(self, device_id: str) -> bool:
+        """Whether the node's llama-server can be pinned to ``device_id`` (``False`` for a
+        declared device its listing lacked; ``True`` where no listing ran: unknown)."""
+        return _key(device_id) not in {_key(d) for d in self.unlisted}
 
     def devices(self) -> tuple[Pool, ...]:
         """The device pools (all but host)."""
@@ -95,13 +105,17 @@ def node_pools(
     own_pids: frozenset[int] = frozenset(),
     *,
     probed: bool = True,
+    listing_ran: bool = False,
 ) -> NodePools:
     """``node``'s pools from its declared ``devices`` and what the probes found.
 
     ``listed``: ``llama-server --list-devices`` on the node; ``nvml``: its NVIDIA GPUs;
     ``own_pids``: rosterd's backends there (their NVML bytes are not others');
     ``probed``: whether a probe ran at all (``False``: plan-time, from the fleet file
-    alone: declared devices are used as declared, without a warning). Device ids match
+    alone: declared devices are used as declared, without a warning); ``listing_ran``:
+    whether ``listed`` is a listing that ran (a declared device it lacks is ``unlisted``: a
+    launch there would be refused, so one more warning says its roles run on the CPU
+    here). Device ids match
     case-insensitively, as llama.cpp matches ``--device`` names; ``Metal`` and ``MTL0``
     are the same Mac GPU (llama.cpp renamed it).
     """
@@ -120,16 +134,26 @@ def node_pools(
     gpus = {_key(g.cuda_id): g for g in nvml}
     pools = [host]
     warnings: list[str] = []
+    unlisted: list[str] = []
     seen: set[str] = set()
     for spec in node.devices:
         key = _key(spec.id)
         seen.add(key)
         found, gpu = by_id.get(key), gpus.get(key)
+        cpu_instead = ""
+        if listing_ran and found is None:
+            unlisted.append(spec.id)
+            cpu_instead = (
+                "; the node's llama-server lists no such device, so the roles placed on it "
+                "run on the CPU (--device none)"
+            )
         if probed and found is None and gpu is None and not spec.default_share:
             warnings.append(
                 f"node {node.name}: device {spec.id} is declared in the fleet file but no probe "
-                "sees it (llama-server --list-devices, NVML); it is used as declared"
+                f"sees it (llama-server --list-devices, NVML); it is used as declared{cpu_instead}"
             )
+        elif cpu_instead:
+            warnings.append(f"node {node.name}: device {spec.id}{cpu_instead}")
         pools.append(_pool(spec, found, gpu, own_pids))
     for device in listed:
         key = _key(device.id)
@@ -147,7 +171,13 @@ def node_pools(
         spec = DeviceSpec(id=gpu.cuda_id, memory_bytes=gpu.total_bytes)
         pool = _pool(spec, None, gpu, own_pids)
         pools.append(replace(pool, declared_bytes=None, source="probed"))
-    return NodePools(tuple(pools), tuple(warnings))
+    return NodePools(tuple(pools), tuple(warnings), tuple(unlisted))
+
+
+def is_metal_device(device_id: str) -> bool:
+    """Whether ``device_id`` names a Mac's GPU (its share of unified memory): ``MTL0``, or
+    ``Metal`` as older llama.cpp builds list it, in any case."""
+    return _key(device_id) == _key(METAL_DEVICE)
 
 
 def _key(device_id: str) -> str:
@@ -173,14 +203,17 @@ def _pool(
     memory: int = spec.memory_bytes
     declared: int | None = spec.memory_bytes
     source = "declared" if total is None else "declared, probed"
+    device_id = spec.id
     if spec.default_share:
-        # Not declared: the Mac's own figure, where llama.cpp lists it, over the rule.
+        # Not declared: the Mac's own figure, where llama.cpp lists it, over the rule, under
+        # the name this build lists (pinned as `--device <id>`).
         memory = total if total is not None else spec.memory_bytes
         declared = None
         source = "default" if total is None else "probed"
+        device_id = found.id if found is not None else spec.id
     capacity = max(memory - spec.reserved_bytes - others, 0)
     return Pool(
-        id=spec.id,
+        id=device_id,
         kind="gpu-share" if spec.gpu_share else "gpu",
         capacity_bytes=capacity,
         reserved_bytes=spec.reserved_bytes,
@@ -230,22 +263,26 @@ def metal_default_share_bytes(memory_bytes: int) -> int:
 
 def with_default_gpu_shares(fleet: Fleet, flavors: Collection[InferFlavor]) -> Fleet:
     """``fleet`` with a default GPU share on each Mac node (``macos-arm64``) that declares
-    none, where one of ``flavors`` (the roster's) runs on a Mac's GPU share alone
-    (``DeviceUse.GPU_SHARE``: mlx_lm) and the node runs it: a device :data:`METAL_DEVICE`
-    of :func:`metal_default_share_bytes` of the node's memory, ``default_share`` set.
+    none, where one of ``flavors`` (the roster's) runs on a Mac's GPU (``DeviceUse``
+    ``GPU_SHARE``: mlx_lm, or ``ANY_DEVICE``: llama.cpp) and the node runs it: a device
+    :data:`METAL_DEVICE` of :func:`metal_default_share_bytes` of the node's memory,
+    ``default_share`` set.
 
     Every ``mlx_lm.server`` wires its arrays for Metal, and several of them together over
-    Metal's cap hang the Mac or panic its kernel (mlx-lm#883): the share holds them to it
-    as a declared one does. Other nodes, and every node of a roster without such roles, are
-    returned unchanged, so their plans, loads and launches are as before.
+    Metal's cap hang the Mac or panic its kernel (mlx-lm#883); llama-server on a Mac
+    offloads every layer to Metal by default (its ``-ngl`` defaults to all layers there), so
+    its roles wire the same memory. The share holds both kinds to it as a declared one does
+    (a llama.cpp role is pinned to it: ``--device MTL0 -ngl 999 --fit off``). Other nodes,
+    and every node of a roster without such roles (ollama alone), are returned unchanged,
+    so their plans, loads and launches are as before.
     """
-    share_only = {f for f in flavors if f.facts.devices is DeviceUse.GPU_SHARE}
+    on_metal = {f for f in flavors if f.facts.devices is not DeviceUse.NONE}
     nodes = []
     for node in fleet.nodes:
         if (
             node.platform is Platform.MACOS_ARM64
             and not any(d.gpu_share for d in node.devices)
-            and share_only & node.flavors
+            and on_metal & node.flavors
         ):
             share = DeviceSpec(
                 id=METAL_DEVICE,

@@ -58,14 +58,16 @@ def probe_pools(
     driver or GPU)."""
     notes: list[str] = []
     listed: tuple[ListedDevice, ...] = ()
+    listing_ran = False
     if llama_server is not None:
         text, why = list_devices_text(llama_server)
         if text is None:
             notes.append(why or "llama-server --list-devices did not run")
         else:
-            listed = parse_list_devices(text)
+            listed, listing_ran = parse_list_devices(text), True
     reading = read_nvml() if nvml is None else nvml
-    return node_pools(node, listed, reading.devices, own_pids), tuple(notes)
+    pools = node_pools(node, listed, reading.devices, own_pids, listing_ran=listing_ran)
+    return pools, tuple(notes)
 
 
 def probe_node(

@@ -61,9 +61,9 @@ class DeviceSpec:
     (Metal's ``recommendedMaxWorkingSetSize``, or ``iogpu.wired_limit_mb`` where raised),
     declared as ``gpu_share_gb`` or as ``gpu_share`` (a fraction of the node's memory).
     ``default_share``: a Mac's GPU share the fleet file does not declare, which rosterd
-    gives a Mac whose roster has mlx_lm roles (``rosterd.devices.pools``: Metal's default
-    rule, or the figure a probe lists); only the flavors that run on a GPU share alone
-    (mlx_lm) count in it.
+    gives a Mac whose roster has llama.cpp or mlx_lm roles (``rosterd.devices.pools``:
+    Metal's default rule, or the figure a probe lists); both count in it, as in a declared
+    share.
     """
 
     id: str

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 
+from rosterd.backends.copy_names import copy_unit_name, role_of_copy
 from rosterd.fleet.model import Node
 from rosterd.fleet_scheduler.values import NodeRun, NodeServing, ServedConfig
 from rosterd.placement.problem import Plan
@@ -32,24 +33,36 @@ def node_serving(
 ) -> NodeServing:
     """What ``placements`` (role -> node) and ``copies`` (role -> the nodes of its further
     copies, ``Plan.copies``) give ``node`` under ``config``: the roles placed
-    there, each counting its figure on that node; on a node this machine runs
+    there, each counting its figure on that node (a node that ``copies`` names more than
+    once holds a copy per device: the further ones are units of their own, ``chat~2``);
+    on a node this machine runs
     (``run`` ``LOCAL``), the roles whose weights this machine cannot use are
     unavailable (an agent resolves its weights on its own node, at each start)."""
     by_role = config.first_by_role()
     specs = {r: by_role[r].spec for r, n in placements.items() if n == node.name and r in by_role}
+    further: dict[str, int] = {}  # role -> its copies here past the first
     for role, nodes in (copies or {}).items():
         if node.name in nodes and role in by_role and role in placements:
+            further[role] = nodes.count(node.name) - (0 if role in specs else 1)
             specs[role] = by_role[role].spec
     specs = config.memory.node_specs(specs, node.name)
+    # A node holding several copies of a role, each on a device of its own, serves each
+    # further one as a unit of its own: chat~2, chat~3 (rosterd.backends.copy_names).
+    for role, count in further.items():
+        for nth in range(2, count + 2):
+            specs[copy_unit_name(role, nth)] = dataclasses.replace(
+                specs[role], role=copy_unit_name(role, nth)
+            )
     unavailable = (
-        {r: why for r, why in config.unavailable_here.items() if r in specs}
+        {u: why for u in specs if (why := config.unavailable_here.get(role_of_copy(u)))}
         if run is NodeRun.LOCAL
         else {}
     )
     slots = config.memory.slots()
+    slots.update({u: slots[role_of_copy(u)] for u in specs if role_of_copy(u) in slots})
     figures: dict[str, Mapping[str, object]] = {}
     for role in specs:
-        shown = config.memory.role_json(role, node.name)
+        shown = config.memory.role_json(role_of_copy(role), node.name)
         if shown is not None:
             figures[role] = shown
     return NodeServing(
@@ -149,11 +162,17 @@ def with_unplaced_reasons(served: Plan, reasons: Mapping[str, str]) -> Plan:
 
 def copies_after_loss(new: Plan, placements: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     """Role -> the nodes of its further copies once nodes are lost: ``new``'s copies (made on
-    the nodes left), without the node a role is placed on (a role of a lost node kept there)."""
+    the nodes left), without the node a role is placed on when that is not ``new``'s (a
+    role of a lost node kept there); a further copy on another device of the node ``new``
+    placed the role on stays."""
     return {
         role: kept
         for role, nodes in new.copies.items()
-        if (kept := tuple(n for n in nodes if n != placements.get(role)))
+        if (
+            kept := tuple(
+                n for n in nodes if n != placements.get(role) or new.placements.get(role) == n
+            )
+        )
     }
 
 
@@ -236,6 +255,9 @@ def change_summary(change: Mapping[str, object]) -> str:
         capacity = node.get("capacity_bytes")
         if isinstance(capacity, list):
             said.append(f"capacity {capacity[0] / GB:.2f} -> {capacity[1] / GB:.2f} GiB")
+        devices = node.get("device_capacity_bytes")
+        for device, (before, after) in (devices if isinstance(devices, dict) else {}).items():
+            said.append(f"device {device} capacity {before / GB:.2f} -> {after / GB:.2f} GiB")
         if said:
             parts.append(f"node {name}: {'; '.join(said)}")
     for key in ("added_nodes", "drained_nodes"):

@@ -20,10 +20,16 @@ fingerprint, so a peak measured with old settings is never stored under new ones
 A peak that cannot be stored is said once through ``on_error`` and the run
 goes on: the figure only ever adds evidence.
 
-With each peak goes what the role's backend holds on each NVIDIA GPU (NVML, per process,
-issue 29), where its node has device pools: this machine's backends are read here by
-their pids (:func:`nvml_device_bytes`), a node agent's on its node by the agent
-(``DeviceBytesSource``: :func:`agent_device_bytes`).
+With each peak goes what the role's backend holds on each device (issue 29), where its node
+has device pools: on each NVIDIA GPU, NVML's per-process figure; on any device, what each
+llama.cpp backend's own log reports it allocated there while it loaded; in a Mac's GPU share,
+the process's physical footprint (macOS's ``phys_footprint``, which counts the memory Metal
+wired for it; RSS does not). This machine's backends are read here, each reader a function
+of its own (:func:`nvml_device_bytes` by their pids, :func:`log_device_bytes` from their
+logs, :func:`footprint_device_bytes` by their pids), composed by
+:func:`largest_device_bytes`: the larger figure where two give one for the same role and
+device. A node agent's are read on its node by the agent (``DeviceBytesSource``:
+:func:`agent_device_bytes`, NVML and the logs there).
 
 Each peak read also goes to the node, as an event (``NodeScheduler.measured_peak``):
 what ``/status`` shows of it, and whether the role's count follows it at once
@@ -39,8 +45,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from rosterd.backends.interface import DeviceBytesSource, PeakSource
+from rosterd.backends.interface import DeviceBytesSource, PeakSource, ReportedDeviceBytes
+from rosterd.devices.footprint import footprints_by_roles, read_phys_footprints
+from rosterd.devices.load_buffers import largest_per_device
 from rosterd.devices.nvml import NvmlReading, held_by_roles, read_nvml
+from rosterd.devices.pools import is_metal_device
 from rosterd.errors import MeasuredPeaksError
 from rosterd.memory.peaks import MeasuredPeaks
 from rosterd.scheduler.node import NodeScheduler
@@ -56,9 +65,10 @@ class PeakRecorder:
     its backends boundary; ``peaks``: the state
     folder's measured peaks; ``fingerprints``: role -> the run fingerprint
     (roles not named are not recorded); ``wall_clock``: seconds since the epoch;
-    ``device_bytes``: reads role -> device id -> bytes its backend holds there now (NVML:
-    :func:`nvml_device_bytes` here, :func:`agent_device_bytes` on an agent's node), told to
-    the node with each peak (``None``: not read).
+    ``device_bytes``: reads role -> device id -> bytes its backend holds there now (NVML's
+    :func:`nvml_device_bytes` and the logs' :func:`log_device_bytes` here, the larger of
+    the two; :func:`agent_device_bytes` on an agent's node), told to the node with each
+    peak (``None``: not read).
     """
 
     def __init__(
@@ -201,7 +211,10 @@ def follow_peaks(
             continue
         device_bytes = None
         if getattr(source, "pids_are_local", False):
-            device_bytes = nvml_device_bytes(node)
+            readers = [nvml_device_bytes(node), footprint_device_bytes(node)]
+            if isinstance(source, ReportedDeviceBytes):
+                readers.append(log_device_bytes(node, source))
+            device_bytes = largest_device_bytes(*readers)
         elif isinstance(source, DeviceBytesSource):
             device_bytes = agent_device_bytes(node, source)
         recorder = PeakRecorder(
@@ -230,17 +243,97 @@ def nvml_device_bytes(
     return held
 
 
+def footprint_device_bytes(
+    node: NodeScheduler,
+    read: Callable[[Sequence[int]], Mapping[int, int]] = read_phys_footprints,
+) -> Callable[[], Awaitable[dict[str, dict[str, int]]]]:
+    """A reader of what ``node``'s backends hold in its Mac's GPU share (role -> the share's
+    id, ``MTL0`` -> bytes) for a node whose backends are processes of this machine: each
+    backend's physical footprint (``phys_footprint``, :func:`read_phys_footprints`), read
+    off the event loop; it reads nothing on a node without a Mac's GPU share among its
+    pools, and nothing anywhere but macOS. ``read``: pids -> bytes (a stand-in in tests).
+
+    The footprint counts in the GPU share, not in host RAM: it is the figure that counts
+    what Metal wired for the process, which RSS misses, and the share is what Metal caps.
+    Host RAM keeps following peak RSS (what the state folder keeps per run): the footprint
+    leaves out what RSS counts of a mapped file (llama-server's GGUF), so neither figure
+    holds the other, and the host pool already counts the whole of a role placed in the
+    share.
+    """
+
+    async def held() -> dict[str, dict[str, int]]:
+        view = node.snapshot()
+        share = next((p for p in view.pools if is_metal_device(p)), None)
+        if share is None:
+            return {}
+        pids = {role: info.pid for role, info in view.roles.items() if info.pid is not None}
+        if not pids:
+            return {}
+        footprints = await asyncio.to_thread(read, tuple(pids.values()))
+        return footprints_by_roles(footprints, pids, share)
+
+    return held
+
+
+def log_device_bytes(
+    node: NodeScheduler, source: ReportedDeviceBytes
+) -> Callable[[], Awaitable[dict[str, dict[str, int]]]]:
+    """A reader of what ``node``'s backends reported allocating on each device as they loaded
+    (role -> device id -> bytes: llama-server's load lines, read from each backend's log by
+    ``source``, this machine's backends; issue 29: ROCm, Vulkan and Metal have no NVML); it
+    reads nothing on a node without device pools."""
+
+    async def reported() -> dict[str, dict[str, int]]:
+        if len(node.snapshot().pools) <= 1:
+            return {}
+        return await source.reported_device_bytes()
+
+    return reported
+
+
+def largest_device_bytes(
+    *readers: Callable[[], Awaitable[Mapping[str, Mapping[str, int]]]],
+) -> Callable[[], Awaitable[dict[str, dict[str, int]]]]:
+    """One reader of what roles hold per device (role -> device id -> bytes) from several
+    (NVML's, the backends' logs', ...), the larger figure where two give one for the same
+    role and device (:func:`~rosterd.devices.load_buffers.largest_per_device`). A reader that
+    fails is said and left out: the others' figures still count."""
+
+    async def held() -> dict[str, dict[str, int]]:
+        readings = []
+        for read in readers:
+            try:
+                readings.append(await read())
+            except Exception as exc:  # the readings only add evidence
+                log.warning("cannot read what the backends hold on the devices: %s", exc)
+        return largest_per_device(*readings)
+
+    return held
+
+
 def agent_device_bytes(
     node: NodeScheduler, source: DeviceBytesSource
 ) -> Callable[[], Awaitable[dict[str, dict[str, int]]]]:
-    """A reader of what ``node``'s backends hold on each NVIDIA GPU of its machine (role ->
-    device id -> bytes) for a node a node agent runs: the agent reads NVML there, by its
-    backends' pids (``source``: its ``AgentBackends``); it asks nothing of a node without
-    device pools."""
+    """A reader of what ``node``'s backends hold on each device of its machine (role ->
+    device id -> bytes) for a node a node agent runs: the agent reads there NVML by its
+    backends' pids, their logs and, on a Mac, their physical footprints (``source``: its
+    ``AgentBackends``); it asks nothing of a node without device pools. A figure the agent
+    gives for a Mac's GPU share counts on the node's share pool, whichever of ``MTL0`` and
+    ``Metal`` it is named (the larger where both are given)."""
 
     async def held() -> dict[str, dict[str, int]]:
-        if len(node.snapshot().pools) <= 1:
+        pools = node.snapshot().pools
+        if len(pools) <= 1:
             return {}
-        return await source.device_bytes()
+        share = next((p for p in pools if is_metal_device(p)), None)
+        reading = await source.device_bytes()
+        if share is None:
+            return reading
+        named: dict[str, dict[str, int]] = {}
+        for role, devices in reading.items():
+            for device, used in devices.items():
+                key = share if is_metal_device(device) else device
+                named.setdefault(role, {})[key] = max(used, named.get(role, {}).get(key, 0))
+        return named
 
     return held

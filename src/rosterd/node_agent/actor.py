@@ -15,8 +15,11 @@ crosses Ray as a :class:`CarriedError`, which the head
 The agent also reads its node's devices for the head (issue 29): :meth:`NodeAgent.pools`
 probes them there (``llama-server --list-devices`` and NVML, as ``rosterd up`` probes its
 own machine: :func:`rosterd.devices.probe.probe_node`) and :meth:`NodeAgent.device_bytes`
-reads what each of its backends holds on each NVIDIA GPU (NVML, per process). Both run
-off the actor's event loop and answer plain picklable values.
+reads what each of its backends holds on each device: on an NVIDIA GPU by NVML, per
+process, and on any device as each llama.cpp backend's own log reports it allocated there
+(``SupervisorBackends.reported_device_bytes``), and on a Mac each backend's physical
+footprint in the GPU share (``phys_footprint``), the larger where two give one. Both run off the
+actor's event loop and answer plain picklable values.
 
 ``NodeAgent`` does not import Ray: ``rosterd.ray_cluster`` makes it an actor.
 """
@@ -36,8 +39,10 @@ from rosterd.backends.interface import Endpoint
 from rosterd.backends.kv_keep import DEFAULT_KV_DISK_BYTES
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost, ServingFacts, weights_resolver
+from rosterd.devices.footprint import footprints_by_roles, read_phys_footprints
+from rosterd.devices.load_buffers import largest_per_device
 from rosterd.devices.nvml import held_by_roles, read_nvml
-from rosterd.devices.pools import NodePools
+from rosterd.devices.pools import METAL_DEVICE, NodePools
 from rosterd.devices.probe import probe_node
 from rosterd.errors import CarriedError, NodeAgentError, RosterdError
 from rosterd.fleet.model import Node
@@ -249,13 +254,21 @@ class NodeAgent:
         return ProbedPools(found, notes)
 
     async def device_bytes(self) -> dict[str, dict[str, int]]:
-        """Role -> device id (``CUDA<index>``) -> bytes its backend's process holds on that
-        NVIDIA GPU of this node now (NVML's per-process figure, read off the event loop);
-        ``{}`` with no backend running, and on a machine NVML cannot read."""
+        """Role -> device id (``CUDA0``, ``ROCm0``, ``MTL0``, ...) -> bytes its backend holds
+        on that device of this node now: NVML's per-process figure on an NVIDIA GPU, what its
+        log says it allocated there as it loaded on any device, and on a Mac its physical
+        footprint (``phys_footprint``, counted on ``MTL0``, the GPU share:
+        :func:`~rosterd.devices.footprint.read_phys_footprints`), the larger where two give
+        one (read off the event loop); ``{}`` with no backend running, or none on a device.
+        The head names the share as its node's pool does (``Metal`` on older builds)."""
         pids = await self.backend_pids()
         if not pids:
             return {}
-        return held_by_roles(await asyncio.to_thread(read_nvml), pids)
+        held = held_by_roles(await asyncio.to_thread(read_nvml), pids)
+        reported = await self._backends.reported_device_bytes() if self._backends else {}
+        footprints = await asyncio.to_thread(read_phys_footprints, tuple(pids.values()))
+        on_share = footprints_by_roles(footprints, pids, METAL_DEVICE)
+        return largest_per_device(held, reported, on_share)
 
     async def kept_kv(self) -> dict[str, dict[str, object]]:
         """Role -> what this node keeps of its KV cache (``SupervisorBackends.kept_kv``:

@@ -27,7 +27,7 @@ from rosterd.router.auth import KeyGate, Keys
 from rosterd.router.endpoints import Endpoints
 from rosterd.router.history import History
 from rosterd.router.key_limits import KeyLimiter
-from rosterd.router.logs import LogPath
+from rosterd.router.logs import CopyLogs, LogPath
 from rosterd.router.ollama.generation import send_ollama_error
 from rosterd.router.ollama.routes import OLLAMA_PREFIX, ollama_routes
 from rosterd.router.openapi import openapi_endpoint
@@ -52,6 +52,7 @@ def create_app(
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     unserved: Mapping[str, str] | None = None,
     log_path: LogPath | None = None,
+    copy_logs: CopyLogs | None = None,
     streams: LiveStreams | None = None,
     reload: Callable[[bool], Awaitable[Mapping[str, object]]] | None = None,
     node_views: Callable[[], Mapping[str, FleetNodeView]] | None = None,
@@ -68,6 +69,8 @@ def create_app(
     names) known but not served by this process -> why (unplaced, or planned
     on another node), given in their 404; ``log_path(role)``: where the role's
     backend log is (``None``: not kept here; no ``log_path``: no log is);
+    ``copy_logs(role)``: node -> the log of the role's copy there, for the copies of this
+    machine that run under their copy's name (empty: ``log_path`` alone);
     ``streams``: ends the endless responses (followed logs, the event stream)
     when its ``close()`` is called, as serving stops (default: at the end of
     the lifespan). The scheduler's tasks are started with the app's lifespan.
@@ -131,6 +134,7 @@ def create_app(
         status_extra=status_extra or dict,
         on_shutdown=on_shutdown,
         log_path=log_path,
+        copy_logs=copy_logs,
         reload=reload,
         node_views=node_views,
     )

@@ -26,7 +26,7 @@ from rosterd.fleet_scheduler.views import FleetNodeView
 from rosterd.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rosterd.metrics import RosterdMetrics
 from rosterd.router.history import History, sample_forever
-from rosterd.router.logs import LogPath, log_response
+from rosterd.router.logs import CopyLogs, LogPath, log_response
 from rosterd.router.openai_errors import error_response, scheduler_errors
 from rosterd.router.restore_check import RestoreChecks
 from rosterd.router.routing import RoleRoute, RouteTable, shown_name
@@ -47,7 +47,7 @@ ADMIN_ROLE_MAX_BYTES = 64
 @dataclass
 class Endpoints:
     """The plain endpoints of one app; see :func:`rosterd.router.app.create_app` for what
-    each hook means (``status_extra``, ``on_shutdown``, ``log_path``, ``reload``,
+    each hook means (``status_extra``, ``on_shutdown``, ``log_path``, ``copy_logs``, ``reload``,
     ``node_views``). ``started_at``: seconds since the epoch (``created`` of every model,
     the base of ``uptime_s``); ``restores``: the proxy's checks of restored KV caches."""
 
@@ -62,6 +62,7 @@ class Endpoints:
     status_extra: Callable[[], Mapping[str, object]] = dict
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = ()
     log_path: LogPath | None = None
+    copy_logs: CopyLogs | None = None
     reload: Callable[[bool], Awaitable[Mapping[str, object]]] | None = None
     node_views: Callable[[], Mapping[str, FleetNodeView]] | None = None
 
@@ -211,7 +212,8 @@ class Endpoints:
         """``GET /rosterd/logs/{role}``: the role's backend log, tailed or followed."""
         try:
             role = self.admin_role(request)
-            return await log_response(request, role, self.log_path or (lambda _: None), self.live)
+            log_path = self.log_path or (lambda _: None)
+            return await log_response(request, role, log_path, self.live, self.copy_logs)
         except RouterError as err:
             return error_response(err)
 

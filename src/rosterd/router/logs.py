@@ -7,6 +7,11 @@ then whatever the backend writes next, as it is written, until the client
 leaves or rosterd stops; a rotation is followed into the new file, as
 ``tail -F`` does. The bytes are the backend's own (invalid UTF-8 included).
 
+A role with copies on several nodes of this machine has a log per copy
+(``<role>@<node>.log``, ``rosterd.backends.copy_names``): ``?node=NAME`` picks one;
+without it a tail gives each copy's last lines under a ``==> <role>@<node>.log <==``
+line, as ``tail`` does for several files, and a follow asks for ``?node``.
+
 The log is read from its file, not from the pipe the supervisor drains, so it
 shows the same bytes a person finds in the state folder. New bytes are looked
 for every :data:`FOLLOW_POLL_S` seconds: a file gives no portable "grown"
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -39,6 +44,9 @@ READ_BLOCK_BYTES: Final[int] = 64 * 1024
 
 #: role -> its log file on this machine (``None``: this process keeps no log for it).
 LogPath = Callable[[str], Path | None]
+#: role -> node -> the log file of its copy there, for the copies of this machine that run
+#: under their copy's name (empty: the role has one log, ``LogPath``'s).
+CopyLogs = Callable[[str], Mapping[str, Path]]
 
 
 def tail_bytes(path: Path, lines: int, *, current_limit: int | None = None) -> bytes:
@@ -165,22 +173,69 @@ def _follow_param(request: Request) -> bool:
     raise RouterError("bad_request", f"follow must be 1 or 0, not {raw[:40]!r}")
 
 
-async def log_response(
-    request: Request, role: str, log_path: LogPath, streams: LiveStreams
-) -> Response:
-    """The answer to ``GET /rosterd/logs/{role}`` for a resolved ``role``.
+def _copy_path(role: str, node: str | None, copies: Mapping[str, Path]) -> Path | None:
+    """The log of ``role``'s copy on ``node`` (``?node``; ``None``: not given), with
+    ``copies`` its copies' logs by node: the one copy's when it has one here, ``None``
+    when it has several and no ``node`` was given.
 
     Raises:
-        RouterError: 400 ``bad_request`` for a bad ``lines`` or ``follow``;
-            404 ``not_found`` when this process keeps no log for ``role``.
+        RouterError: 404 ``not_found`` when ``node`` holds no copy of ``role`` here.
+    """
+    if node is not None:
+        if node not in copies:
+            where = ", ".join(sorted(copies))
+            raise RouterError(
+                "not_found", f"role {role} has no copy on node {node} here; its copies: {where}"
+            )
+        return copies[node]
+    return next(iter(copies.values())) if len(copies) == 1 else None
+
+
+def _copies_tail(copies: Mapping[str, Path], lines: int) -> bytes:
+    """The last ``lines`` lines of each copy's log, by node, each under a
+    ``==> <file> <==`` line (as ``tail`` shows several files)."""
+    parts = [
+        f"==> {copies[node].name} <==\n".encode() + tail_bytes(copies[node], lines)
+        for node in sorted(copies)
+    ]
+    return b"\n".join(parts)
+
+
+async def log_response(
+    request: Request,
+    role: str,
+    log_path: LogPath,
+    streams: LiveStreams,
+    copy_logs: CopyLogs | None = None,
+) -> Response:
+    """The answer to ``GET /rosterd/logs/{role}`` for a resolved ``role``; ``copy_logs``:
+    the logs of its copies on this machine's nodes, by node (``?node`` picks one).
+
+    Raises:
+        RouterError: 400 ``bad_request`` for a bad ``lines`` or ``follow``, or a follow of
+            a role with several copies here without ``?node``; 404 ``not_found`` when this
+            process keeps no log for ``role``, or ``?node`` holds no copy of it.
     """
     lines = _lines_param(request)
     follow = _follow_param(request)
-    path = log_path(role)
-    if path is None:
-        raise RouterError("not_found", f"role {role}'s backend log is not kept by this process")
+    node = request.query_params.get("node") or None
+    copies = dict(copy_logs(role)) if copy_logs is not None else {}
     headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
     media = "text/plain; charset=utf-8"
+    # A role with one copy has one log, named by the role: ``?node`` changes nothing.
+    path = _copy_path(role, node, copies) if copies else log_path(role)
+    if path is None and copies:
+        if follow:
+            where = ", ".join(sorted(copies))
+            raise RouterError(
+                "bad_request",
+                f"role {role} has copies on nodes {where} here: follow one with "
+                f"?node= (rosterd logs {role} --node NODE -f)",
+            )
+        body = await asyncio.to_thread(_copies_tail, copies, lines)
+        return Response(body, media_type=media, headers=headers)
+    if path is None:
+        raise RouterError("not_found", f"role {role}'s backend log is not kept by this process")
     if not follow:
         body = await asyncio.to_thread(tail_bytes, path, lines)
         return Response(body, media_type=media, headers=headers)

@@ -102,6 +102,13 @@ _LOG_PARAMS: list[dict[str, Any]] = [
         "description": "1: keep sending what the backend writes next (never ends)",
         "schema": {"enum": [0, 1]},
     },
+    {
+        "name": "node",
+        "in": "query",
+        "description": "the log of the role's copy on this node (a role with copies on "
+        "several nodes of this machine; without it, a tail shows each copy's)",
+        "schema": {"type": "string"},
+    },
 ]
 _STATIC_PARAM: dict[str, Any] = {
     "name": "path",

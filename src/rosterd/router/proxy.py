@@ -261,7 +261,7 @@ class Proxy:
         The copy is chosen by the request's prefix (``rosterd.replica_choice``), so the
         turns of one conversation find their KV cache."""
         scheduler = self.ctx.scheduler
-        prefix = prefix_key(payload) if len(scheduler.nodes_of(role)) > 1 else None
+        prefix = prefix_key(payload) if len(scheduler.copy_keys(role)) > 1 else None
         asked_at = time.time()
         with scheduler_errors():
             async with self._load_progress(role, payload, answer):  # bytes while it loads
@@ -273,7 +273,7 @@ class Proxy:
                 )
         self.ctx.history.request_granted(role, lease.waited_s)
         answer.waited_s = lease.waited_s
-        self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
+        self.ctx.metrics.copy_requests.labels(node=lease.copy_key, role=role).inc()
         waits = other_copies = 0
         failover = False
         while True:
@@ -287,7 +287,7 @@ class Proxy:
                 # the supervisor's restart (a newer generation) rather than a dead port.
                 waits += 1
                 failover = other_copies < RETRIES.other_copy and scheduler.other_copy_ready(
-                    role, lease.node
+                    role, lease.copy_key
                 )
                 then = "sent to another copy" if failover else "waiting for its restart"
                 log.info("backend of %s on %s unreachable (%s); %s", role, lease.node, err, then)
@@ -296,12 +296,12 @@ class Proxy:
             if failover:
                 other_copies += 1  # then a dead copy again means waiting for a restart
                 with scheduler_errors():
-                    lease = await scheduler.acquire(role, prefix=prefix, avoid={lease.node})
-                self.ctx.metrics.copy_requests.labels(node=lease.node, role=role).inc()
+                    lease = await scheduler.acquire(role, prefix=prefix, avoid={lease.copy_key})
+                self.ctx.metrics.copy_requests.labels(node=lease.copy_key, role=role).inc()
                 continue
             with scheduler_errors():
                 lease = await scheduler.acquire(
-                    role, newer_than=lease.generation, on_node=lease.node
+                    role, newer_than=lease.generation, on_node=lease.copy_key
                 )
 
     def _load_progress(

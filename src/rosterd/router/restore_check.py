@@ -125,7 +125,8 @@ class RestoreChecks:
     :meth:`wants` says so, then :meth:`check`); :meth:`judged` for the ``/status`` roles."""
 
     def __init__(self) -> None:
-        # (node, role) -> the backend start judged last (endpoint, generation) and its check
+        # (node, unit: the role, or a further copy of it there, chat~2) -> the backend start
+        # judged last (endpoint, generation) and its check
         self._checks: dict[tuple[str, str], tuple[Endpoint, int, RestoreCheck | None]] = {}
         self._warned: set[str] = set()
 
@@ -133,7 +134,7 @@ class RestoreChecks:
         """Whether ``lease``'s answer is the first after a restore of its backend's start."""
         if not lease.endpoint.restored_tokens:
             return False
-        done = self._checks.get((lease.node, lease.role))
+        done = self._checks.get((lease.node, lease.copy or lease.role))
         return done is None or (done[0], done[1]) != (lease.endpoint, lease.generation)
 
     def answered(self, lease: Lease, status: int, tail: bytes) -> None:
@@ -149,7 +150,7 @@ class RestoreChecks:
         the first time for its role. Called once per backend start (:meth:`wants`)."""
         endpoint = lease.endpoint
         verdict = restore_verdict(lease.role, endpoint.restored_tokens, tail)
-        self._checks[(lease.node, lease.role)] = (endpoint, lease.generation, verdict)
+        self._checks[(lease.node, lease.copy or lease.role)] = (endpoint, lease.generation, verdict)
         if verdict is None:
             return None
         if verdict.effective:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from rosterd.backends.copy_names import role_of_copy
 from rosterd.fleet_scheduler.views import FleetNodeView, PlannedRole
 from rosterd.router.restore_check import RestoreChecks, kv_summary
 from rosterd.scheduler.views import DirectoryNode, RoleSnapshot
@@ -58,12 +59,13 @@ def _node_json(name: str, entry: DirectoryNode, inputs: StatusInputs) -> dict[st
     node, visible = entry.node, inputs.visible
     roles: dict[str, object] = {}
     for role, shown in node.roles.items():
-        if visible(role):  # a key's page lists only the roles it may use
+        # a key's page lists only the roles it may use (a further copy, chat~2, is its role's)
+        if visible(role_of_copy(role)):
             roles[role] = _role_json(name, role, shown, entry, inputs)
     return {
         "capacity_bytes": node.capacity_bytes,
         "resident_bytes": node.resident_bytes,
-        "resident": [role for role in node.resident if visible(role)],
+        "resident": [role for role in node.resident if visible(role_of_copy(role))],
         "transition": node.transition,
         "lost_reason": node.lost_reason,
         "roles": roles,
@@ -73,7 +75,7 @@ def _node_json(name: str, entry: DirectoryNode, inputs: StatusInputs) -> dict[st
         "pools": {
             device: {
                 **pool,
-                "roles": {r: b for r, b in roles_there.items() if visible(r)}
+                "roles": {r: b for r, b in roles_there.items() if visible(role_of_copy(r))}
                 if isinstance(roles_there := pool.get("roles"), dict)
                 else roles_there,
             }

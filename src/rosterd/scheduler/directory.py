@@ -9,7 +9,11 @@ requests each copy of a role has, queued or running (``copy_requests``): every c
 goes to that role's :class:`~rosterd.scheduler.node.NodeScheduler`. A role with
 replicas has a copy on several nodes; a request goes to the copy
 :mod:`rosterd.replica_choice` picks (its prefix's copy within a bounded load, else the
-least loaded ready one). That count is kept here, at the acquire, rather than read
+least loaded ready one). A node holding several copies of a role, each on a device of
+its own, serves the further ones as units of their own (``chat~2``,
+:mod:`rosterd.backends.copy_names`): each is a copy here like another node's, keyed
+``NODE/UNIT`` (:func:`copy_key`; a node's first copy is keyed by the node's name). That
+count is kept here, at the acquire, rather than read
 from the node machines, whose queues fill only once their loops run: a burst would
 otherwise all see the same load. A re-plan (a reload, a node lost) is one call,
 :meth:`NodeDirectory.apply_plan`: each node kept gets its new roles, budget and
@@ -24,6 +28,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from rosterd.backends.copy_names import role_of_copy
 from rosterd.backends.interface import RoleBackends
 from rosterd.errors import RoleMovedError, UnknownRoleError
 from rosterd.fleet_scheduler.values import NodeServing
@@ -36,6 +41,19 @@ from rosterd.supervisor import BackendEvent
 
 #: How many times one request follows its role to a new node before it gets the error.
 MAX_MOVES: Final[int] = 3
+
+
+def copy_key(node: str, unit: str) -> str:
+    """The key of the copy ``unit`` (a role, or a further copy of it, ``chat~2``) on
+    ``node``: the node's name for its first copy (as copies on several nodes have always
+    been keyed), ``NODE/UNIT`` for a further one (``box/chat~2``)."""
+    return node if role_of_copy(unit) == unit else f"{node}/{unit}"
+
+
+def split_copy_key(key: str, role: str) -> tuple[str, str]:
+    """``(node, unit)`` of a :func:`copy_key` of a copy of ``role``."""
+    node, separator, unit = key.partition("/")
+    return (node, unit) if separator else (node, role)
 
 
 @dataclass(frozen=True)
@@ -110,18 +128,28 @@ class NodeDirectory:
         self._started = False
         self._node_of: dict[str, NodeScheduler] = {}
         self._nodes_of: dict[str, tuple[NodeScheduler, ...]] = {}
-        #: (role, node) -> requests acquired there and not yet released, queued or running
-        #: (replicas' load)
+        #: role -> (node, unit) of each copy: a node's first copy, then its further ones
+        self._copies_of: dict[str, tuple[tuple[NodeScheduler, str], ...]] = {}
+        #: (role, copy key) -> requests acquired there and not yet released, queued or
+        #: running (replicas' load)
         self._copy_requests: dict[tuple[str, str], int] = {}
         self._index()
 
     def _index(self) -> None:
-        held: dict[str, list[NodeScheduler]] = {}
+        held: dict[str, list[tuple[NodeScheduler, str]]] = {}
         for _name, node in sorted(self.nodes.items()):
-            for role in node.specs:
-                held.setdefault(role, []).append(node)
-        self._nodes_of = {role: tuple(nodes) for role, nodes in held.items()}
+            for unit in sorted(node.specs, key=lambda u: (role_of_copy(u), u)):
+                held.setdefault(role_of_copy(unit), []).append((node, unit))
+        self._copies_of = {role: tuple(copies) for role, copies in held.items()}
+        self._nodes_of = {
+            role: tuple(dict.fromkeys(node for node, _ in copies))
+            for role, copies in self._copies_of.items()
+        }
         self._node_of = {role: nodes[0] for role, nodes in self._nodes_of.items()}
+
+    def copy_keys(self, role: str) -> tuple[str, ...]:
+        """The key of each copy of ``role`` (:func:`copy_key`), first node first."""
+        return tuple(copy_key(node.name, unit) for node, unit in self._copies_of.get(role, ()))
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -140,11 +168,12 @@ class NodeDirectory:
         return self._nodes_of.get(role, ())
 
     def other_copy_ready(self, role: str, node: str) -> bool:
-        """Whether a copy of ``role`` other than ``node``'s is ready now: where a request
-        whose backend could not be reached may go instead (a failover)."""
+        """Whether a copy of ``role`` other than the one keyed ``node`` (:func:`copy_key`:
+        a node's name for its first copy) is ready now: where a request whose backend
+        could not be reached may go instead (a failover)."""
         return any(
-            other.name != node and other.copy_state(role) is CopyState.READY
-            for other in self.nodes_of(role)
+            copy_key(other.name, unit) != node and other.copy_state(unit) is CopyState.READY
+            for other, unit in self._copies_of.get(role, ())
         )
 
     def node_names(self, role: str) -> str:
@@ -155,27 +184,40 @@ class NodeDirectory:
     def choose_node(
         self, role: str, prefix: bytes | None = None, avoid: Collection[str] = ()
     ) -> NodeScheduler:
-        """The node whose copy of ``role`` takes a request with ``prefix``
-        (:func:`rosterd.replica_choice.prefix_key`), skipping the nodes in ``avoid``: the
-        ready copy :func:`~rosterd.replica_choice.choose_copy` picks, else the copy to
-        wait on (a load under way, then a cold one, then a lost node's). A role on one
-        node: that node. Raises ``UnknownRoleError`` when no node holds it, or every
-        copy is in ``avoid``."""
-        nodes = self._nodes_of.get(role, ())
-        if len(nodes) == 1 and not avoid:
-            return nodes[0]
+        """The node of :meth:`choose_copy_of`'s copy."""
+        return self.choose_copy_of(role, prefix, avoid)[0]
+
+    def choose_copy_of(
+        self, role: str, prefix: bytes | None = None, avoid: Collection[str] = ()
+    ) -> tuple[NodeScheduler, str]:
+        """``(node, unit)`` of the copy of ``role`` that takes a request with ``prefix``
+        (:func:`rosterd.replica_choice.prefix_key`), skipping the copies keyed in ``avoid``
+        (:func:`copy_key`): the ready copy :func:`~rosterd.replica_choice.choose_copy`
+        picks (each copy with the requests sent to it and its slots,
+        :meth:`NodeScheduler.copy_slots`), else the copy to wait on (a load under way, then
+        a cold one, then a lost node's). A role with one copy: that one. Raises
+        ``UnknownRoleError`` when no node holds it, or every copy is in ``avoid``."""
+        held = self._copies_of.get(role, ())
+        if len(held) == 1 and not avoid:
+            return held[0]
         copies = []
-        for node in nodes:
-            state = node.copy_state(role)
+        by_key: dict[str, tuple[NodeScheduler, str]] = {}
+        for node, unit in held:
+            state = node.copy_state(unit)
             if state is not None:
-                requests = self._copy_requests.get((role, node.name), 0)
-                copies.append(Copy(node.name, state, requests, node.limits.max_concurrency))
+                key = copy_key(node.name, unit)
+                by_key[key] = (node, unit)
+                requests = self._copy_requests.get((role, key), 0)
+                # The copy's own slots (its backend's parallel slots): with the per-role
+                # limit alone, a one-slot copy running a long request looked free, and a
+                # request of its prefix queued there while the other copy sat idle.
+                copies.append(Copy(key, state, requests, node.copy_slots(unit)))
         name = choose_copy(copies, prefix, exclude=avoid) or copy_to_wait_on(copies, avoid)
         if name is None:
-            if nodes and not avoid:
-                return nodes[0]  # unavailable everywhere: its node says why
+            if held and not avoid:
+                return held[0]  # unavailable everywhere: its node says why
             raise UnknownRoleError(f"role {role!r} has no other copy to try")
-        return self.nodes[name]
+        return by_key[name]
 
     def start(self) -> None:
         """Start every node's task."""
@@ -291,35 +333,41 @@ class NodeDirectory:
     ) -> Lease:
         """A lease on ``role`` (as ``NodeScheduler.acquire``); give it back with :meth:`release`.
 
-        The copy is :meth:`choose_node`'s for ``prefix`` and ``avoid`` (nodes already
-        tried), or the one on ``on_node``. ``newer_than``: the generation of a lease
-        whose backend failed the request before answering; the new lease is of the
-        restarted backend (give ``on_node``: the lease's). A request waiting while a
+        The copy is :meth:`choose_copy_of`'s for ``prefix`` and ``avoid`` (the keys of the
+        copies already tried, :func:`copy_key`), or the one keyed ``on_node``.
+        ``newer_than``: the generation of a lease whose backend failed the request before
+        answering; the new lease is of the restarted backend (give ``on_node``: the
+        lease's ``copy_key``). The lease names the public ``role``, and its ``copy`` the
+        node's unit of a further copy there (``chat~2``). A request waiting while a
         re-plan moves its role (a node lost, a reload) is queued again on the role's
         new node, within what is left of its ``timeout_s``. Raises the
         ``SchedulerError`` subclasses listed there.
         """
-        start = self.nodes.get(on_node) if on_node is not None else None
-        if start is None or role not in start.specs:
-            start = self.choose_node(role, prefix, avoid)
-        first = start
+        start: NodeScheduler | None = None
+        unit = role
+        if on_node is not None:
+            name, unit = split_copy_key(on_node, role)
+            start = self.nodes.get(name)
+        if start is None or unit not in start.specs:
+            start, unit = self.choose_copy_of(role, prefix, avoid)
+        first = (start, unit)
 
-        def ask(node: NodeScheduler, left_s: float | None) -> Awaitable[Lease]:
+        def ask(node: NodeScheduler, asked: str, left_s: float | None) -> Awaitable[Lease]:
             # A generation counts a backend of one node: on the node the role moved to,
             # any backend is newer than the one that failed the request.
-            newer = newer_than if node is first else None
-            return node.acquire(role, timeout_s=left_s, newer_than=newer)
+            newer = newer_than if (node, asked) == first else None
+            return node.acquire(asked, timeout_s=left_s, newer_than=newer)
 
-        key = (role, start.name)
+        key = (role, copy_key(start.name, unit))
         self._copy_requests[key] = self._copy_requests.get(key, 0) + 1
         try:
-            lease = await self._follow_moves(role, timeout_s, ask, start)
+            lease = await self._follow_moves(role, timeout_s, ask, start, unit)
         except BaseException:
             self._count_done(key)
             raise
-        if lease.node != start.name:  # followed a move: counted where it is served
+        if (role, lease.copy_key) != key:  # followed a move: counted where it is served
             self._count_done(key)
-            moved = (role, lease.node)
+            moved = (role, lease.copy_key)
             self._copy_requests[moved] = self._copy_requests.get(moved, 0) + 1
         return lease
 
@@ -334,30 +382,34 @@ class NodeDirectory:
         self,
         role: str,
         timeout_s: float | None,
-        ask: Callable[[NodeScheduler, float | None], Awaitable[Lease]],
+        ask: Callable[[NodeScheduler, str, float | None], Awaitable[Lease]],
         node: NodeScheduler | None = None,
+        unit: str | None = None,
     ) -> Lease:
-        """``ask(node, timeout_s)`` on ``role``'s node; when that node answers
+        """``ask(node, unit, timeout_s)`` on a copy of ``role``; when that node answers
         ``RoleMovedError`` (a re-plan moved the role while the request waited), ask
-        the role's node now, with what is left of the timeout (at most
-        ``MAX_MOVES`` times, so a role moved back and forth cannot loop). ``node``: where
-        to ask first (default: the role's first node)."""
+        the role's copy now, with what is left of the timeout (at most
+        ``MAX_MOVES`` times, so a role moved back and forth cannot loop). ``node`` and
+        ``unit``: where to ask first (default: the role's first node, the role itself).
+        The lease returned names ``role``, and its ``copy`` a further copy's unit."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         node = node if node is not None else self.node_of(role)
+        unit = unit if unit is not None else role
         limit_s = node.limits.queue_timeout_s if timeout_s is None else timeout_s
         left_s = timeout_s
         for moves in range(MAX_MOVES + 1):
             try:
-                lease = await ask(node, left_s)
+                lease = await ask(node, unit, left_s)
             except RoleMovedError:
                 self.node_of(role)  # UnknownRoleError: placed nowhere now
-                moved_to = self.choose_node(role)
-                if moved_to is node or moves == MAX_MOVES:
+                moved_to, moved_unit = self.choose_copy_of(role)
+                if (moved_to, moved_unit) == (node, unit) or moves == MAX_MOVES:
                     raise
-                node = moved_to
+                node, unit = moved_to, moved_unit
                 left_s = max(0.0, limit_s - (loop.time() - started))
                 continue
+            lease = replace(lease, role=role, copy=None if unit == role else unit)
             if moves == 0:
                 return lease
             return replace(lease, waited_s=loop.time() - started)  # counted from the first ask
@@ -366,7 +418,7 @@ class NodeDirectory:
     def suspect(self, lease: Lease, reason: str, *, wedged: bool = False) -> None:
         """A request on ``lease`` got no byte within its deadline: probe its backend, or
         (``wedged``) restart it as unhealthy at once (see :meth:`NodeScheduler.suspect`)."""
-        self.nodes[lease.node].suspect(lease, reason, wedged=wedged)
+        self.nodes[lease.node].suspect(lease.of_unit(), reason, wedged=wedged)
 
     @property
     def queue_timeout_s(self) -> float:
@@ -376,21 +428,25 @@ class NodeDirectory:
     def release(self, lease: Lease) -> None:
         """Give back a lease from :meth:`acquire` (also after a re-plan moved or removed
         its role, or left its node out)."""
-        self._count_done((lease.role, lease.node))
+        self._count_done((lease.role, lease.copy_key))
+        unit = lease.of_unit()
         node = self.nodes.get(lease.node)
-        if node is None or (lease.node in self._draining and lease.role not in node.specs):
+        if node is None or (lease.node in self._draining and unit.role not in node.specs):
             node = self._draining.get(lease.node, node)
         if node is not None:
-            node.release(lease)
+            node.release(unit)
 
-    def backend_event(self, event: BackendEvent) -> None:
-        """Pass a supervisor event to the node owning ``event.name`` (other names are ignored).
+    def backend_event(self, event: BackendEvent, *, node: str | None = None) -> None:
+        """Pass a supervisor event to the node owning ``event.name`` (other names are ignored);
+        ``node``: to that node's scheduler only (serving or draining): the event of one copy
+        of a role that several nodes hold.
 
         Wire it to ``Supervisor(on_event=...)`` so crashes and restarts reach
         the scheduler; see :meth:`NodeScheduler.backend_event`.
         """
-        for node in (*self.nodes.values(), *self._draining.values()):
-            node.backend_event(event)  # each node takes the events of its roles only
+        for held in (*self.nodes.values(), *self._draining.values()):
+            if node is None or held.name == node:
+                held.backend_event(event)  # each node takes the events of its roles only
 
     async def load(
         self, role: str, *, no_evict: bool = False, timeout_s: float | None = None
@@ -402,18 +458,20 @@ class NodeDirectory:
         of the first copy that loads is returned, and the first error when none does.
         The returned lease needs no release.
         """
-        starts = self.nodes_of(role) or (self.node_of(role),)  # UnknownRoleError
+        self.node_of(role)  # UnknownRoleError
+        starts = self._copies_of.get(role, ())
         results = await asyncio.gather(
             *(
                 self._follow_moves(
                     role,
                     timeout_s,
-                    lambda node, left_s: node.acquire(
-                        role, timeout_s=left_s, take_slot=False, no_evict=no_evict
+                    lambda node, asked, left_s: node.acquire(
+                        asked, timeout_s=left_s, take_slot=False, no_evict=no_evict
                     ),
                     start,
+                    unit,
                 )
-                for start in starts
+                for start, unit in starts
             ),
             return_exceptions=True,
         )
@@ -448,11 +506,12 @@ class NodeDirectory:
             for name, node in group.items():
                 snap = node.snapshot()
                 copies: dict[str, RoleCopies] = {}
-                for role in snap.roles:
-                    held = self._nodes_of.get(role, ())
+                for unit in snap.roles:
+                    held = self._copies_of.get(role_of_copy(unit), ())
                     if len(held) > 1:
-                        requests = self._copy_requests.get((role, name), 0)
-                        copies[role] = RoleCopies(tuple(n.name for n in held), requests)
+                        key = copy_key(name, unit)
+                        requests = self._copy_requests.get((role_of_copy(unit), key), 0)
+                        copies[unit] = RoleCopies(copy_places(held), requests)
                 nodes.setdefault(name, DirectoryNode(snap, draining, copies))
         return nodes
 
@@ -469,3 +528,20 @@ class NodeDirectory:
         merged = [e for node in nodes for e in node.events]
         merged.sort(key=lambda e: e.at)
         return merged
+
+
+def copy_places(held: Collection[tuple[NodeScheduler, str]]) -> tuple[str, ...]:
+    """Where each copy of ``held`` (its node and unit) runs, in words: its node's name, or
+    for a node holding several, each on a device of its own, the node and the device
+    (``box (CUDA0)``, ``box (CUDA1)``), as the node's device pools count it."""
+    per_node: dict[str, int] = {}
+    for node, _ in held:
+        per_node[node.name] = per_node.get(node.name, 0) + 1
+    places: list[str] = []
+    for node, unit in held:
+        if per_node[node.name] == 1:
+            places.append(node.name)
+            continue
+        device = next((d for d, pool in node.devices.items() if unit in pool.bytes_by_role), None)
+        places.append(f"{node.name} ({device or unit})")
+    return tuple(places)

@@ -233,9 +233,9 @@ class MeasuredPeak:
     counted figure by more than ``MEASURED_OVER_COUNTED`` its count follows the
     measurement at once, as a change of scheduling facts does (the machine evicts other
     roles if the node no longer fits). ``device_bytes``: device id -> what the backend
-    holds on that device (NVML's per-process figure); where it passes the bytes counted
-    for the role in that device's pool by the same margin, the pool counts it from then
-    on, with the same warning."""
+    holds on that device (NVML's per-process figure, or its log's, the larger); where it
+    passes the bytes counted for the role in that device's pool by the same margin, the
+    pool counts it from then on, with the same warning."""
 
     now: float
     role: str

@@ -112,8 +112,8 @@ class GrantRules:
                 st.waiting_reason = "its backend failed a request; waiting for the restart"
                 kept.append(waiter)
                 continue
-            if waiter.take_slot and st.running >= self._role_cap(role):
-                n, most = self._role_cap(role), self.state.limits.max_concurrency
+            if waiter.take_slot and st.running >= self.role_cap(role):
+                n, most = self.role_cap(role), self.state.limits.max_concurrency
                 st.waiting_reason = (
                     f"all {n} slot(s) are busy, --max-concurrency {most}"
                     f" and the backend's {n} parallel slot(s)"
@@ -167,15 +167,17 @@ class GrantRules:
             return False  # it waits for the restarted backend
         if not waiter.take_slot:
             return True
-        if st.running >= self._role_cap(st.spec.role):
+        if st.running >= self.role_cap(st.spec.role):
             return False
         if st.hold_since is not None and waiter.since >= st.hold_since:
             return False  # an older request waits for this role's room: let it drain
         return self._node_slot_free()
 
-    def _role_cap(self, role: str) -> int:
+    def role_cap(self, role: str) -> int:
         """Leases ``role`` may hold at once: ``max_concurrency``, and no more than the
-        parallel slots its backend was launched with (``NodeConcurrency.role_caps``)."""
+        parallel slots its backend was launched with (``NodeConcurrency.role_caps``).
+        Also how many requests a copy of ``role`` takes before one waits for a slot, for
+        the choice among copies (``NodeMachine.copy_slots``)."""
         caps = self.state.concurrency.role_caps if self.state.concurrency is not None else {}
         return min(
             self.state.limits.max_concurrency, caps.get(role, self.state.limits.max_concurrency)

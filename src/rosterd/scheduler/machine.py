@@ -183,6 +183,18 @@ class NodeMachine:
         (``MachineState.copy_load``)."""
         return self.state.copy_load(role)
 
+    def copy_slots(self, role: str) -> int:
+        """How many of ``role``'s requests run here at once before the next waits for a
+        slot, at least 1: its own cap (``GrantRules.role_cap``: ``max_concurrency`` and
+        its backend's parallel slots), no more than the node-wide limit when there is one.
+        What the choice among a role's copies counts as a copy's slots
+        (``rosterd.replica_choice.Copy.slots``)."""
+        slots = self.grants.role_cap(role)
+        node_limit = self.state.node_limit()
+        if node_limit is not None:
+            slots = min(slots, node_limit)
+        return max(1, slots)
+
     def waiting_reason(self, role: str) -> str | None:
         """Why ``role``'s waiters wait, as last decided (``None``: nothing said)."""
         return self.state.waiting_reason(role)

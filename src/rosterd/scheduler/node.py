@@ -246,6 +246,12 @@ class NodeScheduler:
         """
         self._loop.post(NodeLost(self._clock(), reason))
 
+    @property
+    def devices(self) -> dict[str, DevicePool]:
+        """Device id -> its pool as the node holds its roles to it now (none: host RAM
+        alone)."""
+        return dict(self._machine.state.devices)
+
     def copy_state(self, role: str) -> CopyState | None:
         """What this node's copy of ``role`` can do now, for the choice among a role's
         copies (``rosterd.replica_choice``); ``None``: it cannot serve it here (not
@@ -259,6 +265,12 @@ class NodeScheduler:
         if phase is Phase.READY:
             return CopyState.UNHEALTHY if suspected else CopyState.READY
         return _COPY_STATES[phase]
+
+    def copy_slots(self, role: str) -> int:
+        """How many requests this node's copy of ``role`` runs at once before the next
+        waits for a slot (``NodeMachine.copy_slots``: its backend's parallel slots, the
+        per-role and the node-wide limits), for the choice among a role's copies."""
+        return self._machine.copy_slots(role)
 
     @property
     def lost_reason(self) -> str | None:

@@ -29,7 +29,10 @@ request before ``drain_s``.
 - **A new capacity**: while the resident roles hold more than it, they are
   evicted to fit (:func:`rosterd.residency.fit_to_capacity`: idle ones first,
   in the policy's eviction order); busy ones drain (no new leases to newer
-  requests) and are cut after ``drain_s``.
+  requests) and are cut after ``drain_s``. The same per device pool (issue 29): a
+  device whose resident roles hold more than its new capacity (a reload declared a
+  smaller ``memory_gb`` or a larger ``reserved_gb``) or whose roles grew past it evicts
+  what that pool chooses, by the same rule, at once.
 - **A new node-wide concurrency limit** (the fleet's ``max_concurrency`` or the
   roles' slots changed) applies to the next grant; leases already given run on.
 - **A measured peak** (``MeasuredPeak``) past the counted figure by more than
@@ -115,6 +118,10 @@ class ReplanRules:
         self._over_since: float | None = None  # since when the resident roles exceed capacity
         self._conflict_since: float | None = None  # since when two resident roles exclude
         self._new_capacity = False  # a Reconfigure changed the budget since the roles last fit
+        # The same per device pool: since when its resident roles exceed it, and the devices
+        # whose capacity a Reconfigure changed since their roles last fit.
+        self._device_over_since: dict[str, float] = {}
+        self._new_device_capacity: set[str] = set()
         # Restart loads are waiters nobody outside waits on: negative tickets, which no
         # node loop hands out, so their grants and failures are answered to no one.
         self._restart_tickets = itertools.count(-1, -1)
@@ -133,8 +140,20 @@ class ReplanRules:
             self.state.out.append(LogNote("info", f"capacity is now {gib(ev.capacity_bytes)}"))
         if ev.concurrency is not None:
             self.state.concurrency = ev.concurrency
+        devices_changed: list[tuple[str, int, int]] = []
         if dict(ev.devices) != self.state.devices:
-            # Level-based as the rest: the pools in force from now on; a load asks each.
+            # Level-based as the rest: the pools in force from now on; a load asks each, and
+            # a pool its resident roles no longer fit evicts at once (``_schedule_fit``).
+            for device, pool in sorted(ev.devices.items()):
+                was = self.state.devices.get(device)
+                if was is not None and was.capacity_bytes != pool.capacity_bytes:
+                    self._new_device_capacity.add(device)
+                    devices_changed.append((device, was.capacity_bytes, pool.capacity_bytes))
+                    self.state.out.append(
+                        LogNote(
+                            "info", f"device {device}: capacity is now {gib(pool.capacity_bytes)}"
+                        )
+                    )
             self.state.devices = dict(ev.devices)
         retired = sorted(set(placed) - set(ev.specs))
         added = sorted(set(ev.specs) - set(placed))
@@ -158,7 +177,14 @@ class ReplanRules:
             if figures is not None:
                 st.memory = dict(figures)
         changed = (before, ev.capacity_bytes) if ev.capacity_bytes != before else None
-        change = NodeChange(tuple(added), tuple(retired), tuple(restarted), tuple(updated), changed)
+        change = NodeChange(
+            tuple(added),
+            tuple(retired),
+            tuple(restarted),
+            tuple(updated),
+            changed,
+            tuple(devices_changed),
+        )
         self.state.out.append(Reconfigured(change))
 
     def _add_role(self, spec: InferenceSpec, restart: frozenset[str], now: float) -> None:
@@ -213,8 +239,9 @@ class ReplanRules:
     def _measured_on_devices(self, ev: MeasuredPeak) -> None:
         """Per device ``ev`` measured: the pool counts what the role holds there from now
         on when it passes the bytes counted by more than ``MEASURED_OVER_COUNTED`` (the
-        host's rule, per pool; issue 29). Said once per role and device; the next load
-        that needs room there evicts to fit."""
+        host's rule, per pool; issue 29). Said once per role and device; where the device
+        no longer holds its resident roles, it evicts to fit at once
+        (:meth:`_schedule_device_fit`), as host RAM does."""
         for device, held in sorted(ev.device_bytes.items()):
             pool = self.state.devices.get(device)
             counted = pool.bytes_by_role.get(ev.role) if pool is not None else None
@@ -364,7 +391,7 @@ class ReplanRules:
         if self.state.resident_bytes() <= self.state.capacity_bytes:
             self._over_since = None
             self._new_capacity = False
-            return False
+            return self._schedule_device_fit(now, holds)
         if self._over_since is None:  # a resident role's memory grew
             self._over_since = now
         since = self._over_since
@@ -386,4 +413,52 @@ class ReplanRules:
         for b in fit.blocking:  # they drain: newer requests wait for the capacity
             if self.state.roles[b].phase is Phase.READY and self.state.roles[b].running:
                 holds[b] = min(holds.get(b, since), since)
+        return False
+
+    def _schedule_device_fit(self, now: float, holds: dict[str, float]) -> bool:
+        """Host RAM's fit (:meth:`_schedule_fit`) per device pool (issue 29): where the
+        resident roles hold more of a device than its capacity (a reload declared a smaller
+        ``memory_gb`` or a larger ``reserved_gb``, a probe found less free, a measurement
+        grew), the pool that is over chooses what leaves it, at once, by the same rule:
+        idle roles before busy ones, in the policy's eviction order (least recently used
+        first); a busy one drains and is cut after ``drain_s``. Devices in id order."""
+        over = False
+        for device in sorted(self.state.devices):
+            host = self.state.node_state(now, ignore_in_flight=False, for_role=None)
+            pool = self.state.device_states(host)[device]
+            used = sum(pool.specs[r].memory.resident_bytes for r in pool.resident)
+            if used <= pool.capacity_bytes:
+                self._device_over_since.pop(device, None)
+                self._new_device_capacity.discard(device)
+                continue
+            over = True
+            since = self._device_over_since.setdefault(device, now)
+            drained = now - since >= self.state.limits.drain_s
+            if drained:
+                host = self.state.node_state(now, ignore_in_flight=True, for_role=None)
+                pool = self.state.device_states(host)[device]
+            fit = fit_to_capacity(pool)
+            evict = [
+                *fit.evict,
+                *(
+                    b
+                    for b in fit.blocking
+                    if drained or self.state.roles[b].phase is Phase.RESTARTING
+                ),
+            ]
+            if evict:
+                capacity = gib(pool.capacity_bytes)
+                cause = (
+                    f"device {device}'s capacity is now {capacity}: {fit.reason}"
+                    if device in self._new_device_capacity
+                    else f"the resident roles' memory on device {device} grew over its capacity "
+                    f"of {capacity}: {fit.reason}"
+                )
+                self.transitions.begin(evict, None, cause, REPLAN_LABEL, None, now)
+                return True
+            for b in fit.blocking:  # they drain: newer requests wait for the device's room
+                if self.state.roles[b].phase is Phase.READY and self.state.roles[b].running:
+                    holds[b] = min(holds.get(b, since), since)
+        if not over:
+            self._device_over_since.clear()
         return False

@@ -198,7 +198,8 @@ class NodeChange:
     drain, stop and are forgotten); ``restarted``: what they launch changed (they
     restart once idle); ``updated``: only scheduling facts changed (memory, latency
     class, sticky, excludes: applied at once); ``capacity_bytes``: ``(before,
-    after)`` when the budget changed, else ``None``.
+    after)`` when the budget changed, else ``None``; ``device_capacity_bytes``:
+    ``(device id, before, after)`` for each device pool whose capacity changed, by id.
     """
 
     added: tuple[str, ...] = ()
@@ -206,12 +207,18 @@ class NodeChange:
     restarted: tuple[str, ...] = ()
     updated: tuple[str, ...] = ()
     capacity_bytes: tuple[int, int] | None = None
+    device_capacity_bytes: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def changed(self) -> bool:
         """Whether anything changed."""
         return bool(
-            self.added or self.retired or self.restarted or self.updated or self.capacity_bytes
+            self.added
+            or self.retired
+            or self.restarted
+            or self.updated
+            or self.capacity_bytes
+            or self.device_capacity_bytes
         )
 
     def as_json(self) -> dict[str, object]:
@@ -222,6 +229,9 @@ class NodeChange:
             "restarted": list(self.restarted),
             "updated": list(self.updated),
             "capacity_bytes": list(self.capacity_bytes) if self.capacity_bytes else None,
+            "device_capacity_bytes": {
+                device: [before, after] for device, before, after in self.device_capacity_bytes
+            },
         }
 
 

@@ -5,7 +5,8 @@ servers that adapters describe (``Launch``). Its parts, one concept each:
 
 - ``process``: spawn from an argv (never a shell) in its own process group
   with a parent-death signal, stop a group SIGTERM -> grace -> SIGKILL, wait
-  until it is gone, describe an exit, a log's tail, a process tree's RSS;
+  until it is gone, describe an exit, a log's tail or its latest run's output, a
+  process tree's RSS;
 - ``probes``: run an adapter's HTTP probe, wait for readiness, the readiness
   deadline that grows with the weights' size;
 - ``logs``: a backend's output piped into its log file, rotated by size, read
@@ -53,6 +54,7 @@ from rosterd.supervisor.probes import (
 from rosterd.supervisor.process import (
     TAIL_LINES,
     describe_exit,
+    latest_run_output,
     output_tail,
     process_tree_peak_rss_bytes,
     tree_rss_bytes,
@@ -91,6 +93,7 @@ __all__ = [
     "default_state_dir",
     "describe_exit",
     "free_port",
+    "latest_run_output",
     "lock_state_dir",
     "output_tail",
     "port_holder",

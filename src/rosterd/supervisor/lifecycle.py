@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rosterd.adapters.base import HttpProbe, Launch, ProgressProbe
+from rosterd.backends.copy_names import valid_backend_name
 from rosterd.backends.values import BackendEvent, ProbeResult
 from rosterd.errors import (
     BackendAlreadySupervisedError,
@@ -58,7 +59,6 @@ from rosterd.supervisor.run_records import (
     record_path,
     write_record,
 )
-from rosterd.tokens import valid_token
 
 log = logging.getLogger("rosterd.supervisor")
 
@@ -228,14 +228,15 @@ class Supervisor:
     ) -> Backend:
         """Start backend ``name`` from ``launch`` and return once it is ready.
 
-        ``name`` must be a plain token (it names the log and record files).
+        ``name`` must be a plain token, or a copy's ``<role>@<node>``
+        (``rosterd.backends.copy_names``): it names the log and record files.
         ``ready_timeout_s`` defaults to ``ready_timeout_for(launch.weights_bytes)``.
         With ``restart`` true, a later crash is restarted with backoff.
         ``grace_s``: this backend's SIGTERM-to-SIGKILL time when stopped (default:
         the supervisor's ``grace_s``).
 
         Raises:
-            BackendNameError: ``name`` is not a plain token.
+            BackendNameError: ``name`` is neither a plain token nor a copy's name.
             BackendAlreadySupervisedError: ``name`` is already supervised.
             PortInUseError: something already listens on the launch's port.
             BackendStartError: the process exited before it was ready (exit
@@ -244,8 +245,10 @@ class Supervisor:
             BackendStoppedError: ``stop(name)`` came before it was ready.
             OSError: the log cannot be written or the program cannot be executed.
         """
-        if not valid_token(name, 64):
-            raise BackendNameError(f"backend name {name!r} is not a plain token")
+        if not valid_backend_name(name):
+            raise BackendNameError(
+                f"backend name {name!r} is not a plain token (nor a copy's <role>@<node>)"
+            )
         if name in self._managed:
             raise BackendAlreadySupervisedError(
                 f"backend {name} is already supervised; stop it first"

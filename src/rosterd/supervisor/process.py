@@ -37,7 +37,7 @@ from typing import Final
 
 import psutil
 
-from rosterd.supervisor.logs import drain_log, open_backend_log
+from rosterd.supervisor.logs import drain_log, log_files, open_backend_log
 
 #: Lines of a backend's output quoted in a start error.
 TAIL_LINES: Final[int] = 20
@@ -45,6 +45,9 @@ TAIL_LINES: Final[int] = 20
 REASON_LINES: Final[int] = 3
 #: At most this many characters of them (``failure_reason``); one line is cut to fit.
 REASON_CHARS: Final[int] = 240
+#: How the header line that starts each process's output in its log begins (the backend's
+#: name follows): :func:`spawn_logged` writes it, :func:`latest_run_output` finds it.
+_RUN_HEADER: Final[str] = "--- rosterd: starting "
 
 # llama.cpp's time stamp and level ("0.00.003.444 E "; E is an error), and runs of blanks.
 _STAMP = re.compile(r"^\d+(?:\.\d+)+ ([A-Z]) ")
@@ -112,10 +115,7 @@ async def spawn_logged(
     Raises:
         OSError: the log cannot be opened or ``argv[0]`` cannot be executed.
     """
-    header = (
-        f"--- rosterd: starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: "
-        f"{' '.join(argv)}\n"
-    )
+    header = f"{_RUN_HEADER}{name} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {' '.join(argv)}\n"
     log = open_backend_log(name, log_path, header)
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -212,6 +212,33 @@ async def stop_foreign_group(proc: psutil.Process, *, grace_s: float) -> None:
     else:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
+
+
+def latest_run_output(path: Path, name: str) -> str:
+    """What the latest process of backend ``name`` wrote to its log ``path`` so far: the
+    text after the last header line :func:`spawn_logged` wrote for it, from the rotated
+    files too (newest first, until one holds that header); ``""`` if unreadable.
+
+    What the backend wrote and rosterd's log reader has not yet moved is moved first.
+    Reads up to the whole log and its rotated files (``LOG_MAX_BYTES`` each): call it off
+    the event loop, once per process.
+    """
+    drain_log(path)
+    header = f"{_RUN_HEADER}{name} at ".encode()
+    parts: list[bytes] = []
+    for file in reversed(log_files(path)):
+        try:
+            data = file.read_bytes()
+        except OSError:
+            break
+        start = data.rfind(header)
+        if start < 0:
+            parts.append(data)  # all of it is this run's: its header is in an older file
+            continue
+        line_end = data.find(b"\n", start)
+        parts.append(data[line_end + 1 :] if line_end >= 0 else b"")
+        break
+    return b"".join(reversed(parts)).decode("utf-8", errors="replace")
 
 
 def output_tail(path: Path, offset: int, lines: int = TAIL_LINES) -> tuple[str, ...]:

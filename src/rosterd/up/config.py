@@ -36,14 +36,15 @@ def read_files(options: UpOptions) -> tuple[ImportedRoster, Fleet]:
     """Import the roster (with its overlay) and read the fleet of ``options``; an alias the
     fleet gives other weights than its target is served as a role of its own
     (``rosterd.weights.separate_aliases``); a Mac that declares no GPU share gets the default
-    one where the roster has mlx_lm roles (``with_default_gpu_shares``).
+    one where the roster has llama.cpp or mlx_lm roles (``with_default_gpu_shares``).
 
     Raises:
         RosterError, FleetError: a file is rejected (file, line and column named).
     """
     roster = load_roster(options.roster_path, options.overlay_path)
     fleet = load_fleet(options.fleet_path) if options.fleet_path is not None else local_fleet()
-    # A Mac that declares no GPU share gets Metal's default one for the roster's mlx roles.
+    # A Mac that declares no GPU share gets Metal's default one for the roster's roles that
+    # run on its GPU (llama.cpp, mlx_lm).
     fleet = with_default_gpu_shares(fleet, {s.spec.flavor for s in roster.specs})
     return separate_aliases(roster, fleet), fleet
 

@@ -212,17 +212,39 @@ class RunDevices:
             )
         return dataclasses.replace(serving, devices=devices)
 
+    def replicas(self) -> dict[str, object]:
+        """``/status``'s ``replicas`` (role -> where each copy runs) where a node holds
+        several copies of a role, each on a device of its own (``box (CUDA0)``, ``box
+        (CUDA1)``: :meth:`DevicePlan.copy_places`); empty otherwise, so the fleet's view
+        (plain node names) stands."""
+        plan = self.plan
+        if plan is None:
+            return {}
+        places = {role: plan.copy_places(role) for role in plan.plan.copies}
+        if all(len(set(plan.plan.nodes_of(r))) == len(plan.plan.nodes_of(r)) for r in places):
+            return {}
+        return {"replicas": places}
+
     def pins(self, serving: NodeServing) -> dict[str, tuple[str, ...]]:
         """Role -> its pinned llama-server flags on ``serving``'s node (none without devices):
         its device and offload (``--device CUDA0 -ngl 999``; ``--device none -ngl 0``: the
-        CPU alone on a node with devices) and ``--fit off`` where the build lists it."""
+        CPU alone on a node with devices, and for a role placed on a declared device that
+        the node's llama-server does not list, which its ``--device`` would refuse) and
+        ``--fit off`` where the build lists it."""
         if self.plan is None or serving.name not in self.plan.pools:
             return {}
         pins: dict[str, tuple[str, ...]] = {}
+        found = (self.pools or {}).get(serving.name, NodePools(()))
         for role, spec in serving.specs.items():
             if spec.flavor.facts.devices is not DeviceUse.ANY_DEVICE:
                 continue  # a Mac's GPU share (mlx_lm) or none: nothing to pin
             choice = self.plan.device_of(role, serving.name)
-            if choice is not None:
+            if choice is None:
+                continue
+            if choice.device is not None and not found.lists(choice.device):
+                # Declared, but this node's llama-server lists no such device and would
+                # refuse --device: the role runs on the CPU, counted where it was placed.
+                pins[role] = pinned_args(None, None, fit_flag=self.fit_flag)
+            else:
                 pins[role] = pinned_args(choice.device, choice.gpu_layers, fit_flag=self.fit_flag)
         return pins

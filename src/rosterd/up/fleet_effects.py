@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rosterd.adapters import adapter_for
+from rosterd.backends.copy_names import role_of_backend
 from rosterd.backends.interface import NodeBackends, PeakSource, RoleBackends
 from rosterd.backends.local import SupervisorBackends
 from rosterd.backends.node_host import NodeHost
@@ -174,20 +175,37 @@ class UpFleetEffects:
 
     # ---- backends events --------------------------------------------------------------
 
-    def backend_event(self, event: BackendEvent) -> None:
+    def backend_event(self, event: BackendEvent, *, node: str | None = None) -> None:
         """A backend event of this machine's supervisor, or of a live node agent's: say it,
-        and tell the node schedulers (crashes and restarts change what they serve)."""
+        and tell the node schedulers (crashes and restarts change what they serve); a
+        copy's (``<role>@<node>``) only its node's, as an event of the role. ``node``: the
+        node whose agent sent it (an agent's backends are its node's alone, so a copy of the
+        same role on another node is not told of this one's crash)."""
         text = backend_event_text(event)
         if text is not None:
             self.reporter.say(Level.INFO, text)
-        self.scheduler.backend_event(event)
+        role, copy_node = role_of_backend(event.name)
+        if copy_node is not None:
+            event = dataclasses.replace(event, name=role)
+        self.scheduler.backend_event(event, node=copy_node or node)
+
+    def copy_logs(self, role: str) -> dict[str, Path]:
+        """Node -> the log file of ``role``'s copy there, for each node of this machine
+        whose copy runs under its copy's name (``<role>@<node>``); empty for a role with one
+        copy (its log is ``logs/<role>.log``, as ever)."""
+        paths: dict[str, Path] = {}
+        for node in self.scheduler.nodes_of(role):
+            backends = self._local.get(node.name)
+            if backends is not None and (name := backends.backend_name(role)) != role:
+                paths[node.name] = self.host.supervisor.log_path(name)
+        return paths
 
     def _agent_event(self, node: str) -> Callable[[BackendEvent], None]:
         def heard(event: BackendEvent) -> None:
             agent = self._agents.get(node)
             if agent is not None and agent.lost_reason is not None:
                 return  # its backends died with the node: the loss says so, not a crash
-            self.backend_event(event)
+            self.backend_event(event, node=node)
 
         return heard
 

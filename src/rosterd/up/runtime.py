@@ -206,6 +206,7 @@ class UpRun:
             auto_ports=options.auto_backend_ports,
             kv_disk_bytes=options.kv_disk_bytes,
             progress_window_s=options.limits.probe_busy_window_s,
+            names_copies=True,  # one supervisor for every node of this machine
         )
         try:
             # Held for the whole run: a second `up` on this folder would otherwise take
@@ -304,9 +305,14 @@ class UpRun:
             effects.routes,
             config=options.router_config(),
             metrics=effects.metrics,
-            status_extra=lambda: {**fleet_status(machine), "config": files.status()},
+            status_extra=lambda: {
+                **fleet_status(machine),
+                **effects.devices.replicas(),
+                "config": files.status(),
+            },
             reload=self.reload,
             log_path=host.supervisor.log_path,
+            copy_logs=effects.copy_logs,
             streams=serving.streams,
             node_views=(lambda: node_views(machine)) if self._cluster is not None else None,
             keys=self._keys,
