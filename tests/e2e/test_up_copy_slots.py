@@ -18,7 +18,6 @@ request).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
@@ -26,40 +25,14 @@ import httpx
 import pytest
 
 from rosterd.replica_choice import Copy, CopyState, choose_copy, prefix_key
-from rosterd.scheduler.values import SchedulerLimits
-from rosterd.up.runtime import UpOptions
 from support.backends import pick_free_port
+from support.copies import NODES, copies_options, write_copies_lab
 from support.gguf import write_gguf
 from support.polling import eventually
 from support.up import console, serving
 
-NODES = ("a", "b")
 #: The model's trained context and each copy's ``ctx_size``, tokens.
 CONTEXT_TOKENS = 16384
-
-
-def write_lab(tmp: Path, gguf: Path, port: int) -> tuple[Path, Path, Path]:
-    """Roster, overlay and fleet: one interactive role ``chat`` (0.3 GiB, roster port
-    ``port``) with ``replicas: 2`` on two nodes of 1 GiB at 127.0.0.1, ``a`` and ``b``, a
-    context of ``CONTEXT_TOKENS`` and no ``parallel``: each copy has rosterd's default
-    slots."""
-    roster = tmp / "roster.yaml"
-    entry = {"id": "chat", "role": "test", "name": "chat", "repo": "local/chat", "ram_gb": 0.3}
-    entry |= {"backend": "llama.cpp", "port": port, "status": "live"}
-    roster.write_text(json.dumps({"roster": [entry]}))
-    overlay = tmp / "overlay.yaml"
-    overlay.write_text(json.dumps({"latency_class": {"chat": "interactive"}}))
-    fleet = tmp / "fleet.yaml"
-    nodes = [
-        {"name": name, "memory_gb": 2, "reserved_gb": 1, "platform": "linux-x86_64"}
-        | {"flavors": ["llamacpp"], "address": "127.0.0.1"}
-        for name in NODES
-    ]
-    source = {"path": str(gguf), "replicas": 2, "grace_s": 2, "ctx_size": CONTEXT_TOKENS}
-    source |= {"extra_args": ["-t", "1"]}
-    lab = {"nodes": nodes, "models": {"chat": source}, "model_roots": [str(gguf.parent)]}
-    fleet.write_text(json.dumps(lab))
-    return roster, overlay, fleet
 
 
 def opening(story: str) -> list[dict[str, str]]:
@@ -110,17 +83,8 @@ async def test_a_conversation_goes_to_the_idle_copy_while_its_copys_one_slot_is_
     pytest.importorskip("gguf", reason="the gguf package (dev extra) writes the tiny model")
     (tmp_path / "models").mkdir()
     gguf = write_gguf(tmp_path / "models" / "long.gguf", context_length=CONTEXT_TOKENS)
-    roster, overlay, fleet = write_lab(tmp_path, gguf, pick_free_port())
-    options = UpOptions(
-        roster_path=roster,
-        overlay_path=overlay,
-        fleet_path=fleet,
-        port=pick_free_port(),
-        state_dir=tmp_path / "state",
-        limits=SchedulerLimits(queue_timeout_s=60.0),
-        warm_up=True,
-        grace_s=2.0,
-    )
+    lab = write_copies_lab(tmp_path, gguf, pick_free_port(), ctx_size=CONTEXT_TOKENS)
+    options = copies_options(tmp_path, lab)
     async with (
         serving(options, out=console(), err=console(), ready_timeout_s=90) as up,
         httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,

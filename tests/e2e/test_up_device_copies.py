@@ -12,11 +12,9 @@ routing, not llama-server's behaviour on a GPU. The run is stopped by its handle
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -24,17 +22,14 @@ from typing import Any
 import httpx
 import pytest
 
-from support.devices import cuda_stand_in
-from support.up import MODELS, prepare_example_models, rosterd_argv, start_up, write_roster
+from support.devices import chat, cuda_stand_in, gpu_box_fleet, tiny_llama_entry, tiny_model
+from support.up import prepare_example_models, rosterd_text, start_up, write_roster
 
 pytestmark = pytest.mark.slow
 
 
 def ask(url: str, prompt: str) -> int:
-    body = {"model": "chat", "messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
-    return httpx.post(
-        url + "/v1/chat/completions", json=body, timeout=120, trust_env=False
-    ).status_code
+    return chat(url, "chat", prompt, max_tokens=2).status_code
 
 
 def copy_requests(url: str) -> dict[str, float]:
@@ -55,21 +50,9 @@ def test_replicas_2_on_two_declared_gpus_run_one_pinned_copy_per_device_and_fail
         "  CUDA1: Stand-in GPU (24576 MiB, 24576 MiB free)\n"
     )
     binary = cuda_stand_in(tmp_path, llama_server_binary, argv_log, listing=two_gpus)
-    entry = {"id": "chat", "role": "test", "name": "chat", "repo": "local/chat", "ram_gb": 0.1}
-    roster = write_roster(tmp_path / "roster.yaml", [entry | {"backend": "llama.cpp"}])
-    node = {
-        "name": "box",
-        "memory_gb": 4,
-        "reserved_gb": 1,
-        "platform": "linux-x86_64",
-        "address": "127.0.0.1",
-        "devices": [{"id": "CUDA0", "memory_gb": 0.8}, {"id": "CUDA1", "memory_gb": 0.8}],
-    }
-    source = {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1}
-    source |= {"replicas": 2, "grace_s": 2, "extra_args": ["-t", "1"]}
-    fleet = tmp_path / "fleet.yaml"
-    document = {"nodes": [node], "models": {"chat": source}, "model_roots": [str(MODELS)]}
-    fleet.write_text(json.dumps(document))
+    roster = write_roster(tmp_path / "roster.yaml", [tiny_llama_entry("chat", "chat")])
+    source = tiny_model("tiny-a", replicas=2, grace_s=2, extra_args=["-t", "1"])
+    fleet = gpu_box_fleet(tmp_path / "fleet.yaml", {"chat": source}, 0.8, 0.8)
     up = start_up(
         [str(roster), "--fleet", str(fleet)],
         tmp_path,
@@ -94,14 +77,7 @@ def test_replicas_2_on_two_declared_gpus_run_one_pinned_copy_per_device_and_fail
             timeout=30,
             trust_env=False,
         ).status_code
-        ps = subprocess.run(
-            [*rosterd_argv(), "ps", "--url", up.url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=dict(os.environ, NO_COLOR="1", COLUMNS="200"),
-            check=True,
-        ).stdout
+        ps = rosterd_text("ps", "--url", up.url)
         killed = roles["chat~2"]["pid"]
         os.kill(killed, signal.SIGKILL)
         after = [ask(up.url, f"After the kill {i}") for i in range(8)]

@@ -10,15 +10,13 @@ CUDA build's load line for the device, then runs the real llama-server on the CP
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import httpx
 import pytest
 
-from support.devices import logging_gpu_stand_in
+from support.devices import chat, gpu_box_fleet, logging_gpu_stand_in, tiny_llama_entry, tiny_model
 from support.polling import eventually_sync
-from support.up import MODELS, prepare_example_models, start_up, write_roster
+from support.up import prepare_example_models, start_up, write_roster
 
 MIB = 2**20
 
@@ -35,27 +33,8 @@ def test_a_backends_logged_device_buffers_are_counted_in_the_devices_pool(
     prepare_example_models()
     argv_log = tmp_path / "argv.log"
     binary = logging_gpu_stand_in(tmp_path, llama_server_binary, argv_log, LOAD_LINE)
-    entry = {
-        "id": "x",
-        "role": "test",
-        "name": "tiny-a",
-        "repo": "local/tiny-a",
-        "ram_gb": 0.1,
-        "backend": "llama.cpp",
-        "status": "live",
-    }
-    roster = write_roster(tmp_path / "roster.yaml", [entry])
-    node = {
-        "name": "box",
-        "memory_gb": 4,
-        "reserved_gb": 1,
-        "platform": "linux-x86_64",
-        "address": "127.0.0.1",
-        "devices": [{"id": "CUDA0", "memory_gb": 2}],
-    }
-    models = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1}}
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(json.dumps({"nodes": [node], "models": models, "model_roots": [str(MODELS)]}))
+    roster = write_roster(tmp_path / "roster.yaml", [tiny_llama_entry("x", "tiny-a")])
+    fleet = gpu_box_fleet(tmp_path / "fleet.yaml", {"tiny-a": tiny_model("tiny-a")}, 2)
     up = start_up(
         [str(roster), "--fleet", str(fleet)],
         tmp_path,
@@ -63,10 +42,7 @@ def test_a_backends_logged_device_buffers_are_counted_in_the_devices_pool(
         env={"ROSTERD_LLAMA_SERVER": str(binary)},
     )
     try:
-        body = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        answer = httpx.post(
-            up.url + "/v1/chat/completions", json=body, timeout=120, trust_env=False
-        )
+        answer = chat(up.url, "tiny-a")
         assert answer.status_code == 200, answer.text
         counted_before = up.get("/status")["nodes"]["box"]["pools"]["CUDA0"]["roles"]["x"]
 

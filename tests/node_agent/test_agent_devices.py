@@ -13,10 +13,11 @@ head's handle on it stands in for Ray's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pickle
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -320,6 +321,20 @@ def tiny_chat(tiny_gguf: Path) -> tuple[InferenceSpec, ServingFacts]:
     return spec, ServingFacts(served)
 
 
+@contextlib.asynccontextmanager
+async def chat_running(tmp_path: Path, tiny_gguf: Path) -> AsyncIterator[tuple[NodeAgent, int]]:
+    """An agent (:func:`tiny_agent`) running :func:`tiny_chat`'s real llama-server, and that
+    backend's pid; the agent is closed, stopping it, on the way out."""
+    spec, facts = tiny_chat(tiny_gguf)
+    agent = tiny_agent(tmp_path, facts, {"chat": spec})
+    await agent.open()
+    try:
+        await agent.start("chat")
+        yield agent, (await agent.backend_pids())["chat"]
+    finally:
+        await agent.close()
+
+
 def tiny_agent(
     tmp_path: Path, facts: ServingFacts, specs: Mapping[str, InferenceSpec]
 ) -> NodeAgent:
@@ -345,12 +360,7 @@ async def test_an_agent_reads_what_its_running_backend_holds_on_each_gpu(
 ) -> None:
     # A real llama-server started by the agent; NVML's stand-in then says its process
     # holds 6 GiB on the first GPU, beside another process's 1 GiB.
-    spec, facts = tiny_chat(tiny_gguf)
-    agent = tiny_agent(tmp_path, facts, {"chat": spec})
-    await agent.open()
-    try:
-        await agent.start("chat")
-        pid = (await agent.backend_pids())["chat"]
+    async with chat_running(tmp_path, tiny_gguf) as (agent, pid):
         gpus = [
             StandInGpu("NVIDIA GeForce RTX 3080 Ti", 11909 * MiB, 7 * GiB, "00:01.0"),
             StandInGpu("NVIDIA RTX PRO 4000 Blackwell", 24026 * MiB, 0, "00:02.0"),
@@ -362,8 +372,6 @@ async def test_an_agent_reads_what_its_running_backend_holds_on_each_gpu(
         # declared, less 1 reserved, less the other process's 1 GiB.
         probed = await agent.pools(fleet().node("far"))
         assert devices_of(probed.pools)[0] == ("CUDA0", "declared, probed", 8 * GiB)
-    finally:
-        await agent.close()
 
 
 async def test_an_agent_reads_what_its_backends_log_says_they_allocated_on_each_device(
@@ -376,12 +384,7 @@ async def test_an_agent_reads_what_its_backends_log_says_they_allocated_on_each_
     # This machine's llama-server allocates on no device: the lines a GPU build logs as it
     # loads (recorded on CUDA and ROCm, tests/data/load_buffers/) are added to the real
     # backend's log. Where NVML reads the device too, the larger figure counts.
-    spec, facts = tiny_chat(tiny_gguf)
-    agent = tiny_agent(tmp_path, facts, {"chat": spec})
-    await agent.open()
-    try:
-        await agent.start("chat")
-        pid = (await agent.backend_pids())["chat"]
+    async with chat_running(tmp_path, tiny_gguf) as (agent, pid):
         (log,) = (tmp_path / "state").rglob("chat.log")
         with log.open("a", encoding="utf-8") as out:
             out.write("load_tensors:        CUDA0 model buffer size =  7000.00 MiB\n")
@@ -392,8 +395,6 @@ async def test_an_agent_reads_what_its_backends_log_says_they_allocated_on_each_
         assert await agent.device_bytes() == {"chat": {"CUDA0": 7000 * MiB, "ROCm0": 4352 * MiB}}
         gpus[0].processes = {pid: 8 * GiB}  # NVML's figure grows past the log's: it counts
         assert await agent.device_bytes() == {"chat": {"CUDA0": 8 * GiB, "ROCm0": 4352 * MiB}}
-    finally:
-        await agent.close()
 
 
 async def test_an_agent_on_a_mac_reads_its_backends_physical_footprint(
@@ -404,12 +405,7 @@ async def test_an_agent_on_a_mac_reads_its_backends_physical_footprint(
 ) -> None:
     # A real llama-server started by the agent; macOS's proc_pid_rusage stands in (no Mac
     # here) and says its process's physical footprint is 3 GiB: counted on the GPU share.
-    spec, facts = tiny_chat(tiny_gguf)
-    agent = tiny_agent(tmp_path, facts, {"chat": spec})
-    await agent.open()
-    try:
-        await agent.start("chat")
-        pid = (await agent.backend_pids())["chat"]
+    async with chat_running(tmp_path, tiny_gguf) as (agent, pid):
         asked: list[tuple[int, ...]] = []
 
         def footprints(pids: tuple[int, ...]) -> dict[int, int]:
@@ -420,8 +416,6 @@ async def test_an_agent_on_a_mac_reads_its_backends_physical_footprint(
         monkeypatch.setitem(sys.modules, "pynvml", StandInNvml([]))
         assert await agent.device_bytes() == {"chat": {"MTL0": 3 * GiB}}
         assert asked == [(pid,)]
-    finally:
-        await agent.close()
 
 
 async def test_an_agents_launch_carries_the_pins_the_heads_device_plan_gave(

@@ -3,17 +3,14 @@ pool it uses (host RAM and the device), exclusions and stickiness as before."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rosterd.fleet import Fleet, Node, Platform
-from rosterd.fleet.model import DeviceSpec
 from rosterd.placement import plan
 from rosterd.placement.device_need import GPU_TO_HOST_BANDWIDTH, DeviceNeed, partial_slowdown
-from rosterd.placement.devices import DevicePlan, place_on_devices
+from rosterd.placement.devices import DevicePlan
 from rosterd.residency import (
     AlreadyResident,
     Load,
@@ -25,37 +22,13 @@ from rosterd.residency import (
 )
 from rosterd.spec import InferenceSpec, InferFlavor, MemorySpec
 from rosterd.tokens import GB
+from support.gpu_nodes import FLAVORS, fleets_and_roles, gpus_node, planned
 from support.specs import spec
-
-GPU_NODE = Node(
-    name="box",
-    memory_bytes=128 * GB,
-    reserved_bytes=8 * GB,
-    platform=Platform.LINUX_X86_64,
-    flavors=frozenset({InferFlavor.LLAMACPP, InferFlavor.OLLAMA}),
-    devices=(DeviceSpec("CUDA0", 24 * GB),),
-)
-
-
-def _place(
-    specs: list[InferenceSpec],
-    fleet: Fleet,
-    needs: Mapping[str, DeviceNeed] | None = None,
-    previous: DevicePlan | None = None,
-) -> DevicePlan:
-    node_plan = plan(
-        specs,
-        fleet,
-        previous.plan if previous else None,
-        time_limit_s=0.2,
-        device_needs=needs,
-    )
-    return place_on_devices(specs, fleet, node_plan, needs or {}, previous)
 
 
 def test_four_interactive_14_gib_roles_and_one_24_gib_gpu_one_is_placed_the_rest_say_why() -> None:
     specs = [spec(f"r{i}", 14, interactive=True) for i in range(4)]
-    result = _place(specs, Fleet(nodes=(GPU_NODE,)))
+    result = planned(specs, Fleet(nodes=(gpus_node("box"),)))
     placed = sorted(result.plan.placements)
     assert len(placed) == 1
     pool = result.pools["box"]["CUDA0"]
@@ -75,7 +48,7 @@ def test_four_interactive_14_gib_roles_and_one_24_gib_gpu_one_is_placed_the_rest
 
 def test_four_batch_14_gib_roles_share_the_gpu_one_resident_at_a_time() -> None:
     specs = [spec(f"r{i}", 14) for i in range(4)]
-    result = _place(specs, Fleet(nodes=(GPU_NODE,)))
+    result = planned(specs, Fleet(nodes=(gpus_node("box"),)))
     assert sorted(result.plan.placements) == ["r0", "r1", "r2", "r3"]
     pool = result.pools["box"]["CUDA0"]
     assert pool.swappable == ("r0", "r1", "r2", "r3")
@@ -95,7 +68,7 @@ def test_a_partial_offload_places_the_layers_that_fit_and_says_how_many() -> Non
     # 40 layers + output: 0.7 GiB a layer, the output layer 2 GiB.
     by_layers = tuple(0 if n == 0 else int((2 + 0.7 * (n - 1)) * GB) for n in range(42))
     needs = {"big": DeviceNeed(by_layers[-1], by_layers, offload="partial")}
-    result = _place(specs, Fleet(nodes=(GPU_NODE,)), needs)
+    result = planned(specs, Fleet(nodes=(gpus_node("box"),)), needs)
     choice = result.device_of("big", "box")
     assert choice is not None
     assert choice.partial
@@ -105,7 +78,7 @@ def test_a_partial_offload_places_the_layers_that_fit_and_says_how_many() -> Non
     assert by_layers[choice.gpu_layers] <= 24 * GB < by_layers[choice.gpu_layers + 1]
     # Full offload would not fit: without `partial` it is unplaced.
     full = {"big": DeviceNeed(by_layers[-1], by_layers)}
-    assert "big" in dict(_place(specs, Fleet(nodes=(GPU_NODE,)), full).plan.unplaced)
+    assert "big" in dict(planned(specs, Fleet(nodes=(gpus_node("box"),)), full).plan.unplaced)
 
 
 def test_a_role_no_device_could_ever_hold_is_kept_off_that_node() -> None:
@@ -117,22 +90,22 @@ def test_a_role_no_device_could_ever_hold_is_kept_off_that_node() -> None:
         flavors=frozenset({InferFlavor.LLAMACPP}),
     )
     # 30 GiB fits no 24 GiB GPU: it goes to the CPU-only node, where llama.cpp runs as before.
-    result = _place([spec("big", 30)], Fleet(nodes=(GPU_NODE, cpu_node)))
+    result = planned([spec("big", 30)], Fleet(nodes=(gpus_node("box"), cpu_node)))
     assert result.plan.placements == {"big": "cpu"}
     assert result.device_of("big", "cpu") is None
-    only_gpu = _place([spec("big", 30)], Fleet(nodes=(GPU_NODE,)))
+    only_gpu = planned([spec("big", 30)], Fleet(nodes=(gpus_node("box"),)))
     (reason,) = dict(only_gpu.plan.unplaced).values()
     assert "needs 30.00 GiB on a device; its largest is CUDA0 with 24.00 GiB" in reason
 
 
 def test_ollama_roles_and_fleets_without_devices_plan_as_before() -> None:
     specs = [spec("o", 14, flavor=InferFlavor.OLLAMA), spec("a", 14, interactive=True)]
-    result = _place(specs, Fleet(nodes=(GPU_NODE,)))
+    result = planned(specs, Fleet(nodes=(gpus_node("box"),)))
     assert result.device_of("o", "box") is None
     assert result.pools["box"]["CUDA0"].always_resident == ("a",)
-    plain = Fleet(nodes=(Node("n", 64 * GB, 4 * GB, Platform.LINUX_X86_64, GPU_NODE.flavors),))
+    plain = Fleet(nodes=(Node("n", 64 * GB, 4 * GB, Platform.LINUX_X86_64, FLAVORS),))
     before = plan(specs, plain, time_limit_s=0.2)
-    after = _place(specs, plain)
+    after = planned(specs, plain)
     assert after.plan == before
     assert after.choices == {}
     assert after.pools == {}
@@ -140,40 +113,7 @@ def test_ollama_roles_and_fleets_without_devices_plan_as_before() -> None:
 
 # -- properties ------------------------------------------------------------------------
 
-
-@st.composite
-def fleets_and_roles(draw: st.DrawFn) -> tuple[Fleet, list[InferenceSpec]]:
-    nodes = []
-    for i in range(draw(st.integers(1, 3))):
-        devices = tuple(
-            DeviceSpec(f"CUDA{j}", draw(st.integers(4, 48)) * GB, draw(st.integers(0, 2)) * GB)
-            for j in range(draw(st.integers(0, 2)))
-        )
-        nodes.append(
-            Node(
-                name=f"n{i}",
-                memory_bytes=draw(st.integers(16, 128)) * GB,
-                reserved_bytes=2 * GB,
-                platform=Platform.LINUX_X86_64,
-                flavors=frozenset({InferFlavor.LLAMACPP, InferFlavor.OLLAMA}),
-                devices=devices,
-            )
-        )
-    count = draw(st.integers(1, 7))
-    roles = []
-    for k in range(count):
-        others = [f"r{m}" for m in range(count) if m != k]
-        roles.append(
-            spec(
-                f"r{k}",
-                draw(st.integers(1, 40)),
-                interactive=draw(st.booleans()),
-                sticky=draw(st.booleans()),
-                excludes=draw(st.lists(st.sampled_from(others), max_size=2)) if others else (),
-                flavor=draw(st.sampled_from([InferFlavor.LLAMACPP, InferFlavor.OLLAMA])),
-            )
-        )
-    return Fleet(nodes=tuple(nodes)), roles
+CASES = fleets_and_roles(max_nodes=3, max_gpu_gb=48, max_memory_gb=128, max_roles=7, max_role_gb=40)
 
 
 def _check_pools(fleet: Fleet, specs: list[InferenceSpec], result: DevicePlan) -> None:
@@ -199,22 +139,22 @@ def _check_pools(fleet: Fleet, specs: list[InferenceSpec], result: DevicePlan) -
 
 
 @settings(max_examples=60, deadline=None)
-@given(fleets_and_roles())
+@given(CASES)
 def test_no_pool_is_ever_over_capacity_and_exclusions_hold(
     case: tuple[Fleet, list[InferenceSpec]],
 ) -> None:
     fleet, specs = case
-    _check_pools(fleet, specs, _place(specs, fleet))
+    _check_pools(fleet, specs, planned(specs, fleet))
 
 
 @settings(max_examples=40, deadline=None)
-@given(fleets_and_roles())
+@given(CASES)
 def test_a_replan_keeps_sticky_roles_on_their_node_and_device(
     case: tuple[Fleet, list[InferenceSpec]],
 ) -> None:
     fleet, specs = case
-    first = _place(specs, fleet)
-    again = _place(specs, fleet, previous=first)
+    first = planned(specs, fleet)
+    again = planned(specs, fleet, previous=first)
     _check_pools(fleet, specs, again)
     by_id = {s.role: s for s in specs}
     for role, node_name in first.plan.placements.items():

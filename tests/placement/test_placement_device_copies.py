@@ -5,46 +5,14 @@ declared ones (the planner only counts; no GPU is needed)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rosterd.fleet import Fleet, Node, Platform
-from rosterd.fleet.model import DeviceSpec, ModelSource
-from rosterd.placement import plan, violations
-from rosterd.placement.devices import DevicePlan, place_on_devices
-from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.fleet import Node, Platform
+from rosterd.placement import violations
 from rosterd.tokens import GB
+from support.gpu_nodes import FLAVORS, fleet_of, gpus_node, planned
 from support.specs import spec
-
-FLAVORS = frozenset({InferFlavor.LLAMACPP, InferFlavor.OLLAMA})
-
-
-def gpus_node(name: str, gpus: int, gpu_gb: int = 24, memory_gb: int = 128) -> Node:
-    """A Linux node with ``memory_gb`` of RAM (8 GiB reserved) and ``gpus`` GPUs of
-    ``gpu_gb`` each (``CUDA0``, ``CUDA1``, ...)."""
-    return Node(
-        name=name,
-        memory_bytes=memory_gb * GB,
-        reserved_bytes=8 * GB,
-        platform=Platform.LINUX_X86_64,
-        flavors=FLAVORS,
-        devices=tuple(DeviceSpec(f"CUDA{i}", gpu_gb * GB) for i in range(gpus)),
-    )
-
-
-def fleet_of(*nodes: Node, **replicas: int) -> Fleet:
-    return Fleet(
-        nodes=nodes,
-        models={role: ModelSource(Path("/m.gguf"), replicas=n) for role, n in replicas.items()},
-    )
-
-
-def planned(specs: list[InferenceSpec], fleet: Fleet) -> DevicePlan:
-    """The node plan, then each copy's device, as ``rosterd plan`` and ``up`` make them."""
-    node_plan = plan(specs, fleet, None, time_limit_s=0.2, device_needs={})
-    return place_on_devices(specs, fleet, node_plan, {})
 
 
 def test_replicas_2_on_a_node_with_two_24_gib_gpus_puts_one_14_gib_copy_on_each() -> None:

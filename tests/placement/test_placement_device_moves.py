@@ -5,45 +5,17 @@ planner only counts; no GPU is needed)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from rosterd.fleet import Fleet, Node, Platform
-from rosterd.fleet.model import DeviceSpec, ModelSource
-from rosterd.placement import plan
 from rosterd.placement.device_need import DeviceNeed, uses_device
 from rosterd.placement.devices import DevicePlan, place_on_devices
 from rosterd.placement.problem import NodeLoad, NodePlan, Plan
 from rosterd.residency import excludes_each_other
-from rosterd.spec import InferenceSpec, InferFlavor
+from rosterd.spec import InferenceSpec
 from rosterd.tokens import GB
+from support.gpu_nodes import FLAVORS, fleet_of, fleets_and_roles, gpus_node, planned
 from support.specs import spec
-
-FLAVORS = frozenset({InferFlavor.LLAMACPP, InferFlavor.OLLAMA})
-
-
-def gpu_node(name: str, gpu_gb: int = 24, memory_gb: int = 128) -> Node:
-    """A Linux node with ``memory_gb`` of RAM (8 GiB reserved) and one GPU ``CUDA0``."""
-    return Node(
-        name=name,
-        memory_bytes=memory_gb * GB,
-        reserved_bytes=8 * GB,
-        platform=Platform.LINUX_X86_64,
-        flavors=FLAVORS,
-        devices=(DeviceSpec("CUDA0", gpu_gb * GB),),
-    )
-
-
-def planned(
-    specs: list[InferenceSpec], fleet: Fleet, previous: DevicePlan | None = None
-) -> DevicePlan:
-    """The node plan, then each role's device, as ``rosterd plan`` and ``up`` make them."""
-    node_plan = plan(
-        specs, fleet, previous.plan if previous else None, time_limit_s=0.2, device_needs={}
-    )
-    return place_on_devices(specs, fleet, node_plan, {}, previous)
 
 
 def all_on(node: str, specs: list[InferenceSpec], fleet: Fleet) -> Plan:
@@ -63,7 +35,7 @@ def all_on(node: str, specs: list[InferenceSpec], fleet: Fleet) -> Plan:
 def test_three_interactive_14_gib_roles_on_two_24_gib_gpus_one_per_node_the_third_says_why() -> (
     None
 ):
-    fleet = Fleet(nodes=(gpu_node("a"), gpu_node("b")))
+    fleet = Fleet(nodes=(gpus_node("a"), gpus_node("b")))
     specs = [spec(f"r{i}", 14, interactive=True) for i in range(3)]
     result = planned(specs, fleet)
     assert len(result.plan.placements) == 2
@@ -81,7 +53,7 @@ def test_three_interactive_14_gib_roles_on_two_24_gib_gpus_one_per_node_the_thir
 
 
 def test_a_role_whose_nodes_gpu_is_full_goes_to_the_other_nodes_gpu() -> None:
-    fleet = Fleet(nodes=(gpu_node("a"), gpu_node("b")))
+    fleet = Fleet(nodes=(gpus_node("a"), gpus_node("b")))
     specs = [spec("x", 14, interactive=True), spec("y", 14, interactive=True)]
     result = place_on_devices(specs, fleet, all_on("a", specs, fleet), {})
     assert result.plan.placements == {"x": "a", "y": "b"}
@@ -96,7 +68,7 @@ def test_a_role_whose_nodes_gpu_is_full_goes_to_the_other_nodes_gpu() -> None:
 
 
 def test_a_moved_sticky_role_stays_on_its_new_node_at_the_next_plan() -> None:
-    fleet = Fleet(nodes=(gpu_node("a"), gpu_node("b")))
+    fleet = Fleet(nodes=(gpus_node("a"), gpus_node("b")))
     specs = [spec("x", 14, interactive=True), spec("y", 14, interactive=True)]
     first = place_on_devices(specs, fleet, all_on("a", specs, fleet), {})
     again = planned(specs, fleet, previous=first)
@@ -104,7 +76,7 @@ def test_a_moved_sticky_role_stays_on_its_new_node_at_the_next_plan() -> None:
 
 
 def test_a_role_is_not_moved_where_host_ram_or_an_exclusion_keeps_it_out() -> None:
-    fleet = Fleet(nodes=(gpu_node("a"), gpu_node("b", memory_gb=20), gpu_node("c")))
+    fleet = Fleet(nodes=(gpus_node("a"), gpus_node("b", memory_gb=20), gpus_node("c")))
     specs = [
         spec("x", 14, interactive=True),
         spec("y", 14, interactive=True),
@@ -128,7 +100,7 @@ def test_a_role_is_not_moved_where_host_ram_or_an_exclusion_keeps_it_out() -> No
 
 def test_a_node_without_devices_is_not_tried() -> None:
     cpu = Node("cpu", 128 * GB, 8 * GB, Platform.LINUX_X86_64, FLAVORS)
-    fleet = Fleet(nodes=(gpu_node("a"), cpu))
+    fleet = Fleet(nodes=(gpus_node("a"), cpu))
     specs = [spec("x", 14, interactive=True), spec("y", 14, interactive=True)]
     result = place_on_devices(specs, fleet, all_on("a", specs, fleet), {})
     assert result.plan.placements == {"x": "a"}
@@ -136,10 +108,7 @@ def test_a_node_without_devices_is_not_tried() -> None:
 
 
 def test_a_further_copy_whose_gpu_is_full_goes_to_a_node_holding_no_copy() -> None:
-    fleet = Fleet(
-        nodes=(gpu_node("a"), gpu_node("b"), gpu_node("c")),
-        models={"chat": ModelSource(Path("/m.gguf"), replicas=2)},
-    )
+    fleet = fleet_of(gpus_node("a"), gpus_node("b"), gpus_node("c"), chat=2)
     specs = [spec("chat", 14, interactive=True), spec("big", 14, interactive=True)]
     nodes = {
         "a": NodePlan(120 * GB, ("chat",), ()),
@@ -158,10 +127,7 @@ def test_a_further_copy_never_takes_the_gpu_a_role_with_no_copy_needs() -> None:
     # Two nodes with one 24 GiB GPU each, coder-0 asking for two copies and coder-1 for
     # one, each 14 GiB: coder-1 gets the second GPU and coder-0 one copy, with the reason
     # (the further copy took it, and coder-1 was left unplaced, in fleet order of names).
-    fleet = Fleet(
-        nodes=(gpu_node("a"), gpu_node("b")),
-        models={"coder-0": ModelSource(Path("/m.gguf"), replicas=2)},
-    )
+    fleet = fleet_of(gpus_node("a"), gpus_node("b"), **{"coder-0": 2})
     specs = [spec("coder-0", 14, interactive=True), spec("coder-1", 14, interactive=True)]
     result = planned(specs, fleet)
     assert sorted(result.plan.placements) == ["coder-0", "coder-1"]
@@ -173,7 +139,7 @@ def test_a_further_copy_never_takes_the_gpu_a_role_with_no_copy_needs() -> None:
 
 
 def test_a_partial_offload_is_not_moved() -> None:
-    fleet = Fleet(nodes=(gpu_node("a"), gpu_node("b")))
+    fleet = Fleet(nodes=(gpus_node("a"), gpus_node("b")))
     specs = [spec("x", 14, interactive=True), spec("y", 14, interactive=True)]
     layers = tuple(i * GB for i in range(16))  # -ngl 0..15: 1 GiB a layer, 14 in all
     needs = {"y": DeviceNeed(14 * GB, layers, "partial")}
@@ -188,40 +154,7 @@ def test_a_partial_offload_is_not_moved() -> None:
 # -- properties ------------------------------------------------------------------------
 
 
-@st.composite
-def fleets_and_roles(draw: st.DrawFn) -> tuple[Fleet, list[InferenceSpec]]:
-    """1 to 4 nodes, some with GPUs and some without; 1 to 8 llama.cpp or ollama roles."""
-    nodes = []
-    for i in range(draw(st.integers(1, 4))):
-        devices = tuple(
-            DeviceSpec(f"CUDA{j}", draw(st.integers(4, 32)) * GB, draw(st.integers(0, 2)) * GB)
-            for j in range(draw(st.integers(0, 2)))
-        )
-        nodes.append(
-            Node(
-                name=f"n{i}",
-                memory_bytes=draw(st.integers(16, 96)) * GB,
-                reserved_bytes=2 * GB,
-                platform=Platform.LINUX_X86_64,
-                flavors=FLAVORS,
-                devices=devices,
-            )
-        )
-    count = draw(st.integers(1, 8))
-    roles = []
-    for k in range(count):
-        others = [f"r{m}" for m in range(count) if m != k]
-        roles.append(
-            spec(
-                f"r{k}",
-                draw(st.integers(1, 30)),
-                interactive=draw(st.booleans()),
-                sticky=draw(st.booleans()),
-                excludes=draw(st.lists(st.sampled_from(others), max_size=2)) if others else (),
-                flavor=draw(st.sampled_from([InferFlavor.LLAMACPP, InferFlavor.OLLAMA])),
-            )
-        )
-    return Fleet(nodes=tuple(nodes)), roles
+CASES = fleets_and_roles(max_nodes=4, max_gpu_gb=32, max_memory_gb=96, max_roles=8, max_role_gb=30)
 
 
 def _check(fleet: Fleet, specs: list[InferenceSpec], result: DevicePlan) -> None:
@@ -266,7 +199,7 @@ def _check(fleet: Fleet, specs: list[InferenceSpec], result: DevicePlan) -> None
 
 
 @settings(max_examples=80, deadline=None)
-@given(fleets_and_roles())
+@given(CASES)
 def test_no_role_is_left_off_a_device_that_could_hold_it_and_no_pool_is_over(
     case: tuple[Fleet, list[InferenceSpec]],
 ) -> None:
@@ -275,7 +208,7 @@ def test_no_role_is_left_off_a_device_that_could_hold_it_and_no_pool_is_over(
 
 
 @settings(max_examples=40, deadline=None)
-@given(fleets_and_roles())
+@given(CASES)
 def test_a_replan_keeps_sticky_roles_where_they_are_moved_or_not(
     case: tuple[Fleet, list[InferenceSpec]],
 ) -> None:

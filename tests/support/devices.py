@@ -1,10 +1,16 @@
 """A declared GPU on a machine without one, for the tests of ``rosterd up`` that pin a
-device (issue 29): a ``llama-server`` wrapper that stands in for a CUDA build."""
+device (issue 29): a ``llama-server`` wrapper that stands in for a CUDA build, and the
+roster, fleet and request those tests share (one node ``box`` declaring its GPUs, the
+example's tiny models)."""
 
 from __future__ import annotations
 
 import stat
 from pathlib import Path
+
+import httpx
+
+from support.up import MODELS, write_box_fleet
 
 #: What the stand-in CUDA build lists (``--list-devices``): one 24 GiB GPU, all of it free.
 STAND_IN_LISTING = "Available devices:\n  CUDA0: Stand-in GPU (24576 MiB, 24576 MiB free)\n"
@@ -53,3 +59,43 @@ def logging_gpu_stand_in(tmp: Path, real: Path, argv_log: Path, load_lines: str)
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
+
+
+def tiny_llama_entry(role: str, name: str) -> dict[str, object]:
+    """A live llama.cpp roster entry ``role`` serving the example's tiny model ``name``
+    (``tiny-a``, ``tiny-b``) with the roster's 0.1 GiB."""
+    return {
+        "id": role,
+        "role": "test",
+        "name": name,
+        "repo": f"local/{name}",
+        "ram_gb": 0.1,
+        "backend": "llama.cpp",
+        "status": "live",
+    }
+
+
+def tiny_model(name: str, **more: object) -> dict[str, object]:
+    """The fleet's ``models:`` entry of the example's tiny model ``name``: its file, a
+    256-token context, one slot, and ``more``."""
+    return {"path": str(MODELS / f"{name}.gguf"), "ctx_size": 256, "parallel": 1, **more}
+
+
+def gpu_box_fleet(path: Path, models: dict[str, dict[str, object]], *gpus_gb: float) -> Path:
+    """A fleet file of one node ``box`` at ``127.0.0.1`` (4 GiB, 1 reserved) declaring one
+    CUDA device per figure of ``gpus_gb`` (``CUDA0``, ``CUDA1``, ..., GiB each)."""
+    devices: list[dict[str, object]] = [
+        {"id": f"CUDA{index}", "memory_gb": gb} for index, gb in enumerate(gpus_gb)
+    ]
+    return write_box_fleet(path, models, address="127.0.0.1", devices=devices)
+
+
+def chat(url: str, model: str, content: str = "hi", max_tokens: int = 4) -> httpx.Response:
+    """One chat completion of ``model`` at the router ``url``, waiting up to 120 s (a load)."""
+    body = {"model": model, "messages": [{"role": "user", "content": content}]}
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json=body | {"max_tokens": max_tokens},
+        timeout=120,
+        trust_env=False,
+    )

@@ -30,3 +30,13 @@ def spec(
         latency_class=LatencyClass.INTERACTIVE if interactive else LatencyClass.BATCH,
         excludes=tuple(excludes),
     )
+
+
+#: The example's ``chat-small`` on gemma-3-270m (its roster's 0.5 GiB), as the tests that
+#: start a real llama-server on the example's gemma GGUF serve it.
+GEMMA_CHAT_SMALL = InferenceSpec(
+    role="chat-small",
+    flavor=InferFlavor.LLAMACPP,
+    model="gemma-3-270m",
+    memory=MemorySpec(weights_bytes=GB // 2),
+)

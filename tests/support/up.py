@@ -219,10 +219,11 @@ def write_box_fleet(
     flavors: list[str] | None = None,
     address: str | None = None,
     max_concurrency: int | None = None,
+    devices: list[dict[str, object]] | None = None,
 ) -> Path:
-    """A fleet file of one linux-x86_64 node ``box`` (with ``flavors``, ``address`` and
-    ``max_concurrency`` when given), the fleet's ``models`` map and ``MODELS`` as its model
-    root (JSON is valid YAML)."""
+    """A fleet file of one linux-x86_64 node ``box`` (with ``flavors``, ``address``,
+    ``max_concurrency`` and ``devices`` when given), the fleet's ``models`` map and
+    ``MODELS`` as its model root (JSON is valid YAML)."""
     node: dict[str, object] = {
         "name": "box",
         "memory_gb": memory_gb,
@@ -235,6 +236,8 @@ def write_box_fleet(
         node["address"] = address
     if max_concurrency is not None:
         node["max_concurrency"] = max_concurrency
+    if devices is not None:
+        node["devices"] = devices
     path.write_text(json.dumps({"nodes": [node], "models": models, "model_roots": [str(MODELS)]}))
     return path
 
@@ -251,6 +254,19 @@ def llama_entry(role: str, name: str, ram_gb: float, port: int) -> dict[str, obj
         "port": port,
         "status": "live",
     }
+
+
+def rosterd_text(*args: str, timeout_s: float = 60.0) -> str:
+    """What ``rosterd ARGS`` prints, as a user's plain terminal of 200 columns shows it
+    (``NO_COLOR``). Raises ``CalledProcessError`` where it exits non-zero."""
+    return subprocess.run(
+        [*rosterd_argv(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=dict(os.environ, NO_COLOR="1", COLUMNS="200"),
+        check=True,
+    ).stdout
 
 
 def text_console(width: int = 300) -> Console:
