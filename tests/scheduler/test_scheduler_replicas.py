@@ -55,6 +55,25 @@ async def test_a_load_makes_every_copy_resident_and_each_copy_is_its_own_unit() 
     await sched.shutdown()
 
 
+async def test_an_unload_stops_every_copy_on_every_node_and_device() -> None:
+    sched, backends = two_copies()
+    await sched.load("chat")
+    await sched.unload("chat")  # rosterd unload chat
+    assert all(n.copy_state("chat") is CopyState.COLD for n in sched.nodes_of("chat"))
+    assert backends["n1"].stops == backends["n2"].stops == ["chat"]
+    await sched.shutdown()
+    fake = GatedBackends(())
+    specs = {"chat": spec("chat", 100), "chat~2": spec("chat~2", 100)}  # chat~2: a further copy
+    one_node = NodeDirectory({"box": NodeScheduler("box", 1000 * MIB, specs, fake, limits=LIMITS)})
+    one_node.start()
+    await one_node.load("chat")
+    await one_node.unload("chat")
+    assert sorted(fake.stops) == ["chat", "chat~2"]
+    with pytest.raises(UnknownRoleError):
+        await one_node.unload("chat~2")  # a copy is no role of its own
+    await one_node.shutdown()
+
+
 async def test_requests_in_flight_spread_over_the_copies_and_a_prefix_sticks() -> None:
     sched, _ = two_copies()
     await sched.load("chat")

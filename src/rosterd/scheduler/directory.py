@@ -483,8 +483,15 @@ class NodeDirectory:
         raise first
 
     async def unload(self, role: str) -> None:
-        """Stop ``role``'s backend (``rosterd unload``); see :meth:`NodeScheduler.unload`."""
-        await self.node_of(role).unload(role)
+        """Stop ``role``'s backend (``rosterd unload``): every copy of a role with replicas,
+        on each node holding one and on each device of a node, at once; returns once each
+        exited (see :meth:`NodeScheduler.unload`). As ``rosterd load`` loads every copy, an
+        unload that left one resident would leave its memory held with no word of it.
+
+        Raises ``UnknownRoleError``: no node holds ``role``."""
+        self.node_of(role)  # UnknownRoleError
+        copies = self._copies_of.get(role, ())
+        await asyncio.gather(*(node.unload(unit) for node, unit in copies))
 
     async def shutdown(self) -> None:
         """Drain and stop every node (concurrently), those a re-plan left out too; returns
