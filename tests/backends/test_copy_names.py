@@ -88,6 +88,19 @@ def test_a_second_copy_on_the_same_address_finds_the_roster_port_held() -> None:
     assert not copies.port_held_by_other_copy("b", "chat", "127.0.0.1", 8311)
 
 
+def test_a_further_copy_on_the_same_node_finds_the_first_copys_port_held_and_back() -> None:
+    # replicas: 2 on one node's two GPUs: chat and chat~2 both take the roster's port from
+    # the role's entry, so whichever starts second must take another.
+    copies = LocalCopies()
+    copies.hold("box", "chat", HeldBackend("chat@box", "127.0.0.1", 8311))
+    assert copies.port_held_by_other_copy("box", "chat~2", "127.0.0.1", 8311)
+    assert not copies.port_held_by_other_copy("box", "chat", "127.0.0.1", 8311)  # its own
+    assert not copies.port_held_by_other_copy("box", "chatty~2", "127.0.0.1", 8311)
+    copies.release("box", "chat")
+    copies.hold("box", "chat~2", HeldBackend("chat~2@box", "127.0.0.1", 8311))
+    assert copies.port_held_by_other_copy("box", "chat", "127.0.0.1", 8311)
+
+
 def _facts(tmp_path: Path, replicas: int) -> ServingFacts:
     nodes = [
         {"name": n, "memory_gb": 4, "platform": "linux-x86_64", "address": "127.0.0.1"}

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from support.backends import pick_free_port
 from support.devices import chat, cuda_stand_in, gpu_box_fleet, tiny_llama_entry, tiny_model
 from support.up import prepare_example_models, rosterd_text, start_up, write_roster
 
@@ -50,7 +51,11 @@ def test_replicas_2_on_two_declared_gpus_run_one_pinned_copy_per_device_and_fail
         "  CUDA1: Stand-in GPU (24576 MiB, 24576 MiB free)\n"
     )
     binary = cuda_stand_in(tmp_path, llama_server_binary, argv_log, listing=two_gpus)
-    roster = write_roster(tmp_path / "roster.yaml", [tiny_llama_entry("chat", "chat")])
+    # The roster gives the role a port, as labs' rosters do: both copies take it from the
+    # role's entry, so the second to start must listen on another.
+    roster_port = pick_free_port()
+    entry = tiny_llama_entry("chat", "chat") | {"port": roster_port}
+    roster = write_roster(tmp_path / "roster.yaml", [entry])
     source = tiny_model("tiny-a", replicas=2, grace_s=2, extra_args=["-t", "1"])
     fleet = gpu_box_fleet(tmp_path / "fleet.yaml", {"chat": source}, 0.8, 0.8)
     up = start_up(
@@ -58,6 +63,7 @@ def test_replicas_2_on_two_declared_gpus_run_one_pinned_copy_per_device_and_fail
         tmp_path,
         free_port,
         env={"ROSTERD_LLAMA_SERVER": str(binary)},
+        auto_backend_ports=False,
     )
     try:
         statuses = [ask(up.url, f"Prompt number {i} about {i * 7}") for i in range(16)]
@@ -85,8 +91,12 @@ def test_replicas_2_on_two_declared_gpus_run_one_pinned_copy_per_device_and_fail
         code = up.stop()
     assert code == 0, up.output()
     assert set(statuses) == {200}, up.output()
+    assert "not loaded at start" not in up.output()  # the warm-up loads chat, both copies
     assert set(after) == {200}, up.output()
     assert roles["chat"]["pid"] != roles["chat~2"]["pid"], "two copies, two processes"
+    ports = {int(roles[unit]["base_url"].rsplit(":", 1)[1]) for unit in ("chat", "chat~2")}
+    assert len(ports) == 2, ports
+    assert roster_port in ports, ports  # one copy keeps the roster's port, the other a free one
     pools = status["nodes"]["box"]["pools"]
     assert list(pools["CUDA0"]["roles"]) == ["chat"]
     assert list(pools["CUDA1"]["roles"]) == ["chat~2"]

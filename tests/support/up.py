@@ -114,9 +114,12 @@ def start_up(
     *,
     ready_timeout_s: float = 60.0,
     env: dict[str, str] | None = None,
+    auto_backend_ports: bool = True,
 ) -> Up:
     """Start ``rosterd up ARGS --port PORT`` with its state in ``tmp``; wait for ``/health``.
-    ``env``: variables added to the environment (e.g. ``ROSTERD_LLAMA_SERVER``)."""
+    ``env``: variables added to the environment (e.g. ``ROSTERD_LLAMA_SERVER``);
+    ``auto_backend_ports``: with ``--auto-backend-ports`` (so that test modules can run at
+    once); ``False``: each backend on its roster port, as a user runs it."""
     log = tmp / "up.log"
     env = dict(os.environ, NO_COLOR="1", COLUMNS="200", **(env or {}))
     with log.open("wb") as out:
@@ -129,7 +132,7 @@ def start_up(
                 str(port),
                 "--state-dir",
                 str(tmp / "state"),
-                "--auto-backend-ports",
+                *(["--auto-backend-ports"] if auto_backend_ports else []),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

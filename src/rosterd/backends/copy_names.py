@@ -107,10 +107,12 @@ class LocalCopies:
         self._held.pop((node, role), None)
 
     def port_held_by_other_copy(self, node: str, role: str, host: str, port: int) -> bool:
-        """Whether a copy of ``role`` on a node other than ``node`` was started on ``host``
-        and ``port`` (two copies cannot both listen there)."""
+        """Whether another copy of the role of ``role`` (a role, or a further copy of it,
+        ``chat~2``) was started on ``host`` and ``port``: a copy on another node, or another
+        copy on ``node``'s other device (two copies cannot both listen there; each copy
+        takes the roster's port from its role's entry)."""
         return any(
             (held.host, held.port) == (host, port)
             for (other, held_role), held in self._held.items()
-            if held_role == role and other != node
+            if role_of_copy(held_role) == role_of_copy(role) and (other, held_role) != (node, role)
         )

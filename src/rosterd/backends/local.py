@@ -186,13 +186,10 @@ class SupervisorBackends:
         for attempt in range(1, _BIND_RACE_TRIES + 1):
             port = free_port(self.host) if picked else spec.serve.port
             assert port is not None
-            if (
-                not picked
-                and name != role
-                and self.copies.port_held_by_other_copy(self.node, role, self.host, port)
-            ):
-                # Another node's copy of the role listens on the roster's port on this
-                # same address: this copy takes a free one.
+            if not picked and self.copies.port_held_by_other_copy(self.node, role, self.host, port):
+                # Another copy of the role (another node's on this same address, or this
+                # node's on another device) listens on the roster's port: this one takes a
+                # free one.
                 picked, port = True, free_port(self.host)
             # Held before anything awaits: a copy starting at once sees the port taken.
             self.copies.hold(self.node, role, HeldBackend(name, self.host, port))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rosterd.backends.copy_names import role_of_copy
 from rosterd.fleet_scheduler import notices
 from rosterd.fleet_scheduler.effects import (
     Answer,
@@ -203,7 +204,8 @@ class FleetMachine(LossRules):
                 and any(s.specs for s in self.serving.values())
                 and not any(s.specs for s in change.serving.values())
             ):
-                return self._refuse(change, notices.empty_lab_refusal(config))
+                unplaced = change.plan.unplaced if change.plan is not None else ()
+                return self._refuse(change, notices.empty_lab_refusal(config, unplaced))
         effects += notices.unavailable_notices(self.serving, change.serving)
         wanted = {
             name: serving
@@ -287,7 +289,9 @@ class FleetMachine(LossRules):
         self, before: Mapping[str, NodeServing], start: bool, applied: Mapping[str, object]
     ) -> tuple[str, ...]:
         """What ``up`` loads after a change: at start, every node's interactive and sticky
-        roles; after a reload, those it added and those it made servable again."""
+        roles; after a reload, those it added and those it made servable again. A further
+        copy (``chat~2``) is warmed as its role, whose load loads every copy (a load of the
+        unit itself is refused: clients never name it)."""
         wanted = None if start else added_roles(applied)
         if wanted is not None:
             unavailable = {r for s in before.values() for r in s.unavailable}
@@ -298,5 +302,6 @@ class FleetMachine(LossRules):
             for role in warm_up_order(serving.specs):
                 if role in serving.unavailable or (wanted is not None and role not in wanted):
                     continue
-                roles.append(role)
+                if role_of_copy(role) not in roles:
+                    roles.append(role_of_copy(role))
         return tuple(roles)
