@@ -101,6 +101,20 @@ def test_a_reload_that_serves_nothing_is_refused_unless_forced() -> None:
     assert bench.placed == {}
 
 
+def test_a_reload_whose_plan_places_nothing_says_why_each_role_is_out() -> None:
+    # The roster is whole but the node shrank below every role: the refusal names them.
+    cfg = config([spec("chat", 1), spec("code", 2)], [node("box", 8)])
+    bench = FleetBench(FleetMachine())
+    bench.reload(cfg, local(cfg), start=True)
+    small = config([spec("chat", 1), spec("code", 2)], [node("box", 0.5)])
+    refused = bench.reload(small, local(small))
+    assert refused.error is not None
+    assert "serves no role" in refused.error
+    assert "chat is unplaced: " in refused.error
+    assert "code is unplaced: " in refused.error
+    assert bench.placed == {"chat": "box", "code": "box"}  # nothing changed
+
+
 def test_a_reload_warms_what_it_adds_and_what_it_makes_servable_again() -> None:
     voice = spec("voice", 0.5, interactive=True)
     missing = config(

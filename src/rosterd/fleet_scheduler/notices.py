@@ -4,7 +4,7 @@ machine's ``Say``, ``ShowPlan`` and ``Record`` effects, as functions of its valu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rosterd.fleet_scheduler.effects import FleetEffect, Level, Record, Say, ShowPlan
 from rosterd.fleet_scheduler.values import NodeRun, NodeServing, NodeStatus, ServedConfig
@@ -107,15 +107,19 @@ def lost_weights_refusal(lost: Mapping[str, str]) -> str:
     return f"{said}; the running configuration stays"
 
 
-def empty_lab_refusal(config: ServedConfig) -> str:
+def empty_lab_refusal(config: ServedConfig, unplaced: Sequence[tuple[str, str]] = ()) -> str:
     """Why a configuration that serves no role is refused: the roster's own warnings (the
     cause: no ``roster:`` key, no entries, ...) in full, the overlay's settings that now
-    name no entry (a consequence) only counted."""
+    name no entry (a consequence) only counted, and why the new plan leaves each role out
+    (``unplaced``: role, reason; a device made too small, say), the first three in full."""
     said = "the new configuration serves no role"
     causes = [w for w in config.roster.warnings if not w.startswith("overlay")]
     consequences = len(config.roster.warnings) - len(causes)
     if consequences:
         causes.append(f"and {consequences} overlay warnings of settings that name no entry")
+    causes += [f"{role} is unplaced: {reason}" for role, reason in unplaced[:3]]
+    if len(unplaced) > 3:
+        causes.append(f"and {len(unplaced) - 3} more roles unplaced (rosterd plan says why)")
     if causes:
         said += ": " + "; ".join(causes)
     return (

@@ -193,7 +193,9 @@ def retired_reasons(
     change: Mapping[str, object], config: ServedConfig, result: Plan
 ) -> dict[str, str]:
     """Role -> why a reload stopped serving it, for each role it retired and did not place
-    elsewhere: the import's reason for skipping it, or the plan's for leaving it unplaced."""
+    elsewhere: the import's reason for skipping it, or the plan's for leaving it unplaced;
+    for a further copy of a role still placed (``chat~2``), that the plan no longer places
+    it, with the plan's ``copies_short`` reason."""
     nodes = change.get("nodes")
     retired = {
         role
@@ -202,8 +204,15 @@ def retired_reasons(
         for role in node.get("retired", ())
     }
     skipped, unplaced = dict(config.roster.skipped), dict(result.unplaced)
+    short = dict(result.copies_short)
     why: dict[str, str] = {}
     for role in sorted(retired - set(result.placements)):
+        of = role_of_copy(role)
+        if of != role:  # a further copy on another device of its node (chat~2)
+            if of in result.placements:
+                lost = f": {short[of]}" if of in short else ""
+                why[role] = f"a copy of {of} the new plan no longer places{lost}"
+            continue  # the role itself left: its own reason says why
         if role in skipped:
             why[role] = f"the roster import skips it: {skipped[role]}"
         elif role in unplaced:
