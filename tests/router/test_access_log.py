@@ -21,6 +21,7 @@ import httpx
 import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rosterd.backends.values import Endpoint
 from rosterd.keys.values import MASTER_NAME
 from rosterd.router import RouterConfig
 from rosterd.router.access_log import (
@@ -30,6 +31,8 @@ from rosterd.router.access_log import (
     dialect_of,
     plain_line,
 )
+from rosterd.router.wait_report import wait_headers
+from rosterd.scheduler.lease import Lease
 from support.router import serve
 
 
@@ -209,6 +212,35 @@ async def test_a_served_answer_logs_role_node_waits_and_tokens(access_text: io.S
     assert (line["tokens_in"], line["tokens_out"]) == (12, 3)
     assert (line["code"], line["reason"]) == ("", "")
     assert line["first_byte_s"] is not None
+
+
+async def test_a_further_copy_on_its_nodes_other_device_is_told_apart(
+    access_text: io.StringIO,
+) -> None:
+    # replicas: 2 on one node's two GPUs: the answer of chat~2 says which copy served it,
+    # in a header and in the access log's node; the first copy's answers say the node alone.
+    endpoint = Endpoint("http://127.0.0.1:1", "m", 1)
+    further = Lease("chat", "box", endpoint, 1, 0.0, copy="chat~2")
+    first = Lease("chat", "box", endpoint, 1, 0.0)
+    assert (b"x-rosterd-copy", b"box/chat~2") in wait_headers(further, 0.0, (), {})
+    assert b"x-rosterd-copy" not in dict(wait_headers(first, 0.0, (), {}))
+
+    async def served(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        told = wait_headers(further, 0.0, (), {})
+        await send({"type": "http.response.start", "status": 200, "headers": told})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b'{"model":"chat"}', "more_body": False}
+
+    async def send(message: Message) -> None:
+        return None
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions"}
+    await AccessLog(served)(scope, receive, send)
+    [line] = [json.loads(text) for text in access_text.getvalue().splitlines()]
+    assert (line["role"], line["node"]) == ("chat", "box/chat~2")
 
 
 async def served_then_left(app: ASGIApp) -> None:

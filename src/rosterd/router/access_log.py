@@ -58,7 +58,9 @@ _CACHE_N = re.compile(rb'"cache_n"\s*:\s*(\d+)')
 @dataclass(frozen=True)
 class AccessLine:
     """One request. Times in seconds (``None``: it did not happen, e.g. no first byte);
-    ``time``: ISO 8601 UTC when it arrived; empty strings for what is not known."""
+    ``time``: ISO 8601 UTC when it arrived; empty strings for what is not known; ``node``:
+    the node that served it, or for a further copy on another of the node's devices the
+    copy's key (``box/chat~2``)."""
 
     time: str
     client: str
@@ -214,7 +216,9 @@ class _Seen:
             path=path,
             model=_model_of(self.body),
             role=self.headers.get("x-rosterd-role") or str(scope.get(ROLE_SCOPE, "")),
-            node=self.headers.get("x-rosterd-node") or str(scope.get(NODE_SCOPE, "")),
+            node=self.headers.get("x-rosterd-copy")  # box/chat~2: which of its node's copies
+            or self.headers.get("x-rosterd-node")
+            or str(scope.get(NODE_SCOPE, "")),
             status=status,
             code=code,
             reason=reason,

@@ -6,6 +6,9 @@ Headers on every proxied answer (names in :data:`WAIT_HEADERS`; with ``--cors-or
 they are exposed to other origins' pages too):
 
 - ``X-Rosterd-Role`` / ``X-Rosterd-Node``: the role that served it and its node;
+- ``X-Rosterd-Copy``: present when a further copy of the role on another device of its
+  node served it: that copy's key, ``box/chat~2`` (the node and the copy, as
+  ``rosterd_copy_requests_total`` labels it), so the copies on one node can be told apart;
 - ``X-Rosterd-Queue-Wait-S``: seconds the request waited for its lease (a load, a free
   slot), as the scheduler measured it;
 - ``X-Rosterd-Load-S``: present when the role became ready while the request waited:
@@ -32,6 +35,7 @@ from rosterd.spec import InferenceSpec
 WAIT_HEADERS: Final[tuple[str, ...]] = (
     "X-Rosterd-Role",
     "X-Rosterd-Node",
+    "X-Rosterd-Copy",
     "X-Rosterd-Queue-Wait-S",
     "X-Rosterd-Load-S",
     "X-Rosterd-Evicted",
@@ -93,6 +97,8 @@ def wait_headers(
         (b"x-rosterd-node", lease.node.encode()),
         (b"x-rosterd-queue-wait-s", f"{lease.waited_s:.3f}".encode()),
     ]
+    if lease.copy_key != lease.node:
+        headers.append((b"x-rosterd-copy", lease.copy_key.encode()))
     if lease.waited_s <= 0:
         return headers
     recent: list[SchedulerEvent] = []
