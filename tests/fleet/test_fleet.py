@@ -241,6 +241,14 @@ BAD = [
         ["a number > 0", "'8'"],
     ),
     (
+        # YAML 1.1 reads an exponent without a dot and a sign as text: said how to write it
+        "nodes:\n  - name: a\n    memory_gb: 1e3\n    platform: linux-x86_64\n",
+        "nodes[0].memory_gb",
+        3,
+        16,
+        ["a number > 0", "'1e3'", "write 1000, or 1.0e+3"],
+    ),
+    (
         "nodes:\n  - name: a\n    memory_gb: 8\n    reserved_gb: 8\n    platform: linux-x86_64\n",
         "nodes[0].reserved_gb",
         4,

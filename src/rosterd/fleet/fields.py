@@ -100,7 +100,12 @@ class YamlFields:
             or (minimum_exclusive is None and value < 0)
         ):
             want = "a number > 0" if minimum_exclusive is not None else "a number >= 0"
-            raise self.fail(node, path, f"expected {want} (GiB), found {self.found(node)}")
+            said = f"expected {want} (GiB), found {self.found(node)}"
+            if isinstance(node, yaml.ScalarNode) and node.style is None and _reads_as_number(value):
+                # YAML 1.1 (PyYAML) reads 1e3 as text: its floats need a dot and a signed
+                # exponent. Said, since the user wrote what looks like a number.
+                said += " (text to YAML: write 1000, or 1.0e+3 with a dot and a signed exponent)"
+            raise self.fail(node, path, said)
         return float(value)
 
     def positive_int(self, node: yaml.Node, path: str) -> int:
@@ -147,3 +152,13 @@ class YamlFields:
                 node, path, f"expected {what}; {raw.split('/')[0]!r} names no user here"
             ) from None
         return candidate if candidate.is_absolute() else (self.base / candidate)
+
+
+def _reads_as_number(value: object) -> bool:
+    """Whether ``value`` is text that Python reads as a finite number (``'1e3'``)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
