@@ -274,3 +274,10 @@ def test_a_declared_device_the_nodes_llama_server_does_not_list_is_run_on_the_cp
     # A CUDA build lists both: pinned to them as declared.
     listed = parse_list_devices((DATA / "cuda_two_gpus.txt").read_text())
     assert node_pools(node, listed, listing_ran=True).unlisted == ()
+    # A misspelt id on a CUDA build: the warning names what the build does list.
+    misspelt = parse_fleet(GPU_BOX.replace("id: CUDA1", "id: GPU-1")).node("box")
+    told = node_pools(misspelt, listed, listing_ran=True)
+    assert told.unlisted == ("GPU-1",)
+    (warning,) = told.warnings
+    assert "device GPU-1 is declared in the fleet file but no probe sees it" in warning
+    assert "lists no such device (it lists CUDA0, CUDA1), so the roles" in warning

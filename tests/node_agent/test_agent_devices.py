@@ -60,7 +60,8 @@ nodes:
 UNSEEN = (
     "node far: device CUDA2 is declared in the fleet file but no probe sees it "
     "(llama-server --list-devices, NVML); it is used as declared; the node's llama-server "
-    "lists no such device, so the roles placed on it run on the CPU (--device none)"
+    "lists no such device (it lists CUDA0, CUDA1), so the roles placed on it run on the CPU "
+    "(--device none)"
 )
 
 

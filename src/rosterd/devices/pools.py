@@ -143,9 +143,11 @@ def node_pools(
         cpu_instead = ""
         if listing_ran and found is None:
             unlisted.append(spec.id)
+            # a misspelt id (GPU-0 for CUDA0) is told by what the listing does have
+            has = f" (it lists {', '.join(d.id for d in listed)})" if listed else ""
             cpu_instead = (
-                "; the node's llama-server lists no such device, so the roles placed on it "
-                "run on the CPU (--device none)"
+                f"; the node's llama-server lists no such device{has}, so the roles placed "
+                "on it run on the CPU (--device none)"
             )
         if probed and found is None and gpu is None and not spec.default_share:
             warnings.append(
