@@ -11,11 +11,15 @@ from rich.console import Console
 
 from rosterd.cli.up_report import ConsoleReporter
 from rosterd.fleet_scheduler.effects import ShowPlan
-from rosterd.placement import plan
+from rosterd.placement import Plan, plan
+from rosterd.placement.problem import NodePlan
 from rosterd.roster.importer import load_roster
 from rosterd.up import config as up_config
 from rosterd.up.options import UpOptions
 from rosterd.up.report import plan_table
+from support.fleet_bench import config as fleet_config
+from support.fleet_bench import node
+from support.specs import spec
 
 
 def test_up_counts_an_alias_it_serves_apart_as_the_import_skipped_it(tmp_path: Path) -> None:
@@ -41,3 +45,19 @@ def test_up_counts_an_alias_it_serves_apart_as_the_import_skipped_it(tmp_path: P
     said = " ".join(out.file.getvalue().split())  # type: ignore[attr-defined]
     assert "skipped roster entries: 1 (see `rosterd roster import`)" in said
     assert "of those skipped as aliases, 1 (b) served as roles of their own" in said
+
+
+def test_up_names_a_further_copy_on_its_nodes_other_device_as_ps_does() -> None:
+    # replicas: 2 on one node's two GPUs: the start's table names the second copy chat~2,
+    # as rosterd ps and /status do, not chat a second time.
+    box = node("box", 8)
+    config = fleet_config([spec("chat", 1, interactive=True)], [box])
+    planned = Plan(
+        {"chat": "box"},
+        (),
+        {"box": NodePlan(box.capacity_bytes, ("chat",), ())},
+        "test",
+        copies={"chat": ("box",)},
+    )
+    table = plan_table(ShowPlan(planned, config, ("box",)))
+    assert [row.role for row in table.nodes[0].rows] == ["chat", "chat~2"]
