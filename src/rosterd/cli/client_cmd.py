@@ -340,8 +340,7 @@ def unload_cmd(
     url: UrlOption = DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
-    """Stop ROLE's backend (each of its copies, for a role with replicas) once its requests
-    finished; its memory is free when this returns."""
+    """Stop ROLE (every copy) once its requests finished; its memory is free when this returns."""
     data = call("POST", url, role_path("unload", role), api_key, 3600.0)
     _say(f"{data['role']} is no longer resident")
 
