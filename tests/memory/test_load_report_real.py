@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rosterd.adapters.llamacpp import LOAD_REPORT_ARGS, LlamaCppAdapter
 from rosterd.backends.local import SupervisorBackends
 from rosterd.memory.estimate import MiB
@@ -21,9 +23,12 @@ from support.specs import GEMMA_CHAT_SMALL
 THREADS = ("-t", "2")
 
 
+@pytest.mark.parametrize("copy", [False, True], ids=["role", "copy"])
 async def test_gemmas_logged_host_buffers_match_the_estimates_host_parts(
-    tmp_path: Path, gemma_gguf: Path, llama_server_binary: Path
+    tmp_path: Path, gemma_gguf: Path, llama_server_binary: Path, copy: bool
 ) -> None:
+    # copy: the role's copy on node "box" of a role with replicas, whose process and log
+    # are named chat-small@box: its load lines are read from that log.
     adapter = LlamaCppAdapter(server_binary=llama_server_binary)
     spec = GEMMA_CHAT_SMALL
     weights = ResolvedWeights(
@@ -38,12 +43,16 @@ async def test_gemmas_logged_host_buffers_match_the_estimates_host_parts(
         auto_ports=True,
         ready_timeout_s=120,
         adapters=lambda _: adapter,
+        node="box",
+        names_copies=(lambda _: True) if copy else None,
     )
     try:
         await backends.start("chat-small")
         reports = await backends.load_reports()
         on_devices = await backends.reported_device_bytes()
-        pid = sup.backend("chat-small").pid  # type: ignore[union-attr]
+        name = backends.backend_name("chat-small")
+        assert name == ("chat-small@box" if copy else "chat-small")
+        pid = sup.backend(name).pid  # type: ignore[union-attr]
         assert await backends.load_reports() == reports  # read once per process
     finally:
         await sup.stop_all()

@@ -394,12 +394,13 @@ class SupervisorBackends:
         loop: what it allocated while it loaded does not change while it runs."""
         reports: dict[str, LoadReport] = {}
         for role in sorted(self._started):
-            backend = self.supervisor.backend(role)
+            name = self.backend_name(role)  # a copy's process and log: <role>@<node>
+            backend = self.supervisor.backend(name)
             if backend is None or not backend.ready:
                 continue  # a load under way has not logged all its buffers yet
             known = self._load_reports.get(role)
             if known is None or known[0] != backend.pid:
-                text = await asyncio.to_thread(latest_run_output, backend.log_path, role)
+                text = await asyncio.to_thread(latest_run_output, backend.log_path, name)
                 known = self._load_reports[role] = (backend.pid, parse_load_report(text))
             reports[role] = known[1]
         return reports
