@@ -329,11 +329,13 @@ def agent_device_bytes(
         reading = await source.device_bytes()
         if share is None:
             return reading
-        named: dict[str, dict[str, int]] = {}
-        for role, devices in reading.items():
-            for device, used in devices.items():
-                key = share if is_metal_device(device) else device
-                named.setdefault(role, {})[key] = max(used, named.get(role, {}).get(key, 0))
-        return named
+        # each figure under the pool's name; MTL0's and Metal's for one role: the larger
+        return largest_per_device(
+            *(
+                {role: {share if is_metal_device(device) else device: used}}
+                for role, devices in reading.items()
+                for device, used in devices.items()
+            )
+        )
 
     return held
