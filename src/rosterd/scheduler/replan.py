@@ -422,10 +422,17 @@ class ReplanRules:
         grew), the pool that is over chooses what leaves it, at once, by the same rule:
         idle roles before busy ones, in the policy's eviction order (least recently used
         first); a busy one drains and is cut after ``drain_s``. Devices in id order."""
+        if not self.state.devices:
+            self._device_over_since.clear()
+            return False
+        # Every pool's state from one look at the node: the loop returns at its first
+        # eviction, so nothing it reads changes between devices.
+        states = self.state.device_states(
+            self.state.node_state(now, ignore_in_flight=False, for_role=None)
+        )
         over = False
         for device in sorted(self.state.devices):
-            host = self.state.node_state(now, ignore_in_flight=False, for_role=None)
-            pool = self.state.device_states(host)[device]
+            pool = states[device]
             used = sum(pool.specs[r].memory.resident_bytes for r in pool.resident)
             if used <= pool.capacity_bytes:
                 self._device_over_since.pop(device, None)
