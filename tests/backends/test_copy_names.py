@@ -21,6 +21,7 @@ from rosterd.backends.copy_names import (
     is_copy_of,
     role_of_backend,
     role_of_copy,
+    unit_names,
     valid_backend_name,
 )
 from rosterd.backends.node_host import NodeHost, ServingFacts
@@ -148,3 +149,8 @@ def test_a_copy_event_reaches_its_node_as_the_role(tmp_path: Path) -> None:
     assert not a.notice(exited)
     assert b.notice(exited)
     assert b._changes.get_nowait() == BackendEvent("chat", "exited", pid=42, exit_code=-9)
+
+
+def test_a_nodes_copies_are_named_by_their_units_in_order() -> None:
+    assert unit_names(["chat", "code", "chat", "chat"]) == ["chat", "code", "chat~2", "chat~3"]
+    assert unit_names([]) == []

@@ -17,6 +17,7 @@ the roster's port the first one listens on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -37,6 +38,18 @@ def copy_unit_name(role: str, nth: int) -> str:
     the role's id. A client never sees or asks for it: the node serves it as a residency
     unit of its own, and the router sends the role's requests to it as to any copy."""
     return f"{role}{UNIT_SEPARATOR}{nth}"
+
+
+def unit_names(roles: Iterable[str]) -> list[str]:
+    """Each of ``roles`` (a node's copies, in order; a role named once per copy) as the node
+    names its unit: a role's first copy by the role, its ``n``-th by
+    :func:`copy_unit_name` (``["chat", "code", "chat"]`` -> ``chat``, ``code``, ``chat~2``)."""
+    seen: dict[str, int] = {}
+    names: list[str] = []
+    for role in roles:
+        seen[role] = seen.get(role, 0) + 1
+        names.append(role if seen[role] == 1 else copy_unit_name(role, seen[role]))
+    return names
 
 
 def role_of_copy(name: str) -> str:

@@ -142,7 +142,7 @@ def _render(
     from rich.table import Table
     from rich.text import Text
 
-    from rosterd.backends.copy_names import copy_unit_name
+    from rosterd.backends.copy_names import unit_names
     from rosterd.memory.gathering import describe
 
     specs: dict[str, InferenceSpec] = {}
@@ -172,13 +172,13 @@ def _render(
         for column in ("ram_gb", "estimate", "measured", "counts"):
             table.add_column(column, justify="right")
         rows = [(s, "resident always") for s in always] + [(s, "swappable") for s in swappable]
-        for i, (s, residency) in enumerate(rows):
+        # a further copy on another of the node's devices: its unit's name, chat~2
+        units = unit_names(s.role for s, _ in rows)
+        for (s, residency), unit in zip(rows, units, strict=True):
             figures = describe(memory.roles[s.role]) if s.role in memory.roles else ()
-            # a further copy on another of the node's devices: its unit's name, chat~2
-            nth = 1 + sum(1 for other, _ in rows[:i] if other.role == s.role)
             # Text(), not markup: roster names are untrusted and may contain [brackets].
             table.add_row(
-                Text(s.role if nth == 1 else copy_unit_name(s.role, nth)),
+                Text(unit),
                 residency,
                 s.flavor.value,
                 Text(names[s.role]),

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rosterd.backends.copy_names import copy_unit_name
+from rosterd.backends.copy_names import unit_names
 from rosterd.fleet_scheduler.effects import Level, ShowPlan
 from rosterd.supervisor import BackendEvent, describe_exit
 from rosterd.tokens import GB
@@ -93,12 +93,10 @@ def plan_table(shown: ShowPlan) -> PlanTable:
         always = set(node_plan.always_resident) if node_plan else set()
         rows: list[PlanRow] = []
         guessed = False
-        held: dict[str, int] = {}  # role -> its copies on this node so far
-        for role in (r for r, n in result.copy_pairs() if n == node.name):  # every copy
+        here = [r for r, n in result.copy_pairs() if n == node.name]  # every copy
+        # a further copy on another of the node's devices: named as ps and /status name it
+        for role, shown_as in zip(here, unit_names(here), strict=True):
             s = specs[role]
-            held[role] = held.get(role, 0) + 1
-            # a further copy on another of the node's devices: named as ps and /status name it
-            shown_as = role if held[role] == 1 else copy_unit_name(role, held[role])
             figures = config.memory.role_json(role, node.name)
             counted, declared = s.memory.resident_bytes, _gib(s.memory.resident_bytes)
             if figures is not None:
